@@ -1,0 +1,28 @@
+package idem
+
+import "context"
+
+type infoKey struct{}
+
+// Info is what idem tells handlers and middleware through the request context.
+type Info struct {
+	// Key is the scoped, hashed idempotency key (64 hex characters), the same
+	// for every retry: fit to forward as a downstream idempotency key.
+	Key string
+	// Replayed is true when the response is a stored one being replayed
+	// (seen by middleware outside idem; handlers run only when it is false).
+	Replayed bool
+}
+
+// ContextWithInfo returns ctx carrying info. Adapters call it; a client can't
+// set it, unlike a request header.
+func ContextWithInfo(ctx context.Context, info Info) context.Context {
+	return context.WithValue(ctx, infoKey{}, info)
+}
+
+// InfoFromContext returns the Info set by an adapter, ok = false when the
+// request was not handled by idem (method not covered, or fail-open).
+func InfoFromContext(ctx context.Context) (info Info, ok bool) {
+	info, ok = ctx.Value(infoKey{}).(Info)
+	return info, ok
+}

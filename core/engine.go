@@ -1,0 +1,339 @@
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Request is what an adapter tells the [Engine] about one HTTP request.
+type Request struct {
+	// Method is the HTTP method, e.g. "POST".
+	Method string
+	// Route is the route template the framework matched, e.g. "/v1/payments/:id";
+	// empty means Path. It is part of the scope.
+	Route string
+	// Path and RawQuery are the request target, part of the fingerprint.
+	Path     string
+	RawQuery string
+	// ContentType is the Content-Type header value, part of the fingerprint.
+	ContentType string
+	// Keys holds the values of every idempotency key header line, in order.
+	Keys []string
+	// Principal identifies who is calling (user, account, API client), taken
+	// from the framework's own context after authentication; it is part of the
+	// scope. Empty is refused with 401 unless [WithGlobalScope] is set.
+	Principal string
+	// Body is the raw request body. When BodyReader is set instead, Begin reads
+	// at most the body limit from it and sets Body, so the adapter can hand
+	// the same bytes to the handler.
+	Body       []byte
+	BodyReader io.Reader
+}
+
+// Engine decides, for each request, one of: pass through, reject, replay, or
+// execute and record. It holds all policy; adapters only translate. An Engine
+// is safe for concurrent use and holds no goroutines of its own.
+type Engine struct {
+	store    Store
+	extender Extender
+	cfg      config
+	problems problems
+}
+
+// New returns an Engine backed by store. It returns an error when store is
+// nil or an option is out of range (durations and limits must be > 0).
+func New(store Store, opts ...Option) (*Engine, error) {
+	if store == nil {
+		return nil, errors.New("idem: nil store")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter)}
+	e.extender, _ = store.(Extender)
+	return e, nil
+}
+
+// Header returns the canonical name of the idempotency key header.
+func (e *Engine) Header() string { return e.cfg.header }
+
+// Covers reports whether requests with this method need an idempotency key.
+// Adapters call it first so that other requests pass through untouched.
+func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
+
+// MaxResponseBytes returns the stored-response limit; adapters capture at most
+// one byte more than this through [Execution.Write].
+func (e *Engine) MaxResponseBytes() int { return e.cfg.maxResponseBytes }
+
+// Begin decides what to do with req. It returns:
+//   - nil, nil: pass through, run the handler unprotected (method not covered,
+//     or the store failed under [WithFailOpen]);
+//   - nil, resp: do not run the handler; write resp, which is either a replay
+//     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
+//     read-only and may be shared;
+//   - x, nil: run the handler, feed its body to x.Write, then call exactly
+//     one of x.Finish or x.Fail.
+//
+// Answers: 400 missing or malformed key, or unreadable body; 401 no principal;
+// 413 body above the limit; 422 key reused with another fingerprint; 409
+// request with this key in progress; 503 store unavailable.
+func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response) {
+	if !e.cfg.methods[req.Method] {
+		return nil, nil
+	}
+	key, err := ParseKey(req.Keys)
+	if err != nil {
+		e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
+		return nil, e.problems.forKeyError(err)
+	}
+	if req.Principal == "" && !e.cfg.globalScope {
+		e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route})
+		return nil, e.problems.noPrincipal
+	}
+	if req.BodyReader != nil {
+		req.Body, err = io.ReadAll(io.LimitReader(req.BodyReader, e.cfg.maxBodyBytes+1))
+		req.BodyReader = nil
+		if err != nil {
+			return nil, e.problems.badBody
+		}
+	}
+	if int64(len(req.Body)) > e.cfg.maxBodyBytes {
+		e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route})
+		return nil, e.problems.tooLarge
+	}
+	route := req.Route
+	if route == "" {
+		route = req.Path
+	}
+	x := &Execution{
+		e:     e,
+		ctx:   context.WithoutCancel(ctx),
+		key:   ScopedKey(req.Principal, req.Method, route, key),
+		token: rand.Text(),
+		ev:    Event{Method: req.Method, Route: route},
+	}
+	x.ev.Key = x.key
+	fp := Fingerprint(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
+	var deadline time.Time
+	if e.cfg.wait > 0 {
+		deadline = time.Now().Add(e.cfg.wait)
+	}
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
+		rec, acquired, err := x.acquire(ctx, fp)
+		switch {
+		case err != nil:
+			e.emitErr(ctx, x.ev, EventStoreError, err, "idem: acquire failed")
+			if e.cfg.failOpen {
+				e.cfg.logger.ErrorContext(ctx, "idem: store failed, running handler unprotected (fail-open)", "key", x.key[:16])
+				return nil, nil
+			}
+			return nil, e.problems.unavailable
+		case acquired:
+			e.emit(ctx, x.event(EventAcquired))
+			x.startRenewal()
+			return x, nil
+		case rec.Fingerprint != fp:
+			e.emit(ctx, x.event(EventMismatch))
+			return nil, e.problems.mismatch
+		case rec.State == StateCompleted && rec.Response != nil:
+			e.emit(ctx, x.event(EventReplayed))
+			resp := rec.Response
+			if resp.Header == nil {
+				resp.Header = make(http.Header, 1)
+			}
+			resp.Header[ReplayedHeader] = []string{"true"}
+			return nil, resp
+		}
+		// In progress: wait for it when configured, else 409.
+		if deadline.IsZero() || time.Now().Add(pause).After(deadline) || sleep(ctx, pause) != nil {
+			e.emit(ctx, x.event(EventConflict))
+			return nil, e.problems.inProgress
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Execution is one acquired request whose handler runs. Its methods are not
+// safe for concurrent use, except that lease renewal runs on its own until
+// Finish or Fail.
+type Execution struct {
+	e     *Engine
+	ctx   context.Context // detached from the request: completion survives a client hang-up
+	key   string
+	token string
+	ev    Event
+	body  []byte
+
+	mu    sync.Mutex
+	timer *time.Timer
+	done  bool
+}
+
+// Key returns the scoped, hashed idempotency key (64 hex characters): stable
+// for every retry of the request, so a handler may forward it as the
+// idempotency key of a downstream call (e.g. to a payment provider).
+func (x *Execution) Key() string { return x.key }
+
+// Write captures response body bytes for storage. It keeps at most
+// MaxResponseBytes()+1 bytes and never fails; adapters call it with exactly
+// the bytes sent to the client.
+func (x *Execution) Write(p []byte) (int, error) {
+	if room := x.e.cfg.maxResponseBytes + 1 - len(x.body); room > 0 {
+		x.body = append(x.body, p[:min(len(p), room)]...)
+	}
+	return len(p), nil
+}
+
+// Finish records the handler's response: status (0 means 200) and header as
+// sent, and the body given to Write. Responses with status 2xx, 3xx and 4xx
+// other than 408, 409, 425 and 429 are stored (all of them with
+// [WithStoreAll]); others release the key so that a retry executes again.
+// Store errors are logged and reported as events; the client's response is
+// never changed by them.
+func (x *Execution) Finish(status int, header http.Header) {
+	x.stopRenewal()
+	if status == 0 {
+		status = http.StatusOK
+	}
+	if !x.e.cfg.storeAll && !storable(status) {
+		x.release()
+		return
+	}
+	resp := &Response{Status: status, Header: x.e.storedHeader(header), Body: x.body}
+	if len(x.body) > x.e.cfg.maxResponseBytes {
+		resp = x.e.problems.notStored(status, header.Get("Location"))
+	}
+	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	defer cancel()
+	ev := x.event(EventCompleted)
+	ev.Status = status
+	switch err := x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention); {
+	case errors.Is(err, ErrNotOwner):
+		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before completion; the response was not stored")
+	case err != nil:
+		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: complete failed; the key stays in progress until its lease lapses")
+	default:
+		x.e.emit(x.ctx, ev)
+	}
+}
+
+// Fail releases the key after a handler error without a response, or a
+// panic, so that a retry executes again. Adapters re-raise panics after Fail.
+func (x *Execution) Fail() {
+	x.stopRenewal()
+	x.release()
+}
+
+func storable(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
+}
+
+func (x *Execution) acquire(ctx context.Context, fp string) (Record, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.storeTimeout)
+	defer cancel()
+	return x.e.store.Acquire(ctx, x.key, x.token, fp, x.e.cfg.lease)
+}
+
+func (x *Execution) release() {
+	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	defer cancel()
+	switch err := x.e.store.Release(ctx, x.key, x.token); {
+	case errors.Is(err, ErrNotOwner):
+		x.e.emitErr(x.ctx, x.ev, EventLeaseLost, err, "idem: lease lost before release")
+	case err != nil:
+		x.e.emitErr(x.ctx, x.ev, EventStoreError, err, "idem: release failed; the key stays in progress until its lease lapses")
+	default:
+		x.e.emit(x.ctx, x.event(EventReleased))
+	}
+}
+
+func (x *Execution) startRenewal() {
+	if x.e.extender != nil {
+		x.timer = time.AfterFunc(x.e.cfg.lease/3, x.renew)
+	}
+}
+
+func (x *Execution) renew() {
+	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	err := x.e.extender.Extend(ctx, x.key, x.token, x.e.cfg.lease)
+	cancel()
+	if errors.Is(err, ErrNotOwner) {
+		x.e.emitErr(x.ctx, x.ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
+		return
+	}
+	if err != nil {
+		x.e.emitErr(x.ctx, x.ev, EventStoreError, err, "idem: lease renewal failed; retrying")
+	}
+	x.mu.Lock()
+	if !x.done {
+		x.timer.Reset(x.e.cfg.lease / 3)
+	}
+	x.mu.Unlock()
+}
+
+func (x *Execution) stopRenewal() {
+	if x.timer == nil {
+		return
+	}
+	x.mu.Lock()
+	x.done = true
+	x.timer.Stop()
+	x.mu.Unlock()
+}
+
+func (x *Execution) event(k EventKind) Event {
+	ev := x.ev
+	ev.Kind = k
+	return ev
+}
+
+// storedHeader copies the header lines worth replaying.
+func (e *Engine) storedHeader(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		if !e.cfg.unstored[k] && len(v) > 0 {
+			out[k] = append([]string(nil), v...)
+		}
+	}
+	return out
+}
+
+// Send writes resp to w: header lines (replacing any of the same name), status
+// and body. Adapters on net/http based frameworks use it for Begin's answers.
+func (resp *Response) Send(w http.ResponseWriter) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = append([]string(nil), v...)
+	}
+	w.WriteHeader(resp.Status)
+	if len(resp.Body) > 0 {
+		_, _ = w.Write(resp.Body)
+	}
+}

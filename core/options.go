@@ -1,0 +1,178 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// Defaults of the [Engine]'s options.
+const (
+	DefaultHeader           = "Idempotency-Key"
+	DefaultLease            = 30 * time.Second
+	DefaultRetention        = 24 * time.Hour
+	DefaultStoreTimeout     = 2 * time.Second
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+	DefaultRetryAfter       = 1 * time.Second
+)
+
+// ReplayedHeader marks a replayed response, with the value "true" (Stripe's
+// Idempotent-Replayed; the IETF draft has no marker yet, httpapi wg issue #46).
+const ReplayedHeader = "Idempotent-Replayed"
+
+// Option configures an [Engine].
+type Option func(*config)
+
+type config struct {
+	header           string
+	methods          map[string]bool
+	lease            time.Duration
+	retention        time.Duration
+	storeTimeout     time.Duration
+	maxBodyBytes     int64
+	maxResponseBytes int
+	wait             time.Duration
+	retryAfter       time.Duration
+	storeAll         bool
+	failOpen         bool
+	globalScope      bool
+	unstored         map[string]bool
+	logger           *slog.Logger
+	onEvent          func(context.Context, Event)
+}
+
+func defaultConfig() config {
+	return config{
+		header:           DefaultHeader,
+		methods:          map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		lease:            DefaultLease,
+		retention:        DefaultRetention,
+		storeTimeout:     DefaultStoreTimeout,
+		maxBodyBytes:     DefaultMaxBodyBytes,
+		maxResponseBytes: DefaultMaxResponseBytes,
+		retryAfter:       DefaultRetryAfter,
+		unstored: map[string]bool{
+			"Set-Cookie": true, "Date": true, "Content-Length": true, ReplayedHeader: true,
+			// hop-by-hop, RFC 9110 section 7.6.1
+			"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+			"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+		},
+	}
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.lease <= 0, c.retention <= 0, c.storeTimeout <= 0, c.retryAfter <= 0:
+		return fmt.Errorf("idem: lease, retention, store timeout and Retry-After must be > 0")
+	case c.wait < 0:
+		return fmt.Errorf("idem: wait must be >= 0")
+	case c.maxBodyBytes <= 0 || c.maxResponseBytes <= 0:
+		return fmt.Errorf("idem: body limits must be > 0")
+	case c.header == "":
+		return fmt.Errorf("idem: header name must not be empty")
+	}
+	return nil
+}
+
+// WithHeader sets the request header that carries the idempotency key.
+// Optional. Default is "Idempotency-Key" (IETF draft section 2).
+func WithHeader(name string) Option {
+	return func(c *config) { c.header = http.CanonicalHeaderKey(name) }
+}
+
+// WithMethods adds methods to those covered by idempotency keys. Optional.
+// Default is POST and PATCH (IETF draft section 1: PUT and DELETE are
+// idempotent by definition); add PUT or DELETE here. GET, HEAD, OPTIONS and
+// TRACE are never covered and are ignored here.
+func WithMethods(methods ...string) Option {
+	return func(c *config) {
+		for _, m := range methods {
+			switch m {
+			case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+			default:
+				c.methods[m] = true
+			}
+		}
+	}
+}
+
+// WithLease sets how long an in-progress record locks its key before another
+// request may take it over; it is renewed every lease/3 while the handler runs
+// (stores implementing [Extender]), so it only needs to outlast a crashed
+// process's silence, not the slowest handler. Optional. Default is 30s.
+func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+
+// WithRetention sets how long a completed response is replayed, counted from
+// completion and never extended by replays. Optional. Default is 24h (Stripe
+// keeps keys at least 24 hours).
+func WithRetention(d time.Duration) Option { return func(c *config) { c.retention = d } }
+
+// WithStoreTimeout bounds every store operation; a store that doesn't answer in
+// time counts as unavailable (503). Completion runs detached from the request
+// context under this timeout, so a client that hangs up doesn't lose the
+// result. Optional. Default is 2s.
+func WithStoreTimeout(d time.Duration) Option { return func(c *config) { c.storeTimeout = d } }
+
+// WithMaxBodyBytes sets the largest request body, in bytes, that a covered
+// request may carry; a larger one is answered with 413 and not executed.
+// Optional. Default is 1 MiB.
+func WithMaxBodyBytes(n int64) Option { return func(c *config) { c.maxBodyBytes = n } }
+
+// WithMaxResponseBytes sets the largest response body, in bytes, that is
+// stored. A larger response is still sent in full to the first caller; its
+// record is completed without the body, and replays answer 410 (problem type
+// "response-not-stored") carrying the original status and Location, so the
+// request is never executed twice nor replayed truncated. Optional. Default is 1 MiB.
+func WithMaxResponseBytes(n int) Option { return func(c *config) { c.maxResponseBytes = n } }
+
+// WithWait makes a duplicate that arrives while the first request is in
+// progress wait up to d for it to finish and then get its replay (or execute,
+// if the first was released), instead of an immediate 409. Optional. Default
+// is 0: answer 409 at once (IETF draft section 2.7, Stripe).
+func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// WithRetryAfter sets the Retry-After value of 409 and 503 answers, rounded up
+// to whole seconds. Optional. Default is 1s.
+func WithRetryAfter(d time.Duration) Option { return func(c *config) { c.retryAfter = d } }
+
+// WithStoreAll stores every response the handler produced, 5xx included, as
+// Stripe does once execution has started ("Stripe mode"). Handler errors
+// without a response and panics still release the key. Optional. Default is
+// off: 5xx, 408, 409, 425 and 429 release the key so that a retry executes again.
+func WithStoreAll() Option { return func(c *config) { c.storeAll = true } }
+
+// WithFailOpen runs the handler unprotected when the store fails, logging each
+// occurrence at error level, instead of answering 503. Optional. Default is
+// off (fail closed): a store outage can never cause a duplicate execution.
+func WithFailOpen() Option { return func(c *config) { c.failOpen = true } }
+
+// WithGlobalScope declares that the service has no principals (one tenant,
+// or unauthenticated endpoints such as sign-up), so keys are scoped by method
+// and route only. Without it a request whose adapter reports no principal is
+// answered with 401. Optional. Default is off.
+func WithGlobalScope() Option { return func(c *config) { c.globalScope = true } }
+
+// WithUnstoredHeaders adds response header names that are neither stored nor
+// replayed. Optional. Always excluded: Set-Cookie, Date, Content-Length
+// (recomputed), Idempotent-Replayed and the hop-by-hop headers of RFC 9110
+// section 7.6.1.
+func WithUnstoredHeaders(names ...string) Option {
+	return func(c *config) {
+		for _, n := range names {
+			c.unstored[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+}
+
+// WithLogger sets the logger for store errors, fail-open runs and lost
+// leases. Keys are logged hashed, never raw. Optional. Default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithEventHook calls fn synchronously for every [Event], e.g. to count
+// metrics; fn must be fast and safe for concurrent use. Optional. Default is none.
+func WithEventHook(fn func(context.Context, Event)) Option {
+	return func(c *config) { c.onEvent = fn }
+}

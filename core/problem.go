@@ -1,0 +1,96 @@
+package idem
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// ProblemTypeBase prefixes the "type" member of every problem idem writes; the
+// fragment names the case, documented in the README's behaviour table.
+const ProblemTypeBase = "https://github.com/idemkit/idem#"
+
+// Problem is an RFC 9457 problem details object, sent as
+// application/problem+json.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	// OriginalStatus is set on "response-not-stored" problems: the status the
+	// handler answered the first request with.
+	OriginalStatus int `json:"original_status,omitempty"`
+}
+
+// Response returns p as a response with Content-Type application/problem+json.
+func (p Problem) Response() *Response {
+	body, _ := json.Marshal(p)
+	return &Response{
+		Status: p.Status,
+		Header: http.Header{"Content-Type": {"application/problem+json"}},
+		Body:   body,
+	}
+}
+
+// problems are the engine's fixed answers, built once.
+type problems struct {
+	missing, malformed, tooLong, conflictingKeys, noPrincipal,
+	badBody, tooLarge, mismatch, inProgress, unavailable *Response
+}
+
+func newProblems(retryAfter time.Duration) problems {
+	p := func(slug, title string, status int, detail string) *Response {
+		return Problem{Type: ProblemTypeBase + slug, Title: title, Status: status, Detail: detail}.Response()
+	}
+	ra := strconv.FormatInt(int64((retryAfter+time.Second-1)/time.Second), 10)
+	withRetry := func(r *Response) *Response { r.Header.Set("Retry-After", ra); return r }
+	return problems{
+		missing: p("key-missing", "Idempotency key missing", http.StatusBadRequest,
+			"This operation requires an Idempotency-Key header: a unique value, e.g. a UUID, sent again unchanged with every retry."),
+		malformed: p("key-malformed", "Idempotency key malformed", http.StatusBadRequest,
+			`The Idempotency-Key header must be 1 to 255 visible ASCII characters, bare (abc) or as a structured-field string ("abc").`),
+		tooLong: p("key-malformed", "Idempotency key malformed", http.StatusBadRequest,
+			"The Idempotency-Key header is longer than 255 characters."),
+		conflictingKeys: p("key-malformed", "Idempotency key malformed", http.StatusBadRequest,
+			"The Idempotency-Key header was sent more than once with different values."),
+		noPrincipal: p("no-principal", "No principal to scope the idempotency key", http.StatusUnauthorized,
+			"Idempotency keys are scoped to the authenticated caller; this request has none."),
+		badBody: p("body-unreadable", "Request body unreadable", http.StatusBadRequest,
+			"The request body could not be read completely."),
+		tooLarge: p("body-too-large", "Request body too large", http.StatusRequestEntityTooLarge,
+			"The request body is larger than this endpoint accepts for idempotent requests; nothing was executed."),
+		mismatch: p("key-reused", "Idempotency key reused", http.StatusUnprocessableEntity,
+			"This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new request."),
+		inProgress: withRetry(p("in-progress", "Request in progress", http.StatusConflict,
+			"A request with this Idempotency-Key is still being processed. Retry after the Retry-After delay to get its result.")),
+		unavailable: withRetry(p("store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable,
+			"The idempotency store could not be reached, so the request was not executed. It is safe to retry with the same key.")),
+	}
+}
+
+func (p *problems) forKeyError(err error) *Response {
+	switch {
+	case errors.Is(err, ErrKeyMissing):
+		return p.missing
+	case errors.Is(err, ErrKeyTooLong):
+		return p.tooLong
+	case errors.Is(err, ErrKeyConflict):
+		return p.conflictingKeys
+	}
+	return p.malformed
+}
+
+// notStored is what replays of a response above the stored-response limit answer.
+func (p *problems) notStored(status int, location string) *Response {
+	r := Problem{
+		Type: ProblemTypeBase + "response-not-stored", Title: "Response not stored", Status: http.StatusGone,
+		Detail:         "The request with this Idempotency-Key was executed once, but its response was too large to store and cannot be replayed.",
+		OriginalStatus: status,
+	}.Response()
+	if location != "" {
+		r.Header.Set("Location", location)
+	}
+	return r
+}

@@ -1,0 +1,127 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// ErrNotOwner is returned by [Store.Complete], [Store.Release] and [Extender.Extend]
+// when the caller's token does not hold a live lease on the key: the record is
+// absent, expired, completed, or leased to another token, or the caller's lease
+// has lapsed. It is a decision, not a system failure.
+var ErrNotOwner = errors.New("idem: token does not own the in-progress record")
+
+// ErrInvalidDuration is returned by a [Store] method given a lease or retention
+// that is not > 0.
+var ErrInvalidDuration = errors.New("idem: lease and retention must be > 0")
+
+// State is the state of a stored record. Records move
+// absent → in-progress → completed → expired; an expired record behaves as absent,
+// so State has no value for absent or expired.
+type State uint8
+
+const (
+	// StateInProgress: a request holds the lease and its handler is running.
+	StateInProgress State = iota + 1
+	// StateCompleted: the response is stored and is replayed until retention ends.
+	StateCompleted
+)
+
+// String returns "in-progress", "completed" or "unknown".
+func (s State) String() string {
+	switch s {
+	case StateInProgress:
+		return "in-progress"
+	case StateCompleted:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Response is a captured HTTP response as stored and replayed.
+// Header holds only the header lines worth replaying (see [WithUnstoredHeaders]);
+// Body is the exact byte sequence the handler wrote.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Clone returns a deep copy of r; stores use it for defensive copies in and out.
+func (r *Response) Clone() *Response {
+	if r == nil {
+		return nil
+	}
+	return &Response{Status: r.Status, Header: r.Header.Clone(), Body: cloneBytes(r.Body)}
+}
+
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append(make([]byte, 0, len(b)), b...)
+}
+
+// Record is what a [Store] returns for a live (non-expired) key.
+type Record struct {
+	// State is StateInProgress or StateCompleted.
+	State State
+	// Fingerprint is the fingerprint of the request that created the record
+	// (see [Fingerprint]); it survives completion.
+	Fingerprint string
+	// Token is the owner of the in-progress lease; empty for completed records
+	// in stores that drop it.
+	Token string
+	// Response is the stored response; set only when State is StateCompleted.
+	Response *Response
+}
+
+// Store keeps idempotency records. Every method is one atomic operation on the
+// store (no check-then-set across round trips), so that many server instances
+// sharing one store execute each key at most once.
+//
+// Keys are the hashed scoped keys built by the [Engine] (64 hex characters).
+// Tokens are random strings identifying one execution. Durations must be > 0,
+// else [ErrInvalidDuration]. A method given an already cancelled or expired
+// context returns its error (context.Canceled or context.DeadlineExceeded)
+// without side effects. err is for system failures only (store unreachable,
+// timeout, corrupt record); decisions are reported through return values and
+// [ErrNotOwner]. Returned records and responses are the caller's to keep:
+// stores copy data in and out.
+//
+// core/storetest.Run checks every rule here.
+type Store interface {
+	// Acquire creates an in-progress record owned by token, holding a lease of
+	// the given duration, when the key is absent, expired, or in-progress with a
+	// lapsed lease (takeover), and reports acquired = true. Otherwise it returns
+	// the live record unchanged (in-progress, or completed with its response) and
+	// acquired = false, so the engine can decide replay, conflict or mismatch
+	// from the same round trip.
+	Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (rec Record, acquired bool, err error)
+
+	// Complete stores resp for the key and marks it completed, keeping its
+	// fingerprint, for retention counted from now. Only the token holding a
+	// live lease may complete; otherwise it returns [ErrNotOwner].
+	Complete(ctx context.Context, key, token string, resp *Response, retention time.Duration) error
+
+	// Release deletes the in-progress record held by token so that a retry
+	// executes again. It never deletes a completed record or another token's
+	// lease; in those cases, and when the lease has lapsed, it returns [ErrNotOwner].
+	Release(ctx context.Context, key, token string) error
+
+	// Get returns the live record for key, found = false when it is absent or expired.
+	Get(ctx context.Context, key string) (rec Record, found bool, err error)
+}
+
+// Extender is implemented by stores that can renew a lease. The [Engine]
+// renews the lease of a running handler every lease/3 when the store
+// implements it; without it a handler slower than the lease can be joined by a
+// second execution after the lease lapses.
+type Extender interface {
+	// Extend resets the lease of the in-progress record held by token to the
+	// given duration from now. It returns [ErrNotOwner] when token does not
+	// hold a live lease.
+	Extend(ctx context.Context, key, token string, lease time.Duration) error
+}

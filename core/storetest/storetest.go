@@ -1,0 +1,550 @@
+// Package storetest is the conformance suite every [idem.Store] must pass,
+// shaped like testing/slogtest: one call from the store's own tests,
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) idem.Store { return newStore(t) })
+//	}
+//
+// It checks the contract documented on [idem.Store] against the real store:
+// acquire on absent, in-progress, completed and lapsed records; exactly one
+// winner among racing goroutines; owner-only complete, release and extend;
+// lease and retention expiry (with real time, in tenths of a second);
+// cancelled contexts; binary bodies and multi-value headers; defensive copies.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// Durations used by the expiry tests: long enough for a store on a busy
+// 2-core machine to answer well inside them, short enough to keep the suite fast.
+const (
+	shortLease = 300 * time.Millisecond
+	longLease  = time.Minute
+	retention  = time.Hour
+)
+
+// Options tunes Run for stores with known limits.
+type Options struct {
+	// SkipConcurrentTakeover skips the race between several requests taking
+	// over one lapsed lease, with this reason. Only for test servers known
+	// not to make conditional updates atomic (see mongostore and FerretDB);
+	// never for a production store.
+	SkipConcurrentTakeover string
+}
+
+// Run runs the conformance suite. newStore is called once per subtest and
+// must return a store isolated from the others (e.g. by a random key prefix).
+func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
+	RunWithOptions(t, newStore, Options{})
+}
+
+// RunWithOptions is Run with options.
+func RunWithOptions(t *testing.T, newStore func(t *testing.T) idem.Store, opts Options) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, idem.Store)
+	}{
+		{"AcquireAbsent", testAcquireAbsent},
+		{"AcquireInProgress", testAcquireInProgress},
+		{"AcquireCompleted", testAcquireCompleted},
+		{"AcquireLapsedLease", testAcquireLapsedLease},
+		{"RacingAcquireOneWinner", testRacingAcquire},
+		{"CompleteOwnerOnly", testCompleteOwnerOnly},
+		{"ReleaseOwnerOnly", testReleaseOwnerOnly},
+		{"RetentionExpiry", testRetentionExpiry},
+		{"RetentionNotExtendedByReplay", testRetentionNotExtended},
+		{"LeaseExpiryGet", testLeaseExpiryGet},
+		{"Extend", testExtend},
+		{"CancelledContext", testCancelledContext},
+		{"InvalidDurations", testInvalidDurations},
+		{"BinaryRoundTrip", testBinaryRoundTrip},
+		{"LargeBody", testLargeBody},
+		{"DefensiveCopies", testDefensiveCopies},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
+	}
+	t.Run("RacingTakeoverOneWinner", func(t *testing.T) {
+		if opts.SkipConcurrentTakeover != "" {
+			t.Skip(opts.SkipConcurrentTakeover)
+		}
+		testRacingTakeover(t, newStore(t))
+	})
+}
+
+// Key returns a fresh random key shaped like the engine's (64 hex characters).
+func Key() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Token returns a fresh random owner token.
+func Token() string { return rand.Text() }
+
+func fingerprint(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func sampleResponse() *idem.Response {
+	return &idem.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{
+			"Content-Type": {"application/json"},
+			"Location":     {"/v1/payments/pay_1"},
+			"Link":         {`<a>; rel="x", <b>; rel="y"`, `<c>; rel="z"`},
+		},
+		Body: []byte(`{"id":"pay_1"}`),
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func mustAcquire(t *testing.T, s idem.Store, key, token, fp string, lease time.Duration) {
+	t.Helper()
+	rec, ok, err := s.Acquire(ctx(t), key, token, fp, lease)
+	if err != nil || !ok {
+		t.Fatalf("Acquire(%s) on a free key = %+v, %v, %v; want acquired", key[:8], rec, ok, err)
+	}
+}
+
+func mustComplete(t *testing.T, s idem.Store, key, token string, resp *idem.Response, ret time.Duration) {
+	t.Helper()
+	if err := s.Complete(ctx(t), key, token, resp, ret); err != nil {
+		t.Fatalf("Complete by the owner: %v", err)
+	}
+}
+
+func get(t *testing.T, s idem.Store, key string) (idem.Record, bool) {
+	t.Helper()
+	rec, found, err := s.Get(ctx(t), key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	return rec, found
+}
+
+func equalResponse(t *testing.T, got, want *idem.Response) {
+	t.Helper()
+	if got == nil {
+		t.Fatalf("response = nil, want status %d", want.Status)
+	}
+	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || !headerEqual(got.Header, want.Header) {
+		t.Fatalf("response = %d %v %q (%d bytes)\nwant %d %v %q (%d bytes)",
+			got.Status, got.Header, trunc(got.Body), len(got.Body), want.Status, want.Header, trunc(want.Body), len(want.Body))
+	}
+}
+
+func headerEqual(a, b http.Header) bool {
+	if len(a) == 0 && len(b) == 0 {
+		return true
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+func trunc(b []byte) []byte {
+	if len(b) > 64 {
+		return b[:64]
+	}
+	return b
+}
+
+func testAcquireAbsent(t *testing.T, s idem.Store) {
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	if _, found := get(t, s, key); found {
+		t.Fatal("Get on a fresh key: found")
+	}
+	mustAcquire(t, s, key, tok, fp, longLease)
+	rec, found := get(t, s, key)
+	if !found || rec.State != idem.StateInProgress || rec.Fingerprint != fp || rec.Token != tok || rec.Response != nil {
+		t.Fatalf("Get after Acquire = %+v, %v; want in-progress, fingerprint and token kept", rec, found)
+	}
+}
+
+func testAcquireInProgress(t *testing.T, s idem.Store) {
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	mustAcquire(t, s, key, tok, fp, longLease)
+	rec, ok, err := s.Acquire(ctx(t), key, Token(), fingerprint("other"), longLease)
+	if err != nil || ok {
+		t.Fatalf("second Acquire = %v, %v; want not acquired", ok, err)
+	}
+	if rec.State != idem.StateInProgress || rec.Fingerprint != fp || rec.Token != tok {
+		t.Fatalf("second Acquire returned %+v; want the first request's in-progress record", rec)
+	}
+	// The rejected request must not have disturbed the record.
+	if err := s.Complete(ctx(t), key, tok, sampleResponse(), retention); err != nil {
+		t.Fatalf("owner Complete after a rejected duplicate: %v", err)
+	}
+}
+
+func testAcquireCompleted(t *testing.T, s idem.Store) {
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	mustAcquire(t, s, key, tok, fp, longLease)
+	mustComplete(t, s, key, tok, sampleResponse(), retention)
+	for i := 0; i < 2; i++ {
+		rec, ok, err := s.Acquire(ctx(t), key, Token(), fp, longLease)
+		if err != nil || ok {
+			t.Fatalf("Acquire on completed = %v, %v; want not acquired", ok, err)
+		}
+		if rec.State != idem.StateCompleted || rec.Fingerprint != fp {
+			t.Fatalf("Acquire on completed returned state %v fingerprint %q; want completed, %q", rec.State, rec.Fingerprint, fp)
+		}
+		equalResponse(t, rec.Response, sampleResponse())
+	}
+	rec, found := get(t, s, key)
+	if !found || rec.State != idem.StateCompleted || rec.Fingerprint != fp {
+		t.Fatalf("Get on completed = %+v, %v", rec, found)
+	}
+	equalResponse(t, rec.Response, sampleResponse())
+}
+
+func testAcquireLapsedLease(t *testing.T, s idem.Store) {
+	key, first, fp := Key(), Token(), fingerprint("a")
+	mustAcquire(t, s, key, first, fp, shortLease)
+	time.Sleep(shortLease + 200*time.Millisecond)
+	second := Token()
+	mustAcquire(t, s, key, second, fingerprint("b"), longLease)
+	if err := s.Complete(ctx(t), key, first, sampleResponse(), retention); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Complete by the lapsed owner = %v; want ErrNotOwner", err)
+	}
+	if err := s.Release(ctx(t), key, first); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Release by the lapsed owner = %v; want ErrNotOwner", err)
+	}
+	rec, found := get(t, s, key)
+	if !found || rec.Token != second || rec.Fingerprint != fingerprint("b") || rec.State != idem.StateInProgress {
+		t.Fatalf("after takeover Get = %+v, %v; want the new owner's record", rec, found)
+	}
+	mustComplete(t, s, key, second, sampleResponse(), retention)
+}
+
+func testRacingAcquire(t *testing.T, s idem.Store) {
+	const keys, racers = 8, 64
+	for k := 0; k < keys; k++ {
+		key := Key()
+		var winners atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for g := 0; g < racers; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				rec, ok, err := s.Acquire(context.Background(), key, Token(), fingerprint("a"), longLease)
+				if err != nil {
+					t.Errorf("racing Acquire: %v", err)
+					return
+				}
+				if ok {
+					winners.Add(1)
+				} else if rec.State != idem.StateInProgress {
+					t.Errorf("losing Acquire saw state %v; want in-progress", rec.State)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if n := winners.Load(); n != 1 {
+			t.Fatalf("key %d: %d of %d racing Acquire calls won; want exactly 1", k, n, racers)
+		}
+	}
+}
+
+func testRacingTakeover(t *testing.T, s idem.Store) {
+	const racers = 32
+	for k := 0; k < 4; k++ {
+		key := Key()
+		mustAcquire(t, s, key, Token(), fingerprint("a"), shortLease)
+		time.Sleep(shortLease + 200*time.Millisecond)
+		var winners atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for g := 0; g < racers; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				_, ok, err := s.Acquire(context.Background(), key, Token(), fingerprint("a"), longLease)
+				if err != nil {
+					t.Errorf("racing takeover: %v", err)
+				} else if ok {
+					winners.Add(1)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if n := winners.Load(); n != 1 {
+			t.Fatalf("%d of %d racing takeovers of one lapsed lease won; want exactly 1", n, racers)
+		}
+	}
+}
+
+func testCompleteOwnerOnly(t *testing.T, s idem.Store) {
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	if err := s.Complete(ctx(t), key, tok, sampleResponse(), retention); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Complete on an absent key = %v; want ErrNotOwner", err)
+	}
+	if _, found := get(t, s, key); found {
+		t.Fatal("Complete on an absent key created a record")
+	}
+	mustAcquire(t, s, key, tok, fp, longLease)
+	if err := s.Complete(ctx(t), key, Token(), sampleResponse(), retention); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Complete by another token = %v; want ErrNotOwner", err)
+	}
+	if rec, _ := get(t, s, key); rec.State != idem.StateInProgress {
+		t.Fatalf("Complete by another token changed the state to %v", rec.State)
+	}
+	mustComplete(t, s, key, tok, sampleResponse(), retention)
+	other := &idem.Response{Status: 500, Body: []byte("x")}
+	if err := s.Complete(ctx(t), key, tok, other, retention); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("second Complete = %v; want ErrNotOwner", err)
+	}
+	rec, _ := get(t, s, key)
+	equalResponse(t, rec.Response, sampleResponse())
+	if rec.Fingerprint != fp {
+		t.Fatalf("Complete lost the fingerprint: %q", rec.Fingerprint)
+	}
+}
+
+func testReleaseOwnerOnly(t *testing.T, s idem.Store) {
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	if err := s.Release(ctx(t), key, tok); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Release on an absent key = %v; want ErrNotOwner", err)
+	}
+	mustAcquire(t, s, key, tok, fp, longLease)
+	if err := s.Release(ctx(t), key, Token()); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Release by another token = %v; want ErrNotOwner", err)
+	}
+	if _, found := get(t, s, key); !found {
+		t.Fatal("Release by another token deleted the record")
+	}
+	if err := s.Release(ctx(t), key, tok); err != nil {
+		t.Fatalf("Release by the owner: %v", err)
+	}
+	if _, found := get(t, s, key); found {
+		t.Fatal("record still there after the owner released it")
+	}
+	// Released keys execute again.
+	tok2 := Token()
+	mustAcquire(t, s, key, tok2, fp, longLease)
+	mustComplete(t, s, key, tok2, sampleResponse(), retention)
+	if err := s.Release(ctx(t), key, tok2); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Release of a completed record = %v; want ErrNotOwner", err)
+	}
+	if rec, found := get(t, s, key); !found || rec.State != idem.StateCompleted {
+		t.Fatalf("Release deleted or changed a completed record: %+v, %v", rec, found)
+	}
+}
+
+func testRetentionExpiry(t *testing.T, s idem.Store) {
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	mustAcquire(t, s, key, tok, fp, longLease)
+	mustComplete(t, s, key, tok, sampleResponse(), shortLease)
+	if _, found := get(t, s, key); !found {
+		t.Fatal("completed record missing before its retention ended")
+	}
+	time.Sleep(shortLease + 200*time.Millisecond)
+	if rec, found := get(t, s, key); found {
+		t.Fatalf("Get after retention = %+v; want absent", rec)
+	}
+	mustAcquire(t, s, key, Token(), fingerprint("b"), longLease)
+}
+
+func testRetentionNotExtended(t *testing.T, s idem.Store) {
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	mustAcquire(t, s, key, tok, fp, longLease)
+	mustComplete(t, s, key, tok, sampleResponse(), 2*shortLease)
+	time.Sleep(shortLease)
+	if _, ok, err := s.Acquire(ctx(t), key, Token(), fp, longLease); err != nil || ok {
+		t.Fatalf("replay Acquire = %v, %v", ok, err)
+	}
+	get(t, s, key)
+	time.Sleep(shortLease + 200*time.Millisecond)
+	if _, found := get(t, s, key); found {
+		t.Fatal("a replay extended the retention")
+	}
+}
+
+func testLeaseExpiryGet(t *testing.T, s idem.Store) {
+	key, tok := Key(), Token()
+	mustAcquire(t, s, key, tok, fingerprint("a"), shortLease)
+	time.Sleep(shortLease + 200*time.Millisecond)
+	if rec, found := get(t, s, key); found {
+		t.Fatalf("Get after the lease lapsed = %+v; want absent", rec)
+	}
+	if err := s.Complete(ctx(t), key, tok, sampleResponse(), retention); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Complete after the lease lapsed = %v; want ErrNotOwner", err)
+	}
+}
+
+func testExtend(t *testing.T, s idem.Store) {
+	ext, ok := s.(idem.Extender)
+	if !ok {
+		t.Skip("store does not implement idem.Extender")
+	}
+	key, tok := Key(), Token()
+	mustAcquire(t, s, key, tok, fingerprint("a"), shortLease)
+	if err := ext.Extend(ctx(t), key, Token(), longLease); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Extend by another token = %v; want ErrNotOwner", err)
+	}
+	for i := 0; i < 3; i++ {
+		time.Sleep(shortLease / 2)
+		if err := ext.Extend(ctx(t), key, tok, shortLease); err != nil {
+			t.Fatalf("Extend by the owner: %v", err)
+		}
+	}
+	// 1.5 leases have passed since Acquire: only the renewals kept it.
+	if _, ok, err := s.Acquire(ctx(t), key, Token(), fingerprint("a"), longLease); err != nil || ok {
+		t.Fatalf("Acquire while the owner keeps renewing = %v, %v; want not acquired", ok, err)
+	}
+	mustComplete(t, s, key, tok, sampleResponse(), retention)
+	if err := ext.Extend(ctx(t), key, tok, longLease); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Extend of a completed record = %v; want ErrNotOwner", err)
+	}
+	key2, tok2 := Key(), Token()
+	mustAcquire(t, s, key2, tok2, fingerprint("a"), shortLease)
+	time.Sleep(shortLease + 200*time.Millisecond)
+	if err := ext.Extend(ctx(t), key2, tok2, longLease); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Extend after the lease lapsed = %v; want ErrNotOwner", err)
+	}
+}
+
+func testCancelledContext(t *testing.T, s idem.Store) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	if _, _, err := s.Acquire(cancelled, key, tok, fp, longLease); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire with a cancelled context = %v; want context.Canceled", err)
+	}
+	if _, found := get(t, s, key); found {
+		t.Fatal("Acquire with a cancelled context created a record")
+	}
+	mustAcquire(t, s, key, tok, fp, longLease)
+	if err := s.Complete(cancelled, key, tok, sampleResponse(), retention); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Complete with a cancelled context = %v; want context.Canceled", err)
+	}
+	if err := s.Release(cancelled, key, tok); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Release with a cancelled context = %v; want context.Canceled", err)
+	}
+	if ext, ok := s.(idem.Extender); ok {
+		if err := ext.Extend(cancelled, key, tok, longLease); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Extend with a cancelled context = %v; want context.Canceled", err)
+		}
+	}
+	if _, _, err := s.Get(cancelled, key); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Get with a cancelled context = %v; want context.Canceled", err)
+	}
+	rec, found := get(t, s, key)
+	if !found || rec.State != idem.StateInProgress || rec.Token != tok {
+		t.Fatalf("calls with a cancelled context changed the record: %+v, %v", rec, found)
+	}
+}
+
+func testInvalidDurations(t *testing.T, s idem.Store) {
+	key, tok := Key(), Token()
+	for _, d := range []time.Duration{0, -time.Second} {
+		if _, _, err := s.Acquire(ctx(t), key, tok, fingerprint("a"), d); !errors.Is(err, idem.ErrInvalidDuration) {
+			t.Fatalf("Acquire with lease %v = %v; want ErrInvalidDuration", d, err)
+		}
+	}
+	mustAcquire(t, s, key, tok, fingerprint("a"), longLease)
+	if err := s.Complete(ctx(t), key, tok, sampleResponse(), 0); !errors.Is(err, idem.ErrInvalidDuration) {
+		t.Fatalf("Complete with retention 0 = %v; want ErrInvalidDuration", err)
+	}
+	if ext, ok := s.(idem.Extender); ok {
+		if err := ext.Extend(ctx(t), key, tok, 0); !errors.Is(err, idem.ErrInvalidDuration) {
+			t.Fatalf("Extend with lease 0 = %v; want ErrInvalidDuration", err)
+		}
+	}
+	if rec, _ := get(t, s, key); rec.State != idem.StateInProgress {
+		t.Fatalf("invalid calls changed the record: %+v", rec)
+	}
+}
+
+func testBinaryRoundTrip(t *testing.T, s idem.Store) {
+	body := make([]byte, 0, 1024)
+	for i := 0; i < 1024; i++ {
+		body = append(body, byte(i))
+	}
+	body = append(body, 0xff, 0xfe, 0, 0, 0xc3) // invalid UTF-8, NUL bytes
+	want := &idem.Response{
+		Status: http.StatusOK,
+		Header: http.Header{
+			"Content-Type": {"application/octet-stream"},
+			"X-Multi":      {"a, b", "c", "", "d,e"},
+			"X-Odd":        {"\x01ü\xff"},
+		},
+		Body: body,
+	}
+	key, tok := Key(), Token()
+	mustAcquire(t, s, key, tok, fingerprint("a"), longLease)
+	mustComplete(t, s, key, tok, want, retention)
+	rec, _ := get(t, s, key)
+	equalResponse(t, rec.Response, want)
+
+	empty := &idem.Response{Status: http.StatusNoContent}
+	key2, tok2 := Key(), Token()
+	mustAcquire(t, s, key2, tok2, fingerprint("a"), longLease)
+	mustComplete(t, s, key2, tok2, empty, retention)
+	rec, _ = get(t, s, key2)
+	if rec.Response == nil || rec.Response.Status != http.StatusNoContent || len(rec.Response.Body) != 0 || len(rec.Response.Header) != 0 {
+		t.Fatalf("empty 204 round trip = %+v", rec.Response)
+	}
+}
+
+func testLargeBody(t *testing.T, s idem.Store) {
+	body := make([]byte, 1<<20)
+	for i := range body {
+		body[i] = byte(i*7 + i>>8)
+	}
+	want := &idem.Response{Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: body}
+	key, tok := Key(), Token()
+	mustAcquire(t, s, key, tok, fingerprint("a"), longLease)
+	mustComplete(t, s, key, tok, want, retention)
+	rec, _, err := s.Acquire(ctx(t), key, Token(), fingerprint("a"), longLease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalResponse(t, rec.Response, want)
+}
+
+func testDefensiveCopies(t *testing.T, s idem.Store) {
+	key, tok := Key(), Token()
+	mustAcquire(t, s, key, tok, fingerprint("a"), longLease)
+	in := sampleResponse()
+	mustComplete(t, s, key, tok, in, retention)
+	in.Body[0] = 'X'
+	in.Header["Location"][0] = "changed"
+	in.Header.Set("X-New", "1")
+
+	rec, _ := get(t, s, key)
+	equalResponse(t, rec.Response, sampleResponse())
+	rec.Response.Body[0] = 'Y'
+	rec.Response.Header["Link"][0] = "changed"
+	rec.Response.Header.Del("Content-Type")
+
+	rec2, _, err := s.Acquire(ctx(t), key, Token(), fingerprint("a"), longLease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalResponse(t, rec2.Response, sampleResponse())
+}

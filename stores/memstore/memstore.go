@@ -1,0 +1,282 @@
+// Package memstore is an in-memory [idem.Store] for a single process: tests,
+// development, and services that run one instance. Records live in sharded
+// maps; expiry is checked on every read and a janitor goroutine, stopped by
+// [Store.Close], deletes expired records and shrinks the maps so memory
+// returns to baseline after retention.
+//
+// With several instances behind a load balancer use a shared store
+// (redisstore, mongostore): a memstore only protects its own process.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// ErrFull is returned by Acquire when the store holds MaxRecords live
+// records; the engine answers 503. Live records are never evicted.
+var ErrFull = errors.New("memstore: record limit reached")
+
+// Defaults of the options.
+const (
+	DefaultMaxRecords      = 1_000_000
+	DefaultCleanupInterval = time.Minute
+)
+
+const numShards = 64
+
+var _ idem.Store = (*Store)(nil)
+var _ idem.Extender = (*Store)(nil)
+
+// Store is an in-memory idem.Store, safe for concurrent use.
+type Store struct {
+	shards   [numShards]shard
+	now      func() time.Time
+	max      int64
+	count    atomic.Int64
+	interval time.Duration
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+type shard struct {
+	mu   sync.Mutex
+	m    map[string]*entry
+	peak int
+	_    [40]byte // keep shards on separate cache lines
+}
+
+type entry struct {
+	state   idem.State
+	token   string
+	fp      string
+	resp    *idem.Response
+	expires time.Time // end of the lease (in-progress) or of retention (completed)
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithClock sets the clock used for leases and retention. Optional. Default is time.Now.
+func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
+
+// WithMaxRecords bounds the number of live records; Acquire of a new key
+// beyond it returns [ErrFull]. Optional. Default is 1,000,000.
+func WithMaxRecords(n int) Option { return func(s *Store) { s.max = int64(n) } }
+
+// WithCleanupInterval sets how often the janitor deletes expired records;
+// 0 starts no janitor (expired records are then only replaced, never freed).
+// Optional. Default is 1 minute.
+func WithCleanupInterval(d time.Duration) Option { return func(s *Store) { s.interval = d } }
+
+// New returns a Store and starts its janitor; call Close to stop it.
+func New(opts ...Option) *Store {
+	s := &Store{now: time.Now, max: DefaultMaxRecords, interval: DefaultCleanupInterval,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	for _, o := range opts {
+		o(s)
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+	}
+	if s.interval > 0 {
+		go s.janitor()
+	} else {
+		close(s.done)
+	}
+	return s
+}
+
+// Close stops the janitor and waits for it. The store stays usable. It is
+// safe to call more than once and always returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { close(s.stop) })
+	<-s.done
+	return nil
+}
+
+// Len returns the number of records held, expired ones not yet deleted included.
+func (s *Store) Len() int { return int(s.count.Load()) }
+
+func (s *Store) shard(key string) *shard {
+	h := uint32(2166136261) // FNV-1a
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	return &s.shards[h%numShards]
+}
+
+// live returns the entry for key if it has not expired; sh.mu must be held.
+func (sh *shard) live(key string, now time.Time) *entry {
+	e := sh.m[key]
+	if e == nil || !now.Before(e.expires) {
+		return nil
+	}
+	return e
+}
+
+func record(e *entry) idem.Record {
+	return idem.Record{State: e.state, Fingerprint: e.fp, Token: e.token, Response: e.resp.Clone()}
+}
+
+// Acquire implements [idem.Store.Acquire].
+func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, false, err
+	}
+	if lease <= 0 {
+		return idem.Record{}, false, idem.ErrInvalidDuration
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	e, ok := sh.m[key]
+	if ok && now.Before(e.expires) {
+		return record(e), false, nil
+	}
+	if !ok {
+		if s.count.Load() >= s.max {
+			return idem.Record{}, false, ErrFull
+		}
+		s.count.Add(1)
+		e = &entry{}
+		sh.m[key] = e
+		if len(sh.m) > sh.peak {
+			sh.peak = len(sh.m)
+		}
+	}
+	*e = entry{state: idem.StateInProgress, token: token, fp: fingerprint, expires: now.Add(lease)}
+	return idem.Record{}, true, nil
+}
+
+// owned returns the entry if token holds its live lease; sh.mu must be held.
+func (sh *shard) owned(key, token string, now time.Time) *entry {
+	e := sh.live(key, now)
+	if e == nil || e.state != idem.StateInProgress || e.token != token {
+		return nil
+	}
+	return e
+}
+
+// Complete implements [idem.Store.Complete].
+func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	stored := resp.Clone() // copy outside the lock
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	e := sh.owned(key, token, now)
+	if e == nil {
+		return idem.ErrNotOwner
+	}
+	e.state, e.resp, e.expires = idem.StateCompleted, stored, now.Add(retention)
+	return nil
+}
+
+// Release implements [idem.Store.Release].
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.owned(key, token, s.now()) == nil {
+		return idem.ErrNotOwner
+	}
+	delete(sh.m, key)
+	s.count.Add(-1)
+	return nil
+}
+
+// Extend implements [idem.Extender].
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	e := sh.owned(key, token, now)
+	if e == nil {
+		return idem.ErrNotOwner
+	}
+	e.expires = now.Add(lease)
+	return nil
+}
+
+// Get implements [idem.Store.Get].
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, false, err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.live(key, s.now())
+	if e == nil {
+		return idem.Record{}, false, nil
+	}
+	return record(e), true, nil
+}
+
+// Cleanup deletes expired records now and shrinks maps that fell below a
+// quarter of their peak, returning the number deleted. The janitor calls it
+// every cleanup interval.
+func (s *Store) Cleanup() int {
+	deleted := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		now := s.now()
+		for k, e := range sh.m {
+			if !now.Before(e.expires) {
+				delete(sh.m, k)
+				deleted++
+			}
+		}
+		// Go maps never give buckets back; rebuild a map that shrank a lot.
+		if sh.peak > 1024 && len(sh.m) < sh.peak/4 {
+			m := make(map[string]*entry, len(sh.m))
+			for k, e := range sh.m {
+				m[k] = e
+			}
+			sh.m, sh.peak = m, len(m)
+		}
+		sh.mu.Unlock()
+	}
+	s.count.Add(-int64(deleted))
+	return deleted
+}
+
+func (s *Store) janitor() {
+	defer close(s.done)
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Cleanup()
+		}
+	}
+}
