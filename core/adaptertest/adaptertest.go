@@ -1,0 +1,559 @@
+// Package adaptertest is the HTTP behaviour suite every idem adapter runs
+// through its real framework, over a real loopback listener:
+//
+//	func TestBehaviour(t *testing.T) {
+//		adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: newStore})
+//	}
+//
+// It checks what a client sees: status codes, problem bodies, replayed bytes
+// and header lines, the replay marker, execution counts, scope isolation,
+// limits, panics, store outages and clients that hang up.
+package adaptertest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// Config tells Run how to serve the suite's [App] through the adapter.
+type Config struct {
+	// Mount serves app through the adapter's middleware built from e and
+	// returns the base URL ("http://127.0.0.1:PORT") of a real listener it
+	// stops in t.Cleanup. It must route every method on the paths /a and /b
+	// to app (as two routes), return the [PrincipalHeader] value from the
+	// adapter's scope function, and mount the framework's own recovery
+	// middleware so that a panic in app answers 500.
+	Mount func(t *testing.T, e *idem.Engine, app http.Handler) string
+	// NewStore returns a fresh store for each subtest (usually memstore).
+	NewStore func(t *testing.T) idem.Store
+	// SkipStreaming skips the check that a flushed chunk reaches the client
+	// before the handler ends, with this reason, for adapters whose test
+	// mounting of App (an http.Handler) buffers; such adapters must test
+	// their framework's native streaming themselves.
+	SkipStreaming string
+}
+
+type suite struct {
+	cfg    Config
+	client *http.Client
+}
+
+// Run runs the behaviour suite.
+func Run(t *testing.T, cfg Config) {
+	s := &suite{cfg: cfg, client: &http.Client{
+		Timeout:       20 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+	tests := []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"MissingKey", s.testMissingKey},
+		{"MalformedKeys", s.testMalformedKeys},
+		{"SFStringAndBareTokenNameOneKey", s.testSFString},
+		{"ExecuteThenReplay", s.testExecuteThenReplay},
+		{"KeyReusedWithOtherPayload", s.testMismatch},
+		{"ConcurrentDuplicates", s.testConcurrent},
+		{"ScopeByPrincipalAndRoute", s.testScope},
+		{"NoPrincipal", s.testNoPrincipal},
+		{"UncoveredMethodsPassThrough", s.testPassThrough},
+		{"BodyLimit", s.testBodyLimit},
+		{"StatusPolicy", s.testStatusPolicy},
+		{"Panic", s.testPanic},
+		{"StoreDown", s.testStoreDown},
+		{"ClientGoneMidRequest", s.testClientGone},
+		{"BinaryBody", s.testBinary},
+		{"ResponseOverLimit", s.testResponseOverLimit},
+		{"SpoofedReplayHeader", s.testSpoofedHeader},
+		{"WaitMode", s.testWait},
+		{"Streaming", s.testStreaming},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, tt.fn)
+	}
+}
+
+// serve mounts a fresh App behind an engine with opts.
+func (s *suite) serve(t *testing.T, store idem.Store, opts ...idem.Option) (*App, string) {
+	t.Helper()
+	if store == nil {
+		store = s.cfg.NewStore(t)
+	}
+	opts = append([]idem.Option{idem.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	e, err := idem.New(store, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := NewApp()
+	t.Cleanup(app.Release)
+	return app, strings.TrimSuffix(s.cfg.Mount(t, e, app), "/")
+}
+
+type call struct {
+	method, path, body, principal string
+	keys                          []string // one header line each; nil means no header
+	header                        http.Header
+	ctx                           context.Context
+}
+
+type result struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (s *suite) do(t *testing.T, base string, c call) result {
+	t.Helper()
+	r, err := s.send(base, c)
+	if err != nil {
+		t.Fatalf("%s %s: %v", c.method, c.path, err)
+	}
+	return r
+}
+
+func (s *suite) send(base string, c call) (result, error) {
+	if c.method == "" {
+		c.method = http.MethodPost
+	}
+	if c.principal == "" {
+		c.principal = "alice"
+	}
+	ctx := c.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	req, err := http.NewRequestWithContext(ctx, c.method, base+c.path, strings.NewReader(c.body))
+	if err != nil {
+		return result{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.principal != "-" {
+		req.Header.Set(PrincipalHeader, c.principal)
+	}
+	for _, k := range c.keys {
+		req.Header.Add(idem.DefaultHeader, k)
+	}
+	for k, v := range c.header {
+		req.Header[k] = v
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return result{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return result{resp.StatusCode, resp.Header, body}, err
+}
+
+func wantProblem(t *testing.T, r result, status int, typ string) {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status = %d, want %d; body %s", r.status, status, r.body)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type = %q, want application/problem+json", ct)
+	}
+	var p idem.Problem
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatalf("problem body %q: %v", r.body, err)
+	}
+	if p.Status != status || p.Type != idem.ProblemTypeBase+typ || p.Title == "" || p.Detail == "" {
+		t.Fatalf("problem = %+v, want status %d type %s with title and detail", p, status, typ)
+	}
+}
+
+func wantExecutions(t *testing.T, app *App, n int64) {
+	t.Helper()
+	if got := app.Executions(); got != n {
+		t.Fatalf("handler executions = %d, want %d", got, n)
+	}
+}
+
+func (s *suite) testMissingKey(t *testing.T) {
+	app, base := s.serve(t, nil)
+	wantProblem(t, s.do(t, base, call{path: "/a", body: `{}`}), 400, "key-missing")
+	wantExecutions(t, app, 0)
+}
+
+func (s *suite) testMalformedKeys(t *testing.T) {
+	app, base := s.serve(t, nil)
+	cases := map[string][]string{
+		"empty":              {""},
+		"space inside":       {"ab cd"},
+		"unterminated quote": {`"abc`},
+		"empty sf-string":    {`""`},
+		"too long":           {strings.Repeat("k", 256)},
+		"two different":      {"k1", "k2"},
+		"list of different":  {"k1, k2"},
+		"parameters":         {`"abc";p=1`},
+		"tab inside quotes":  {"\"a\tb\""},
+	}
+	for name, keys := range cases {
+		r := s.do(t, base, call{path: "/a", body: `{}`, keys: keys})
+		if r.status != 400 {
+			t.Errorf("%s %q: status %d, want 400", name, keys, r.status)
+		}
+	}
+	wantExecutions(t, app, 0)
+	// Exactly 255 characters and a repeated identical line are fine.
+	if r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{strings.Repeat("k", 255)}}); r.status != 201 {
+		t.Fatalf("255-character key: status %d", r.status)
+	}
+	if r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"same", `"same"`}}); r.status != 201 {
+		t.Fatalf("the same key on two lines: status %d", r.status)
+	}
+}
+
+func (s *suite) testSFString(t *testing.T) {
+	app, base := s.serve(t, nil)
+	first := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{`"k-\\1"`}})
+	second := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{`k-\1`}})
+	if first.status != 201 || second.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(first.body, second.body) {
+		t.Fatalf("sf-string then bare token: %d, %d %q; want the second to replay the first", first.status, second.status, second.header.Get(idem.ReplayedHeader))
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testExecuteThenReplay(t *testing.T) {
+	app, base := s.serve(t, nil)
+	c := call{path: "/a?x=1&y=2", body: `{"amount":100}`, keys: []string{"pay-1"}}
+	first := s.do(t, base, c)
+	if first.status != 201 || first.header.Get(idem.ReplayedHeader) != "" {
+		t.Fatalf("first: %d replayed=%q", first.status, first.header.Get(idem.ReplayedHeader))
+	}
+	if first.header.Get("Set-Cookie") == "" {
+		t.Fatal("first response lost its Set-Cookie")
+	}
+	for i := 0; i < 3; i++ {
+		c.path = "/a?y=2&x=1" // query order does not change the fingerprint
+		r := s.do(t, base, c)
+		if r.status != 201 || !bytes.Equal(r.body, first.body) {
+			t.Fatalf("replay %d: %d %s; want 201 %s", i, r.status, r.body, first.body)
+		}
+		if r.header.Get(idem.ReplayedHeader) != "true" {
+			t.Fatalf("replay lacks %s: true", idem.ReplayedHeader)
+		}
+		for _, h := range []string{"Location", "Content-Type", "X-Multi"} {
+			if !reflect.DeepEqual(r.header.Values(h), first.header.Values(h)) {
+				t.Fatalf("replayed %s = %q, want %q", h, r.header.Values(h), first.header.Values(h))
+			}
+		}
+		if r.header.Get("Set-Cookie") != "" {
+			t.Fatal("Set-Cookie was replayed")
+		}
+	}
+	var got struct {
+		BodySHA string `json:"body_sha256"`
+	}
+	if err := json.Unmarshal(first.body, &got); err != nil || got.BodySHA != sha(`{"amount":100}`) {
+		t.Fatalf("the handler read body sha %q (%v), want the original body's", got.BodySHA, err)
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testMismatch(t *testing.T) {
+	app, base := s.serve(t, nil)
+	first := s.do(t, base, call{path: "/a", body: `{"amount":100}`, keys: []string{"k"}})
+	wantProblem(t, s.do(t, base, call{path: "/a", body: `{"amount":999}`, keys: []string{"k"}}), 422, "key-reused")
+	wantProblem(t, s.do(t, base, call{path: "/a?extra=1", body: `{"amount":100}`, keys: []string{"k"}}), 422, "key-reused")
+	again := s.do(t, base, call{path: "/a", body: `{"amount":100}`, keys: []string{"k"}})
+	if again.status != 201 || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("original request after a mismatch: %d %s; want the stored replay", again.status, again.body)
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testConcurrent(t *testing.T) {
+	app, base := s.serve(t, nil)
+	const n = 20
+	var wg sync.WaitGroup
+	statuses := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.send(base, call{path: "/a?sleep=300ms", body: `{}`, keys: []string{"double-click"}})
+			if err != nil {
+				t.Errorf("duplicate %d: %v", i, err)
+				return
+			}
+			statuses[i] = r.status
+			if r.status == 409 && r.header.Get("Retry-After") == "" {
+				t.Errorf("409 without Retry-After")
+			}
+		}()
+	}
+	wg.Wait()
+	created := 0
+	for _, st := range statuses {
+		switch st {
+		case 201:
+			created++
+		case 409:
+		default:
+			t.Fatalf("statuses %v: want only 201 and 409", statuses)
+		}
+	}
+	if created < 1 {
+		t.Fatalf("statuses %v: no 201", statuses)
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testScope(t *testing.T) {
+	app, base := s.serve(t, nil)
+	a := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}, principal: "alice"})
+	b := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}, principal: "bob"})
+	r := s.do(t, base, call{path: "/b", body: `{}`, keys: []string{"k"}, principal: "alice"})
+	if a.status != 201 || b.status != 201 || r.status != 201 || bytes.Equal(a.body, b.body) || bytes.Equal(a.body, r.body) {
+		t.Fatalf("same key for two principals / routes shared a response: %s | %s | %s", a.body, b.body, r.body)
+	}
+	if b.header.Get(idem.ReplayedHeader) != "" || r.header.Get(idem.ReplayedHeader) != "" {
+		t.Fatal("another principal or route got a replay")
+	}
+	wantExecutions(t, app, 3)
+}
+
+func (s *suite) testNoPrincipal(t *testing.T) {
+	app, base := s.serve(t, nil)
+	wantProblem(t, s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}, principal: "-"}), 401, "no-principal")
+	wantExecutions(t, app, 0)
+
+	app, base = s.serve(t, nil, idem.WithGlobalScope())
+	if r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}, principal: "-"}); r.status != 201 {
+		t.Fatalf("global scope without principal: %d", r.status)
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testPassThrough(t *testing.T) {
+	app, base := s.serve(t, nil)
+	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
+		for i := 0; i < 2; i++ {
+			r := s.do(t, base, call{method: m, path: "/a?status=200", keys: []string{"k"}})
+			if r.status != 200 || r.header.Get(idem.ReplayedHeader) != "" {
+				t.Fatalf("%s: %d replayed=%q; want a pass-through 200", m, r.status, r.header.Get(idem.ReplayedHeader))
+			}
+		}
+	}
+	wantExecutions(t, app, 6)
+	// PUT is covered once opted in.
+	app, base = s.serve(t, nil, idem.WithMethods(http.MethodPut))
+	wantProblem(t, s.do(t, base, call{method: http.MethodPut, path: "/a"}), 400, "key-missing")
+	s.do(t, base, call{method: http.MethodPut, path: "/a", keys: []string{"k"}})
+	if r := s.do(t, base, call{method: http.MethodPut, path: "/a", keys: []string{"k"}}); r.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatal("opted-in PUT was not replayed")
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testBodyLimit(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithMaxBodyBytes(1024))
+	wantProblem(t, s.do(t, base, call{path: "/a", body: strings.Repeat("x", 1025), keys: []string{"big"}}), 413, "body-too-large")
+	wantExecutions(t, app, 0)
+	atLimit := strings.Repeat("y", 1024)
+	r := s.do(t, base, call{path: "/a", body: atLimit, keys: []string{"fits"}})
+	if r.status != 201 || !bytes.Contains(r.body, []byte(sha(atLimit))) {
+		t.Fatalf("body at the limit: %d %s; want 201 with the handler reading all of it", r.status, r.body)
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testStatusPolicy(t *testing.T) {
+	app, base := s.serve(t, nil)
+	var want int64
+	for _, st := range []int{500, 502, 503, 408, 409, 425, 429} {
+		for i := 0; i < 2; i++ {
+			r := s.do(t, base, call{path: "/a?status=" + itoa(st), body: `{}`, keys: []string{"released-" + itoa(st)}})
+			want++
+			if r.status != st || r.header.Get(idem.ReplayedHeader) != "" {
+				t.Fatalf("status %d try %d: got %d replayed=%q; want the handler to run again", st, i, r.status, r.header.Get(idem.ReplayedHeader))
+			}
+		}
+	}
+	for _, st := range []int{200, 202, 204, 302, 400, 402, 404, 422} {
+		first := s.do(t, base, call{path: "/a?status=" + itoa(st), body: `{}`, keys: []string{"stored-" + itoa(st)}})
+		want++
+		second := s.do(t, base, call{path: "/a?status=" + itoa(st), body: `{}`, keys: []string{"stored-" + itoa(st)}})
+		if second.status != st || second.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(first.body, second.body) {
+			t.Fatalf("status %d: retry got %d replayed=%q; want the stored response", st, second.status, second.header.Get(idem.ReplayedHeader))
+		}
+	}
+	wantExecutions(t, app, want)
+
+	app, base = s.serve(t, nil, idem.WithStoreAll())
+	s.do(t, base, call{path: "/a?status=500", body: `{}`, keys: []string{"k"}})
+	if r := s.do(t, base, call{path: "/a?status=500", body: `{}`, keys: []string{"k"}}); r.status != 500 || r.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("WithStoreAll: retry of a 500 got %d replayed=%q", r.status, r.header.Get(idem.ReplayedHeader))
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testPanic(t *testing.T) {
+	app, base := s.serve(t, nil)
+	for i := 0; i < 2; i++ {
+		if r := s.do(t, base, call{path: "/a?panic=1", body: `{}`, keys: []string{"boom"}}); r.status != 500 {
+			t.Fatalf("panic try %d: status %d, want 500 from the framework's recovery (not 409)", i, r.status)
+		}
+	}
+	wantExecutions(t, app, 2)
+}
+
+func (s *suite) testStoreDown(t *testing.T) {
+	app, base := s.serve(t, downStore{})
+	r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
+	wantProblem(t, r, 503, "store-unavailable")
+	if r.header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	wantExecutions(t, app, 0)
+	if r := s.do(t, base, call{method: http.MethodGet, path: "/a?status=200"}); r.status != 200 {
+		t.Fatalf("GET with the store down: %d, want 200 (not covered)", r.status)
+	}
+
+	app, base = s.serve(t, downStore{}, idem.WithFailOpen())
+	if r := s.do(t, base, call{path: "/a", body: `{"x":1}`, keys: []string{"k"}}); r.status != 201 || !bytes.Contains(r.body, []byte(sha(`{"x":1}`))) {
+		t.Fatalf("fail-open: %d %s; want the handler to run with the full body", r.status, r.body)
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testClientGone(t *testing.T) {
+	app, base := s.serve(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := s.send(base, call{path: "/a?sleep=400ms", body: `{}`, keys: []string{"gone"}, ctx: ctx}); err == nil {
+		t.Fatal("the client was supposed to time out")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := s.do(t, base, call{path: "/a?sleep=400ms", body: `{}`, keys: []string{"gone"}})
+		if r.status == 201 && r.header.Get(idem.ReplayedHeader) == "true" {
+			break
+		}
+		if r.status != 409 || time.Now().After(deadline) {
+			t.Fatalf("retry after the client left: %d %s; want 409 then the stored replay", r.status, r.body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testBinary(t *testing.T) {
+	app, base := s.serve(t, nil)
+	first := s.do(t, base, call{path: "/a?bytes=3000&status=200", body: `{}`, keys: []string{"bin"}})
+	second := s.do(t, base, call{path: "/a?bytes=3000&status=200", body: `{}`, keys: []string{"bin"}})
+	if !bytes.Equal(first.body, Pattern(3000)) || !bytes.Equal(second.body, Pattern(3000)) || second.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("binary replay differs: %d bytes then %d bytes", len(first.body), len(second.body))
+	}
+	if second.header.Get("Content-Type") != "application/octet-stream" {
+		t.Fatalf("replayed Content-Type %q", second.header.Get("Content-Type"))
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testResponseOverLimit(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithMaxResponseBytes(1000))
+	first := s.do(t, base, call{path: "/a?bytes=5000", body: `{}`, keys: []string{"huge"}})
+	if first.status != 201 || !bytes.Equal(first.body, Pattern(5000)) {
+		t.Fatalf("first caller got %d with %d bytes; want all 5000", first.status, len(first.body))
+	}
+	r := s.do(t, base, call{path: "/a?bytes=5000", body: `{}`, keys: []string{"huge"}})
+	wantProblem(t, r, 410, "response-not-stored")
+	var p idem.Problem
+	_ = json.Unmarshal(r.body, &p)
+	if p.OriginalStatus != 201 || r.header.Get("Location") != first.header.Get("Location") || r.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("not-stored replay: original_status %d Location %q replayed %q", p.OriginalStatus, r.header.Get("Location"), r.header.Get(idem.ReplayedHeader))
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testSpoofedHeader(t *testing.T) {
+	app, base := s.serve(t, nil)
+	spoof := http.Header{idem.ReplayedHeader: {"true"}}
+	r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}, header: spoof})
+	if r.status != 201 || r.header.Get(idem.ReplayedHeader) != "" {
+		t.Fatalf("a client-sent %s changed the answer: %d %q", idem.ReplayedHeader, r.status, r.header.Get(idem.ReplayedHeader))
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testWait(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithWait(5*time.Second))
+	var wg sync.WaitGroup
+	results := make([]result, 5)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.send(base, call{path: "/a?sleep=300ms", body: `{}`, keys: []string{"wait"}})
+			if err != nil {
+				t.Errorf("waiting duplicate: %v", err)
+			}
+			results[i] = r
+		}()
+	}
+	wg.Wait()
+	for _, r := range results {
+		if r.status != 201 || !bytes.Equal(r.body, results[0].body) {
+			t.Fatalf("wait mode: got %d %s; want every duplicate to get the one 201", r.status, r.body)
+		}
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testStreaming(t *testing.T) {
+	if s.cfg.SkipStreaming != "" {
+		t.Skip(s.cfg.SkipStreaming)
+	}
+	app, base := s.serve(t, nil)
+	req, _ := http.NewRequest(http.MethodPost, base+"/a?stream=1", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(PrincipalHeader, "alice")
+	req.Header.Set(idem.DefaultHeader, "stream")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	chunk := make([]byte, len(`{"execution":1,`))
+	if _, err := io.ReadFull(resp.Body, chunk); err != nil { // blocks if the adapter holds the stream back
+		t.Fatalf("first chunk before the handler ended: %v", err)
+	}
+	app.Release()
+	rest, _ := io.ReadAll(resp.Body)
+	full := append(chunk, rest...)
+	r := s.do(t, base, call{path: "/a?stream=1", body: `{}`, keys: []string{"stream"}})
+	if r.status != 201 || !bytes.Equal(r.body, full) || r.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("replay of a stream: %d %q; want the whole stream %q", r.status, r.body, full)
+	}
+	wantExecutions(t, app, 1)
+}
+
+// downStore is a store whose backend is unreachable.
+type downStore struct{}
+
+var errDown = errors.New("adaptertest: store unreachable")
+
+func (downStore) Acquire(context.Context, string, string, string, time.Duration) (idem.Record, bool, error) {
+	return idem.Record{}, false, errDown
+}
+func (downStore) Complete(context.Context, string, string, *idem.Response, time.Duration) error {
+	return errDown
+}
+func (downStore) Release(context.Context, string, string) error { return errDown }
+func (downStore) Get(context.Context, string) (idem.Record, bool, error) {
+	return idem.Record{}, false, errDown
+}
