@@ -276,7 +276,9 @@ func (x *Execution) release() {
 
 func (x *Execution) startRenewal() {
 	if x.e.extender != nil {
+		x.mu.Lock()
 		x.timer = time.AfterFunc(x.e.cfg.lease/3, x.renew)
+		x.mu.Unlock()
 	}
 }
 

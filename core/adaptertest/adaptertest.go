@@ -78,6 +78,7 @@ func Run(t *testing.T, cfg Config) {
 		{"ResponseOverLimit", s.testResponseOverLimit},
 		{"SpoofedReplayHeader", s.testSpoofedHeader},
 		{"WaitMode", s.testWait},
+		{"SlowHandlerKeepsLease", s.testLeaseRenewal},
 		{"Streaming", s.testStreaming},
 	}
 	for _, tt := range tests {
@@ -538,6 +539,26 @@ func (s *suite) testStreaming(t *testing.T) {
 	r := s.do(t, base, call{path: "/a?stream=1", body: `{}`, keys: []string{"stream"}})
 	if r.status != 201 || !bytes.Equal(r.body, full) || r.header.Get(idem.ReplayedHeader) != "true" {
 		t.Fatalf("replay of a stream: %d %q; want the whole stream %q", r.status, r.body, full)
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testLeaseRenewal(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithLease(300*time.Millisecond))
+	done := make(chan result, 1)
+	go func() {
+		r, err := s.send(base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}})
+		if err != nil {
+			t.Errorf("slow request: %v", err)
+		}
+		done <- r
+	}()
+	time.Sleep(800 * time.Millisecond) // well past one lease: only renewal keeps it
+	wantProblem(t, s.do(t, base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}}), 409, "in-progress")
+	first := <-done
+	r := s.do(t, base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}})
+	if first.status != 201 || r.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(r.body, first.body) {
+		t.Fatalf("after the slow handler: %d then %d; want 201 and its replay", first.status, r.status)
 	}
 	wantExecutions(t, app, 1)
 }
