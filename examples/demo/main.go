@@ -1,0 +1,271 @@
+// Command demo shows idem keeping payments exactly-once under the things
+// real clients do: double clicks, timeouts and retries, provider failures,
+// reused keys. It builds the example services, starts each on a free
+// loopback port as its own process, plays the scenarios, and prints a table
+// per framework. It exits 1 if any logical payment was charged successfully
+// more than once.
+//
+//	go run ./examples/demo                       # every framework, memory store
+//	go run ./examples/demo -framework gin -store redis
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemkit/idem/examples/internal/procs"
+)
+
+func main() {
+	framework := flag.String("framework", "all", "nethttp, gin, echo, fiber or all")
+	store := flag.String("store", "memory", "memory, redis or mongo")
+	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
+	mongoURI := flag.String("mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo")
+	latency := flag.Duration("charge-latency", 300*time.Millisecond, "simulated provider latency")
+	flag.Parse()
+
+	names := procs.Frameworks
+	if *framework != "all" {
+		if !slices.Contains(procs.Frameworks, *framework) {
+			fmt.Fprintf(os.Stderr, "-framework %q: want one of %v or all\n", *framework, procs.Frameworks)
+			os.Exit(2)
+		}
+		names = []string{*framework}
+	}
+	dir, err := os.MkdirTemp("", "idem-demo-")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(dir)
+
+	ok := true
+	for _, name := range names {
+		fmt.Printf("building examples/%s ...\n", name)
+		bin, err := procs.Build(context.Background(), dir, name)
+		if err != nil {
+			fail(err)
+		}
+		p, err := procs.Start(bin, "-store", *store, "-redis-url", *redisURL, "-mongo-uri", *mongoURI,
+			"-charge-latency", latency.String())
+		if err != nil {
+			fail(err)
+		}
+		d := &demo{url: p.URL, latency: *latency, client: &http.Client{Timeout: 30 * time.Second}}
+		rows := d.run()
+		p.Stop()
+		fmt.Printf("\n%s, %s store, provider latency %v\n", name, *store, *latency)
+		ok = printTable(rows) && ok
+		fmt.Println()
+	}
+	if !ok {
+		fmt.Println("FAIL: a payment was charged more than once")
+		os.Exit(1)
+	}
+	fmt.Println("OK: one charge per logical payment")
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "demo:", err)
+	os.Exit(1)
+}
+
+type demo struct {
+	url     string
+	latency time.Duration
+	client  *http.Client
+}
+
+type row struct {
+	scenario string
+	sent     int
+	statuses map[string]int
+	charges  int64 // provider executions
+	want     int64 // expected executions
+	ids      int   // distinct successful payment ids
+	note     string
+}
+
+type answer struct {
+	status   int
+	replayed bool
+	id       string
+}
+
+func newKey() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (d *demo) pay(client *http.Client, user, key string, amount int) (answer, error) {
+	body := fmt.Sprintf(`{"amount":%d,"currency":"eur"}`, amount)
+	req, _ := http.NewRequest(http.MethodPost, d.url+"/v1/payments", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-User-ID", user)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var p struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(b, &p)
+	return answer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", id: p.ID}, nil
+}
+
+func (d *demo) executions() int64 {
+	resp, err := d.client.Get(d.url + "/v1/stats")
+	if err != nil {
+		fail(err)
+	}
+	defer resp.Body.Close()
+	var s struct {
+		Executions int64 `json:"executions"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		fail(err)
+	}
+	return s.Executions
+}
+
+// scenario runs fn, which sends requests through send, and counts the
+// provider executions it caused.
+func (d *demo) scenario(name string, want int64, note string, fn func(send func(*http.Client, string, string, int) answer)) row {
+	r := row{scenario: name, want: want, note: note, statuses: map[string]int{}}
+	var mu sync.Mutex
+	ids := map[string]bool{}
+	before := d.executions()
+	fn(func(c *http.Client, user, key string, amount int) answer {
+		a, err := d.pay(c, user, key, amount)
+		mu.Lock()
+		defer mu.Unlock()
+		r.sent++
+		label := "timeout"
+		if err == nil {
+			label = fmt.Sprint(a.status)
+			if a.replayed {
+				label += " replay"
+			}
+			if a.status == http.StatusCreated {
+				ids[a.id] = true
+			}
+		}
+		r.statuses[label]++
+		return a
+	})
+	r.charges = d.executions() - before
+	r.ids = len(ids)
+	return r
+}
+
+// retry sends until the answer is not 409, as a well-behaved client honouring Retry-After does.
+func retry(send func(*http.Client, string, string, int) answer, c *http.Client, user, key string, amount int) answer {
+	for i := 0; ; i++ {
+		a := send(c, user, key, amount)
+		if a.status != http.StatusConflict || i == 50 {
+			return a
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (d *demo) run() []row {
+	var rows []row
+	rows = append(rows, d.scenario("50 concurrent double-clicks, one key", 1, "", func(send func(*http.Client, string, string, int) answer) {
+		key := newKey()
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Add(1)
+			go func() { defer wg.Done(); send(d.client, "alice", key, 1999) }()
+		}
+		wg.Wait()
+		retry(send, d.client, "alice", key, 1999) // the client finally reads its result
+	}))
+	rows = append(rows, d.scenario("client times out mid-request, retries", 1, "", func(send func(*http.Client, string, string, int) answer) {
+		key := newKey()
+		impatient := &http.Client{Timeout: d.latency / 3}
+		send(impatient, "alice", key, 2500)
+		retry(send, d.client, "alice", key, 2500)
+	}))
+	rows = append(rows, d.scenario("provider 5xx, then retry", 2, "a 5xx is not stored: the retry runs again by design", func(send func(*http.Client, string, string, int) answer) {
+		key := newKey()
+		send(d.client, "alice", key, 5000)
+		retry(send, d.client, "alice", key, 5000)
+	}))
+	rows = append(rows, d.scenario("card declined (402), then retry", 1, "a 4xx is stored and replayed", func(send func(*http.Client, string, string, int) answer) {
+		key := newKey()
+		send(d.client, "alice", key, 4000)
+		retry(send, d.client, "alice", key, 4000)
+	}))
+	rows = append(rows, d.scenario("handler panics (500), then retry", 2, "a panic releases the key: the retry runs again", func(send func(*http.Client, string, string, int) answer) {
+		key := newKey()
+		send(d.client, "alice", key, 6000)
+		retry(send, d.client, "alice", key, 6000)
+	}))
+	rows = append(rows, d.scenario("key reused with another amount", 1, "422, nothing charged twice", func(send func(*http.Client, string, string, int) answer) {
+		key := newKey()
+		send(d.client, "alice", key, 1000)
+		send(d.client, "alice", key, 2000)
+		send(d.client, "alice", key, 1000)
+	}))
+	rows = append(rows, d.scenario("two users, same key", 2, "keys are scoped per user", func(send func(*http.Client, string, string, int) answer) {
+		key := newKey()
+		send(d.client, "alice", key, 1500)
+		send(d.client, "bob", key, 1500)
+	}))
+	return rows
+}
+
+// printTable prints rows and reports whether every logical payment was
+// charged successfully at most once.
+func printTable(rows []row) bool {
+	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\trequests\tstatus codes seen\tcharges executed\texpected\tresult")
+	ok := true
+	for _, r := range rows {
+		labels := make([]string, 0, len(r.statuses))
+		for l := range r.statuses {
+			labels = append(labels, l)
+		}
+		sort.Strings(labels)
+		var b bytes.Buffer
+		for i, l := range labels {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s ×%d", l, r.statuses[l])
+		}
+		verdict := "ok"
+		maxIDs := 1
+		if r.scenario == "two users, same key" {
+			maxIDs = 2
+		}
+		if r.charges != r.want || r.ids > maxIDs {
+			verdict = "DOUBLE CHARGE"
+			ok = false
+		}
+		if r.note != "" {
+			verdict += " (" + r.note + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", r.scenario, r.sent, b.String(), r.charges, r.want, verdict)
+	}
+	tw.Flush()
+	return ok
+}

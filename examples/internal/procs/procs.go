@@ -1,0 +1,92 @@
+// Package procs builds the example services and runs them as separate
+// processes on free loopback ports, for the demo and for tests that need
+// real processes (several instances, SIGKILL mid-request).
+package procs
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Frameworks lists the example services, by directory under examples/.
+var Frameworks = []string{"nethttp", "gin", "echo", "fiber"}
+
+// Build compiles examples/<name> into dir and returns the binary's path.
+func Build(ctx context.Context, dir, name string) (string, error) {
+	bin := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemkit/idem/examples/"+name)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build examples/%s: %v\n%s", name, err, out)
+	}
+	return bin, nil
+}
+
+// Proc is a running example service.
+type Proc struct {
+	URL  string // http://127.0.0.1:PORT
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start runs bin with args plus "-addr 127.0.0.1:0" unless args set -addr,
+// and waits up to 30s for its "listening on" line. Its stderr goes to ours.
+func Start(bin string, args ...string) (*Proc, error) {
+	if !strings.Contains(strings.Join(args, " "), "-addr") {
+		args = append(args, "-addr", "127.0.0.1:0")
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &Proc{cmd: cmd, done: make(chan struct{})}
+	url := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+				select {
+				case url <- u:
+				default:
+				}
+			}
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	select {
+	case p.URL = <-url:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited before listening", filepath.Base(bin))
+	case <-time.After(30 * time.Second):
+		p.Kill()
+		return nil, fmt.Errorf("%s did not start listening in 30s", filepath.Base(bin))
+	}
+}
+
+// Stop sends SIGTERM and waits for the process to exit.
+func (p *Proc) Stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.Kill()
+	}
+}
+
+// Kill sends SIGKILL (a crash: no deferred code runs) and waits for the exit.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}

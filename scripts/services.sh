@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Sourced by the Makefile targets: makes sure the servers the tests talk to
+# are running, and exports their addresses.
+#   IDEM_REDIS_URL   a reachable Redis (127.0.0.1:6379 if it answers, else one started here)
+#   IDEM_MONGO_URI   a FerretDB test server built from tools/ferretdb and started here,
+#                    unless IDEM_MONGO_URI already points at a server (e.g. a real MongoDB)
+#   IDEM_FERRETDB_BIN the FerretDB binary, for tests that stop and restart their own
+# Everything started here is stopped by the EXIT trap.
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TMP="$ROOT/.tmp"
+mkdir -p "$TMP"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+
+free_port() { # asks the kernel for a free loopback port
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
+    || echo $((20000 + RANDOM % 20000))
+}
+
+# --- Redis ---
+if [ -z "${IDEM_REDIS_URL:-}" ]; then
+  if command -v redis-cli >/dev/null && [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = PONG ]; then
+    export IDEM_REDIS_URL=redis://127.0.0.1:6379/0
+  else
+    if ! command -v redis-server >/dev/null; then
+      echo "services: no Redis on 127.0.0.1:6379 and no redis-server; installing it (apt-get install redis-server)" >&2
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools) >&2 \
+        || { echo "services: could not install redis-server; start Redis and set IDEM_REDIS_URL" >&2; exit 1; }
+    fi
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no >"$TMP/redis.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 50); do [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break; sleep 0.1; done
+    [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] || { echo "services: redis-server did not start" >&2; cat "$TMP/redis.log" >&2; exit 1; }
+    export IDEM_REDIS_URL="redis://127.0.0.1:$port/0"
+  fi
+fi
+echo "services: Redis at $IDEM_REDIS_URL"
+
+# --- MongoDB-wire server (FerretDB) ---
+export IDEM_FERRETDB_BIN="$TMP/bin/ferretdb"
+if [ ! -x "$IDEM_FERRETDB_BIN" ] || [ -n "$(find "$ROOT/tools/ferretdb" -newer "$IDEM_FERRETDB_BIN" -type f 2>/dev/null)" ]; then
+  echo "services: building the FerretDB test server (tools/ferretdb; about a minute the first time)"
+  (cd "$ROOT/tools/ferretdb" && GOWORK=off go build -o "$IDEM_FERRETDB_BIN" .) || { echo "services: FerretDB build failed" >&2; exit 1; }
+fi
+if [ -z "${IDEM_MONGO_URI:-}" ]; then
+  "$IDEM_FERRETDB_BIN" -addr 127.0.0.1:0 >"$TMP/ferretdb.out" 2>"$TMP/ferretdb.log" &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q '^mongodb://' "$TMP/ferretdb.out" 2>/dev/null && break; sleep 0.1; done
+  IDEM_MONGO_URI=$(grep -m1 '^mongodb://' "$TMP/ferretdb.out") || { echo "services: FerretDB did not start" >&2; cat "$TMP/ferretdb.log" >&2; exit 1; }
+  export IDEM_MONGO_URI
+fi
+echo "services: MongoDB-wire server at $IDEM_MONGO_URI"
