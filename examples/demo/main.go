@@ -233,6 +233,16 @@ func (d *demo) run() []row {
 	return rows
 }
 
+// ok reports whether the scenario executed what it should and no logical
+// payment succeeded under two payment ids.
+func (r row) ok() bool {
+	maxIDs := 1
+	if r.scenario == "two users, same key" {
+		maxIDs = 2
+	}
+	return r.charges == r.want && r.ids <= maxIDs
+}
+
 // printTable prints rows and reports whether every logical payment was
 // charged successfully at most once.
 func printTable(rows []row) bool {
@@ -253,11 +263,7 @@ func printTable(rows []row) bool {
 			fmt.Fprintf(&b, "%s ×%d", l, r.statuses[l])
 		}
 		verdict := "ok"
-		maxIDs := 1
-		if r.scenario == "two users, same key" {
-			maxIDs = 2
-		}
-		if r.charges != r.want || r.ids > maxIDs {
+		if !r.ok() {
 			verdict = "DOUBLE CHARGE"
 			ok = false
 		}
