@@ -8,9 +8,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idem/adapters/idemhttp"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/adaptertest"
-	"github.com/idemkit/idem/adapters/idemhttp"
 	"github.com/idemkit/idem/stores/memstore"
 )
 

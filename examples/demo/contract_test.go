@@ -125,4 +125,3 @@ func testContract(t *testing.T, d *demo) {
 		t.Errorf("stats: executions went %d -> %d for one export", before, after)
 	}
 }
-
