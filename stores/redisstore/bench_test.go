@@ -1,0 +1,86 @@
+package redisstore_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
+	"github.com/idemkit/idem/stores/redisstore"
+)
+
+// The benchmarks talk to the Redis of IDEM_REDIS_URL (skipped when it is
+// unreachable, failed under CI=true). One op is a store call sequence, so
+// ns/op is dominated by network round trips.
+
+func benchStore(b *testing.B) *redisstore.Store {
+	c := newClient(b)
+	return redisstore.New(c, redisstore.WithPrefix(newPrefix(b, c)))
+}
+
+var benchResponse = &idem.Response{
+	Status: http.StatusCreated,
+	Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}},
+	Body:   []byte(`{"id":"pay_1","amount":4200,"currency":"EUR","status":"succeeded"}`),
+}
+
+// BenchmarkAcquireComplete: a first execution, 2 round trips.
+func BenchmarkAcquireComplete(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	keys := make([]string, b.N)
+	for i := range keys {
+		keys[i] = storetest.Key()
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, ok, err := s.Acquire(ctx, keys[i], "tok", "fp", time.Minute); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+		if err := s.Complete(ctx, keys[i], "tok", benchResponse, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReplay: a duplicate of a completed request, 1 round trip.
+func BenchmarkReplay(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	key := storetest.Key()
+	if _, ok, err := s.Acquire(ctx, key, "tok", "fp", time.Minute); err != nil || !ok {
+		b.Fatal(ok, err)
+	}
+	if err := s.Complete(ctx, key, "tok", benchResponse, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rec, ok, err := s.Acquire(ctx, key, "other", "fp", time.Minute)
+		if err != nil || ok || rec.Response == nil {
+			b.Fatal(rec, ok, err)
+		}
+	}
+}
+
+// BenchmarkParallelDistinct: first executions of distinct keys from
+// GOMAXPROCS goroutines sharing one client.
+func BenchmarkParallelDistinct(b *testing.B) {
+	s := benchStore(b)
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			key := storetest.Key()
+			if _, ok, err := s.Acquire(ctx, key, "tok", "fp", time.Minute); err != nil || !ok {
+				b.Error(ok, err)
+				return
+			}
+			if err := s.Complete(ctx, key, "tok", benchResponse, time.Minute); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

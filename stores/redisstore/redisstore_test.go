@@ -1,0 +1,703 @@
+package redisstore_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
+	"github.com/idemkit/idem/stores/redisstore"
+)
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// conformance runs storetest against c, one random prefix per subtest.
+func conformance(t *testing.T, c redis.UniversalClient, opts ...redisstore.Option) {
+	storetest.Run(t, func(t *testing.T) idem.Store {
+		return redisstore.New(c, append([]redisstore.Option{redisstore.WithPrefix(newPrefix(t, c))}, opts...)...)
+	})
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	conformance(t, newClient(t))
+}
+
+func TestConformanceWithTimeout(t *testing.T) {
+	t.Parallel()
+	conformance(t, newClient(t), redisstore.WithTimeout(5*time.Second))
+}
+
+func TestClusterConformance(t *testing.T) {
+	t.Parallel()
+	conformance(t, newClusterClient(t))
+}
+
+// TestConformanceReplicated runs the suite against a private primary with
+// one replica, completing under WithWaitReplicas(1, ...): the pipelined
+// EVALSHA+WAIT path, including the NOSCRIPT fallback on a fresh server.
+func TestConformanceReplicated(t *testing.T) {
+	t.Parallel()
+	primary, _ := startReplicatedPair(t)
+	c := redis.NewClient(&redis.Options{Addr: primary.addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	conformance(t, c, redisstore.WithWaitReplicas(1, time.Second))
+}
+
+// startReplicatedPair starts a private primary and a replica of it and waits
+// until the replica is online.
+func startReplicatedPair(t *testing.T) (primary, replica *redisProc) {
+	t.Helper()
+	primary = startRedisT(t, freePort(t), "--repl-diskless-sync-delay", "0")
+	host, port, _ := strings.Cut(primary.addr, ":")
+	replica = startRedisT(t, freePort(t), "--replicaof", host, port)
+	c := redis.NewClient(&redis.Options{Addr: primary.addr})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := c.Info(ctxT(t), "replication").Result()
+		if err == nil && strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online") {
+			return primary, replica
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica of %s not online: %v\n%s", primary.addr, err, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestWaitReplicas(t *testing.T) {
+	t.Parallel()
+	primary, _ := startReplicatedPair(t)
+	c := redis.NewClient(&redis.Options{Addr: primary.addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	hook := &countHook{}
+	c.AddHook(hook)
+	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}
+
+	// One replica asked, one present: acknowledged, no error, one round trip.
+	s1 := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)), redisstore.WithWaitReplicas(1, time.Second))
+	key, tok := storetest.Key(), storetest.Token()
+	if _, ok, err := s1.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	// On a fresh server the completion script is not cached yet: EVALSHA
+	// fails with NOSCRIPT and the pipeline is sent again with EVAL. (A ping
+	// pipeline first dials go-redis's separate pipeline connection pool.)
+	if _, err := c.Pipelined(ctxT(t), func(p redis.Pipeliner) error { return p.Ping(ctxT(t)).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	hook.reset()
+	if err := s1.Complete(ctxT(t), storetest.Key(), storetest.Token(), resp, time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("Complete of an absent key = %v; want ErrNotOwner", err)
+	}
+	if got := hook.names(); len(got) != 2 || got[0] != "pipeline[evalsha wait]" || got[1] != "pipeline[eval wait]" {
+		t.Fatalf("first Complete on a fresh server sent %v; want the EVALSHA pipeline, then the EVAL one", got)
+	}
+	hook.reset()
+	if err := s1.Complete(ctxT(t), key, tok, resp, time.Hour); err != nil {
+		t.Fatalf("Complete with 1 replica acknowledging: %v", err)
+	}
+	if n := hook.count(); n != 1 {
+		t.Fatalf("Complete+WAIT took %d round trips (%v); want 1 pipeline", n, hook.names())
+	}
+
+	// Two asked, one present: ErrNotReplicated, yet the response is stored.
+	s2 := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)), redisstore.WithWaitReplicas(2, 100*time.Millisecond))
+	key, tok = storetest.Key(), storetest.Token()
+	if _, ok, err := s2.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	start := time.Now()
+	err := s2.Complete(ctxT(t), key, tok, resp, time.Hour)
+	if !errors.Is(err, redisstore.ErrNotReplicated) {
+		t.Fatalf("Complete with 2 of 1 replicas = %v; want ErrNotReplicated", err)
+	}
+	if d := time.Since(start); d < 100*time.Millisecond {
+		t.Fatalf("Complete returned after %v; WAIT should have waited its 100ms timeout", d)
+	}
+	rec, found, err := s2.Get(ctxT(t), key)
+	if err != nil || !found || rec.State != idem.StateCompleted || !bytes.Equal(rec.Response.Body, resp.Body) {
+		t.Fatalf("after ErrNotReplicated Get = %+v, %v, %v; want the completed record on the primary", rec, found, err)
+	}
+	// Not the owner: ErrNotOwner wins over the replica count.
+	if err := s2.Complete(ctxT(t), key, tok, resp, time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+		t.Fatalf("second Complete = %v; want ErrNotOwner", err)
+	}
+}
+
+// TestClusterWaitReplicas checks the pipelined completion reaches the slot's
+// master on a cluster without replicas: the record is completed and the
+// missing replica is reported.
+func TestClusterWaitReplicas(t *testing.T) {
+	t.Parallel()
+	c := newClusterClient(t)
+	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)), redisstore.WithWaitReplicas(1, 50*time.Millisecond))
+	resp := &idem.Response{Status: 201, Body: []byte("x")}
+	for range 8 { // keys on several slots, so several masters
+		key, tok := storetest.Key(), storetest.Token()
+		if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire = %v, %v", ok, err)
+		}
+		if err := s.Complete(ctxT(t), key, tok, resp, time.Hour); !errors.Is(err, redisstore.ErrNotReplicated) {
+			t.Fatalf("Complete on a cluster without replicas = %v; want ErrNotReplicated", err)
+		}
+		if rec, found, err := s.Get(ctxT(t), key); err != nil || !found || rec.State != idem.StateCompleted {
+			t.Fatalf("Get = %+v, %v, %v; want completed", rec, found, err)
+		}
+	}
+}
+
+// countHook counts round trips: one per command, one per pipeline.
+type countHook struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.add(cmd.FullName())
+		return next(ctx, cmd)
+	}
+}
+
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := make([]string, len(cmds))
+		for i, c := range cmds {
+			names[i] = c.FullName()
+		}
+		h.add("pipeline[" + strings.Join(names, " ") + "]")
+		return next(ctx, cmds)
+	}
+}
+
+func (h *countHook) add(s string) {
+	h.mu.Lock()
+	h.cmds = append(h.cmds, s)
+	h.mu.Unlock()
+}
+
+func (h *countHook) reset() { h.mu.Lock(); h.cmds = nil; h.mu.Unlock() }
+
+func (h *countHook) count() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.cmds) }
+
+func (h *countHook) names() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.cmds...)
+}
+
+func request(key, body string) *idem.Request {
+	return &idem.Request{Method: "POST", Path: "/v1/payments", ContentType: "application/json",
+		Keys: []string{key}, Principal: "alice", Body: []byte(body)}
+}
+
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	hook := &countHook{}
+	c.AddHook(hook)
+	e, err := idem.New(redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	execute := func(key, body string) {
+		t.Helper()
+		x, resp := e.Begin(ctxT(t), request(key, body))
+		if x == nil {
+			t.Fatalf("Begin(%s) = %+v; want execution", key, resp)
+		}
+		x.Write([]byte(`{"id":"pay_1"}`))
+		x.Finish(201, http.Header{"Content-Type": {"application/json"}})
+	}
+	expect := func(what string, want int, f func()) {
+		t.Helper()
+		hook.reset()
+		f()
+		if n := hook.count(); n != want {
+			t.Errorf("%s: %d round trips %v; want %d", what, n, hook.names(), want)
+		} else {
+			t.Logf("%s: %d round trip(s) %v", what, n, hook.names())
+		}
+	}
+	// Warm-up: scripts loaded (EVALSHA succeeds), connection dialled.
+	execute("warm-up", `{"amount":1}`)
+	e.Begin(ctxT(t), request("warm-up", `{"amount":1}`))
+
+	expect("first execution (Begin+Finish)", 2, func() { execute("k1", `{"amount":100}`) })
+	expect("replay", 1, func() {
+		if _, resp := e.Begin(ctxT(t), request("k1", `{"amount":100}`)); resp == nil || resp.Status != 201 || resp.Header.Get(idem.ReplayedHeader) != "true" {
+			t.Fatalf("replay = %+v", resp)
+		}
+	})
+	expect("422 mismatch", 1, func() {
+		if _, resp := e.Begin(ctxT(t), request("k1", `{"amount":999}`)); resp == nil || resp.Status != 422 {
+			t.Fatalf("mismatch = %+v", resp)
+		}
+	})
+	x, _ := e.Begin(ctxT(t), request("k2", `{"amount":5}`))
+	if x == nil {
+		t.Fatal("Begin k2: no execution")
+	}
+	expect("409 conflict", 1, func() {
+		if _, resp := e.Begin(ctxT(t), request("k2", `{"amount":5}`)); resp == nil || resp.Status != 409 {
+			t.Fatalf("conflict = %+v", resp)
+		}
+	})
+	expect("Fail (release)", 1, x.Fail)
+}
+
+// newInstance serves POST /v1/payments through e, counting executions of the
+// handler, which takes 100ms so duplicates overlap it.
+func newInstance(t *testing.T, e *idem.Engine, executions *atomic.Int32) *httptest.Server {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		x, resp := e.Begin(r.Context(), &idem.Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery,
+			ContentType: r.Header.Get("Content-Type"), Keys: r.Header.Values(e.Header()),
+			Principal: r.Header.Get("X-Principal"), Body: body})
+		if resp != nil {
+			resp.Send(w)
+			return
+		}
+		if x == nil {
+			t.Errorf("request passed through unprotected")
+			return
+		}
+		n := executions.Add(1)
+		time.Sleep(100 * time.Millisecond)
+		out := []byte(fmt.Sprintf(`{"id":"pay_%d"}`, n))
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/v1/payments/pay_%d", n))
+		x.Write(out)
+		x.Finish(http.StatusCreated, w.Header())
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(out)
+	})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+type answer struct {
+	status   int
+	replayed bool
+	body     string
+	problem  string
+}
+
+func post(client *http.Client, url, key, body string) (answer, error) {
+	req, err := http.NewRequest("POST", url+"/v1/payments", strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Principal", "alice")
+	res, err := client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		return answer{}, err
+	}
+	a := answer{status: res.StatusCode, replayed: res.Header.Get(idem.ReplayedHeader) == "true", body: string(b)}
+	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/problem+json") {
+		var p idem.Problem
+		if err := json.Unmarshal(b, &p); err != nil {
+			return answer{}, fmt.Errorf("problem body %q: %v", b, err)
+		}
+		a.problem = p.Type
+	}
+	return a, nil
+}
+
+// multiInstance sends 60 concurrent duplicates spread over three instances,
+// each with its own client from newClient, and checks exactly one execution.
+func multiInstance(t *testing.T, newClient func() redis.UniversalClient) {
+	prefix := ""
+	var executions atomic.Int32
+	var urls []string
+	for i := range 3 {
+		c := newClient()
+		if i == 0 {
+			prefix = newPrefix(t, c)
+		}
+		e, err := idem.New(redisstore.New(c, redisstore.WithPrefix(prefix)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		urls = append(urls, newInstance(t, e, &executions).URL)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+
+	const n = 60
+	key, body := "order-"+storetest.Token(), `{"amount":4200,"currency":"EUR"}`
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			time.Sleep(time.Duration(i%6) * 40 * time.Millisecond) // spread over 200ms: some during, some after the execution
+			a, err := post(client, urls[i%3], key, body)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+			answers[i] = a
+		}()
+	}
+	close(start)
+	wg.Wait()
+
+	if got := executions.Load(); got != 1 {
+		t.Fatalf("%d executions for %d duplicates over 3 instances; want exactly 1", got, n)
+	}
+	var originals, replays, conflicts int
+	var original string
+	for i, a := range answers {
+		switch {
+		case a.status == 201 && !a.replayed:
+			originals++
+			original = a.body
+		case a.status == 201 && a.replayed:
+			replays++
+		case a.status == 409 && a.problem == idem.ProblemTypeBase+"in-progress":
+			conflicts++
+		default:
+			t.Errorf("request %d (instance %d) answered %d %q %q; want 201, 201 replay or 409", i, i%3, a.status, a.problem, a.body)
+		}
+	}
+	if originals != 1 {
+		t.Fatalf("%d first-execution answers; want 1", originals)
+	}
+	for i, a := range answers {
+		if a.replayed && a.body != original {
+			t.Errorf("replay %d body %q; want the original %q", i, a.body, original)
+		}
+	}
+	// Every instance replays the completed response afterwards.
+	for i, u := range urls {
+		a, err := post(client, u, key, body)
+		if err != nil || a.status != 201 || !a.replayed || a.body != original {
+			t.Errorf("instance %d after completion: %+v, %v; want 201 replay of %q", i, a, err, original)
+		}
+	}
+	t.Logf("%d duplicates: 1 execution, %d replays, %d conflicts", n, replays, conflicts)
+}
+
+func TestMultiInstance(t *testing.T) {
+	t.Parallel()
+	multiInstance(t, func() redis.UniversalClient { return newClient(t) })
+}
+
+func TestClusterMultiInstance(t *testing.T) {
+	t.Parallel()
+	multiInstance(t, func() redis.UniversalClient { return newClusterClient(t) })
+}
+
+// TestOutage stops a private Redis under a running engine: Begin answers 503
+// and runs nothing; once Redis is back on the same port, the same engine and
+// client execute again.
+func TestOutage(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	srv := startRedisT(t, port)
+	c := redis.NewClient(&redis.Options{Addr: srv.addr, ContextTimeoutEnabled: true,
+		DialTimeout: 200 * time.Millisecond, MaxRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	e, err := idem.New(redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c))), idem.WithStoreTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	executions := 0
+	run := func(key string) *idem.Response {
+		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
+		if x != nil {
+			executions++
+			x.Write([]byte("ok"))
+			x.Finish(201, nil)
+			return &idem.Response{Status: 201}
+		}
+		return resp
+	}
+	if resp := run("before"); resp.Status != 201 {
+		t.Fatalf("before the outage: %d; want 201", resp.Status)
+	}
+
+	srv.stop()
+	start := time.Now()
+	resp := run("during")
+	if resp.Status != 503 || resp.Header.Get("Retry-After") == "" || !bytes.Contains(resp.Body, []byte("store-unavailable")) {
+		t.Fatalf("during the outage: %d %s; want 503 store-unavailable problem with Retry-After", resp.Status, resp.Body)
+	}
+	if executions != 1 {
+		t.Fatalf("%d executions; the request during the outage must not execute", executions)
+	}
+	t.Logf("503 after %v", time.Since(start).Round(time.Millisecond))
+
+	srv2, err := startRedis(binary(t, "redis-server"), port, t.TempDir())
+	if err != nil {
+		t.Fatalf("restart on port %d: %v", port, err)
+	}
+	t.Cleanup(srv2.stop)
+	start = time.Now()
+	for {
+		resp := run("after")
+		if resp.Status == 201 {
+			break
+		}
+		if resp.Status != 503 || time.Since(start) > 10*time.Second {
+			t.Fatalf("after Redis came back: %d %s; want 201 within 10s", resp.Status, resp.Body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("201 again %v after Redis came back", time.Since(start).Round(time.Millisecond))
+	if executions != 2 {
+		t.Fatalf("%d executions; want 2 (before, after)", executions)
+	}
+	if resp := run("after"); resp.Status != 201 || resp.Header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("retry after recovery: %d; want 201 replay", resp.Status)
+	}
+}
+
+// TestCrashedOwnerLease: a process acquires and dies (no Finish, no
+// renewal). Retries get 409 while its lease lives; after it lapses, exactly
+// one of several concurrent retries executes.
+func TestCrashedOwnerLease(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	const lease = 300 * time.Millisecond
+	store := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	e, err := idem.New(store, idem.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"amount":7}`
+	key := idem.ScopedKey("alice", "POST", "/v1/payments", "crash-1")
+	fp := idem.Fingerprint("POST", "/v1/payments", "", "application/json", []byte(body))
+	acquiredAt := time.Now()
+	if _, ok, err := store.Acquire(ctxT(t), key, "crashed-process", fp, lease); err != nil || !ok {
+		t.Fatalf("crashed process Acquire = %v, %v", ok, err)
+	}
+	// The process is gone: nothing renews or finishes.
+	if _, resp := e.Begin(ctxT(t), request("crash-1", body)); resp == nil || resp.Status != 409 {
+		t.Fatalf("retry while the lease lives = %+v; want 409", resp)
+	}
+	if time.Since(acquiredAt) >= lease {
+		t.Fatal("machine too slow: the 409 check ran after the lease")
+	}
+	time.Sleep(time.Until(acquiredAt.Add(lease + 100*time.Millisecond)))
+
+	var executions, conflicts atomic.Int32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			x, resp := e.Begin(context.Background(), request("crash-1", body))
+			switch {
+			case x != nil:
+				executions.Add(1)
+				time.Sleep(50 * time.Millisecond)
+				x.Write([]byte("done"))
+				x.Finish(201, nil)
+			case resp.Status == 409 || (resp.Status == 201 && resp.Header.Get(idem.ReplayedHeader) == "true"):
+				conflicts.Add(1)
+			default:
+				t.Errorf("retry after the lease lapsed = %d %s", resp.Status, resp.Body)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if n := executions.Load(); n != 1 {
+		t.Fatalf("%d of 8 retries executed after the lease lapsed; want exactly 1", n)
+	}
+	if _, resp := e.Begin(ctxT(t), request("crash-1", body)); resp == nil || resp.Status != 201 || string(resp.Body) != "done" {
+		t.Fatalf("retry after the takeover completed = %+v; want the replay", resp)
+	}
+	if _, err := c.Get(ctxT(t), "never-touched").Result(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("sanity: %v", err)
+	}
+}
+
+// TestLayout checks the documented key layout and TTLs.
+func TestLayout(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	prefix := newPrefix(t, c)
+	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	key, tok := storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp-1", 1500*time.Microsecond); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), tok, "fp-1", time.Nanosecond); err != nil || !ok {
+		t.Fatalf("Acquire with a 1ns lease (rounded up to 1ms) = %v, %v", ok, err)
+	}
+	key2, tok2 := storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctxT(t), key2, tok2, "fp-2", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	h, err := c.HGetAll(ctxT(t), prefix+key2).Result()
+	if err != nil || len(h) != 3 || h["s"] != "1" || h["t"] != tok2 || h["f"] != "fp-2" {
+		t.Fatalf("in-progress hash = %v, %v; want s=1 t=token f=fingerprint", h, err)
+	}
+	if ttl, _ := c.PTTL(ctxT(t), prefix+key2).Result(); ttl <= 59*time.Second || ttl > time.Minute {
+		t.Fatalf("in-progress TTL = %v; want the 1m lease", ttl)
+	}
+	resp := &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte{0, 1, 0xff}}
+	if err := s.Complete(ctxT(t), key2, tok2, resp, 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	h, _ = c.HGetAll(ctxT(t), prefix+key2).Result()
+	enc, _ := resp.MarshalBinary()
+	if len(h) != 3 || h["s"] != "2" || h["f"] != "fp-2" || h["r"] != string(enc) {
+		t.Fatalf("completed hash = %q; want s=2 f=fingerprint r=AppendBinary encoding, no token", h)
+	}
+	if ttl, _ := c.PTTL(ctxT(t), prefix+key2).Result(); ttl <= 2*time.Hour-time.Minute || ttl > 2*time.Hour {
+		t.Fatalf("completed TTL = %v; want the 2h retention", ttl)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if n, _ := c.Exists(ctxT(t), prefix+key).Result(); n != 0 {
+		t.Fatal("a 1.5ms lease (2ms) still holds its key after 10ms")
+	}
+}
+
+// TestCorruptRecords: foreign or damaged data under the prefix is an error,
+// never a decision.
+func TestCorruptRecords(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	prefix := newPrefix(t, c)
+	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	str, badState, badResp := storetest.Key(), storetest.Key(), storetest.Key()
+	c.Set(ctxT(t), prefix+str, "a string", time.Minute)
+	c.HSet(ctxT(t), prefix+badState, "s", "9", "f", "x")
+	c.HSet(ctxT(t), prefix+badResp, "s", "2", "f", "x", "r", "\x07garbage")
+	for _, k := range []string{badState, badResp} {
+		c.Expire(ctxT(t), prefix+k, time.Minute)
+	}
+	if _, _, err := s.Acquire(ctxT(t), str, "t", "fp", time.Minute); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("Acquire on a string key = %v; want a wrapped WRONGTYPE error", err)
+	}
+	for _, k := range []string{badState, badResp} {
+		if _, _, err := s.Acquire(ctxT(t), k, "t", "fp", time.Minute); !errors.Is(err, redisstore.ErrCorrupt) {
+			t.Fatalf("Acquire on a corrupt record = %v; want ErrCorrupt", err)
+		}
+		if _, _, err := s.Get(ctxT(t), k); !errors.Is(err, redisstore.ErrCorrupt) {
+			t.Fatalf("Get on a corrupt record = %v; want ErrCorrupt", err)
+		}
+	}
+}
+
+// TestMemoryPerRecord reports MEMORY USAGE of a completed record holding a
+// 200-byte JSON body, and bounds it.
+func TestMemoryPerRecord(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	prefix := newPrefix(t, c)
+	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	key, tok := storetest.Key(), storetest.Token()
+	fp := idem.Fingerprint("POST", "/v1/payments", "", "application/json", []byte("{}"))
+	if _, ok, err := s.Acquire(ctxT(t), key, tok, fp, time.Minute); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	inProgress, err := c.MemoryUsage(ctxT(t), prefix+key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"id":"pay_1","amount":4200,"currency":"EUR","status":"succeeded","customer":"cus_123","description":"` +
+		strings.Repeat("x", 200) + `"}`)[:200]
+	resp := &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}}, Body: body}
+	if err := s.Complete(ctxT(t), key, tok, resp, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	completed, err := c.MemoryUsage(ctxT(t), prefix+key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, _ := resp.MarshalBinary()
+	t.Logf("MEMORY USAGE: in-progress %d bytes; completed with a 200-byte body (%d-byte encoded response) %d bytes; key %d bytes",
+		inProgress, len(enc), completed, len(prefix+key))
+	if completed > 1024 || completed < int64(len(enc)) {
+		t.Fatalf("completed record uses %d bytes; want between %d and 1024", completed, len(enc))
+	}
+}
+
+func TestCancelledContextNoIO(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	hook := &countHook{}
+	c.AddHook(hook)
+	s := redisstore.New(c)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, _, err1 := s.Acquire(ctx, storetest.Key(), "t", "f", time.Minute)
+	err2 := s.Complete(ctx, storetest.Key(), "t", &idem.Response{Status: 200}, time.Minute)
+	err3 := s.Release(ctx, storetest.Key(), "t")
+	err4 := s.Extend(ctx, storetest.Key(), "t", time.Minute)
+	_, _, err5 := s.Get(ctx, storetest.Key())
+	for i, err := range []error{err1, err2, err3, err4, err5} {
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("call %d with a cancelled context = %v; want context.Canceled", i, err)
+		}
+	}
+	if n := hook.count(); n != 0 {
+		t.Fatalf("cancelled calls sent %d commands %v; want none", n, hook.names())
+	}
+}
+
+func TestWithTimeout(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	// WAIT for a replica that does not exist blocks for its 1s timeout; the
+	// store's 100ms operation timeout ends the call first.
+	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)),
+		redisstore.WithTimeout(100*time.Millisecond), redisstore.WithWaitReplicas(5, time.Second))
+	key, tok := storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	start := time.Now()
+	err := s.Complete(context.Background(), key, tok, &idem.Response{Status: 200}, time.Minute)
+	if d := time.Since(start); err == nil || d > 900*time.Millisecond {
+		t.Fatalf("Complete under WithTimeout(100ms) = %v after %v; want a timeout well before 1s", err, d)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("Complete error = %v; want a deadline error", err)
+	}
+	if !strings.HasPrefix(err.Error(), "redisstore: complete: ") {
+		t.Fatalf("error %q not wrapped with the redisstore prefix", err)
+	}
+}
