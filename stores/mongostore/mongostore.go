@@ -1,0 +1,336 @@
+package mongostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// ErrTooLarge is returned (wrapped) by Complete when the stored record would
+// not fit the server's maximum BSON document size (maxBsonObjectSize from
+// hello, 16 MiB on MongoDB). Nothing is written: the caller still holds its
+// lease and may complete again with a smaller response. The engine's
+// WithMaxResponseBytes (1 MiB by default) keeps responses far below the limit.
+var ErrTooLarge = errors.New("mongostore: response exceeds the maximum BSON document size")
+
+// ErrContention is returned (wrapped) by Acquire when the record changed under
+// it on every attempt (takeovers lost to other requests, each of which then
+// vanished). It is a system failure: the engine answers 503 and executes nothing.
+var ErrContention = errors.New("mongostore: record changed on every acquire attempt")
+
+// DefaultClockRefresh is how often the server-clock offset is measured again
+// unless [WithClockRefresh] says otherwise.
+const DefaultClockRefresh = 30 * time.Second
+
+// Document field names.
+const (
+	fieldState       = "state"
+	fieldToken       = "token"
+	fieldFingerprint = "fingerprint"
+	fieldExpiresAt   = "expiresAt"
+	fieldResponse    = "response"
+)
+
+// Values of the state field.
+const (
+	stateInProgress int32 = 1
+	stateCompleted  int32 = 2
+)
+
+// maxAcquireAttempts bounds Acquire's retries after a lost takeover or a
+// duplicate-key answer to a racing upsert.
+const maxAcquireAttempts = 4
+
+// docOverhead is a generous bound on the bytes of a record other than the
+// response: _id, token, fingerprint, state, expiresAt and BSON framing.
+const docOverhead = 1024
+
+var (
+	_ idem.Store    = (*Store)(nil)
+	_ idem.Extender = (*Store)(nil)
+)
+
+// Store is an [idem.Store] and [idem.Extender] on a MongoDB collection. It is
+// safe for concurrent use. It borrows the collection: Close never disconnects
+// the client.
+type Store struct {
+	coll    *mongo.Collection
+	logger  *slog.Logger
+	refresh time.Duration
+	clk     clock
+
+	mu      sync.Mutex
+	closed  bool
+	stop    context.CancelFunc // stops the purger; nil when none runs
+	stopped chan struct{}      // closed when the purger has returned
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithLogger sets the logger for EnsureIndexes' fallback and the purger's
+// failures. Optional. Default is slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Store) {
+		if l != nil {
+			s.logger = l
+		}
+	}
+}
+
+// WithClockRefresh sets how often the offset between the local clock and the
+// server's clock (hello's localTime) is measured again; each measurement
+// costs one round trip, made by the operation that finds the offset stale.
+// Optional. Default is 30s; d <= 0 keeps the default.
+func WithClockRefresh(d time.Duration) Option {
+	return func(s *Store) {
+		if d > 0 {
+			s.refresh = d
+		}
+	}
+}
+
+// New returns a Store keeping its records in coll. It does no I/O: the
+// server clock is first read by the first operation, and indexes are created
+// by [Store.EnsureIndexes]. Set the write concern (majority for payments) and
+// read preference (primary) on coll; the store uses them as given.
+func New(coll *mongo.Collection, opts ...Option) *Store {
+	s := &Store{coll: coll, logger: slog.Default(), refresh: DefaultClockRefresh}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// record is the stored document.
+type record struct {
+	ID          string        `bson:"_id"`
+	State       int32         `bson:"state"`
+	Token       string        `bson:"token"`
+	Fingerprint string        `bson:"fingerprint"`
+	ExpiresAt   bson.DateTime `bson:"expiresAt"`
+	Response    []byte        `bson:"response,omitempty"`
+}
+
+// toRecord converts a stored document to the record the engine sees.
+func (d *record) toRecord() (idem.Record, error) {
+	rec := idem.Record{Fingerprint: d.Fingerprint, Token: d.Token}
+	switch d.State {
+	case stateInProgress:
+		rec.State = idem.StateInProgress
+	case stateCompleted:
+		rec.State = idem.StateCompleted
+		rec.Response = new(idem.Response)
+		if err := rec.Response.UnmarshalBinary(d.Response); err != nil {
+			return idem.Record{}, fmt.Errorf("mongostore: corrupt response in record %.16s: %w", d.ID, err)
+		}
+	default:
+		return idem.Record{}, fmt.Errorf("mongostore: corrupt record %.16s: state %d", d.ID, d.State)
+	}
+	return rec, nil
+}
+
+// encodeResponse returns resp's stored form.
+func encodeResponse(resp *idem.Response) ([]byte, error) {
+	if resp == nil {
+		return nil, errors.New("mongostore: nil response")
+	}
+	return resp.AppendBinary(make([]byte, 0, 64+len(resp.Body)))
+}
+
+func date(t time.Time) bson.DateTime { return bson.NewDateTimeFromTime(t) }
+
+// owned matches the in-progress record of key whose live lease token holds.
+func owned(key, token string, now time.Time) bson.D {
+	return bson.D{
+		{Key: "_id", Value: key},
+		{Key: fieldToken, Value: token},
+		{Key: fieldState, Value: stateInProgress},
+		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}},
+	}
+}
+
+var acquireOpts = options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)
+
+// Acquire implements [idem.Store.Acquire] in one round trip when the key is
+// free or live, two when it takes over an expired record. Errors: ctx's error
+// when ctx is done, [idem.ErrInvalidDuration] when lease <= 0, server errors
+// wrapped, [ErrContention] wrapped.
+func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, false, err
+	}
+	if lease <= 0 {
+		return idem.Record{}, false, idem.ErrInvalidDuration
+	}
+	for range maxAcquireAttempts {
+		now, err := s.now(ctx)
+		if err != nil {
+			return idem.Record{}, false, err
+		}
+		fresh := bson.D{
+			{Key: fieldState, Value: stateInProgress},
+			{Key: fieldToken, Value: token},
+			{Key: fieldFingerprint, Value: fingerprint},
+			{Key: fieldExpiresAt, Value: date(now.Add(lease))},
+		}
+		// Inserts fresh when _id is free, else returns the record untouched.
+		// MongoDB retries an upsert that hits a duplicate _id as an update.
+		var old record
+		err = s.coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: key}},
+			bson.D{{Key: "$setOnInsert", Value: fresh}}, acquireOpts).Decode(&old)
+		switch {
+		case errors.Is(err, mongo.ErrNoDocuments):
+			return idem.Record{}, true, nil // inserted: acquired
+		case mongo.IsDuplicateKeyError(err):
+			continue // a racing upsert inserted first (FerretDB); read it again
+		case err != nil:
+			return idem.Record{}, false, fmt.Errorf("mongostore: acquire: %w", err)
+		}
+		if old.ExpiresAt > date(now) {
+			rec, err := old.toRecord()
+			return rec, false, err
+		}
+		// Expired: take over exactly that version of the record.
+		res, err := s.coll.UpdateOne(ctx,
+			bson.D{
+				{Key: "_id", Value: key},
+				{Key: fieldToken, Value: old.Token},
+				{Key: fieldExpiresAt, Value: old.ExpiresAt},
+			},
+			bson.D{
+				{Key: "$set", Value: fresh},
+				{Key: "$unset", Value: bson.D{{Key: fieldResponse, Value: ""}}},
+			})
+		if err != nil {
+			return idem.Record{}, false, fmt.Errorf("mongostore: take over expired record: %w", err)
+		}
+		if res.MatchedCount == 1 {
+			return idem.Record{}, true, nil
+		}
+		// Another request changed the record meanwhile: look again.
+	}
+	return idem.Record{}, false, fmt.Errorf("mongostore: acquire %.16s: %w", key, ErrContention)
+}
+
+// Complete implements [idem.Store.Complete] in one round trip: a $set of
+// state, expiresAt and response on the record token holds, keeping its
+// fingerprint. Errors: ctx's error, [idem.ErrInvalidDuration] when
+// retention <= 0, [idem.ErrNotOwner], [ErrTooLarge] wrapped (nothing
+// written), server errors wrapped.
+func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	enc, err := encodeResponse(resp)
+	if err != nil {
+		return err
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return err
+	}
+	if size, limit := len(enc)+len(key)+len(token)+docOverhead, s.clk.maxDocSize(); size > limit {
+		return fmt.Errorf("mongostore: complete %.16s: record of about %d bytes, limit %d: %w", key, size, limit, ErrTooLarge)
+	}
+	res, err := s.coll.UpdateOne(ctx, owned(key, token, now), bson.D{{Key: "$set", Value: bson.D{
+		{Key: fieldState, Value: stateCompleted},
+		{Key: fieldExpiresAt, Value: date(now.Add(retention))},
+		{Key: fieldResponse, Value: enc},
+	}}})
+	if err != nil {
+		return fmt.Errorf("mongostore: complete: %w", err)
+	}
+	if res.MatchedCount == 0 {
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// Release implements [idem.Store.Release] in one round trip: a delete of the
+// in-progress record token holds. Errors: ctx's error, [idem.ErrNotOwner],
+// server errors wrapped.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return err
+	}
+	res, err := s.coll.DeleteOne(ctx, owned(key, token, now))
+	if err != nil {
+		return fmt.Errorf("mongostore: release: %w", err)
+	}
+	if res.DeletedCount == 0 {
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// Extend implements [idem.Extender] in one round trip: a $set of expiresAt
+// to now+lease on the in-progress record token holds. Errors: ctx's error,
+// [idem.ErrInvalidDuration] when lease <= 0, [idem.ErrNotOwner], server
+// errors wrapped.
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return err
+	}
+	res, err := s.coll.UpdateOne(ctx, owned(key, token, now),
+		bson.D{{Key: "$set", Value: bson.D{{Key: fieldExpiresAt, Value: date(now.Add(lease))}}}})
+	if err != nil {
+		return fmt.Errorf("mongostore: extend: %w", err)
+	}
+	if res.MatchedCount == 0 {
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// Get implements [idem.Store.Get] in one round trip (a find with the
+// collection's read preference). Errors: ctx's error, server errors wrapped,
+// a corrupt record.
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, false, err
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return idem.Record{}, false, err
+	}
+	var d record
+	err = s.coll.FindOne(ctx, bson.D{
+		{Key: "_id", Value: key},
+		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}},
+	}).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return idem.Record{}, false, nil
+	}
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("mongostore: get: %w", err)
+	}
+	rec, err := d.toRecord()
+	if err != nil {
+		return idem.Record{}, false, err
+	}
+	return rec, true, nil
+}

@@ -1,0 +1,135 @@
+package mongostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// Index names created by EnsureIndexes.
+const (
+	ttlIndexName   = "idem_expiresAt_ttl"
+	plainIndexName = "idem_expiresAt"
+)
+
+// codeNotImplemented is the server error code FerretDB answers a TTL index with.
+const codeNotImplemented = 238
+
+// EnsureIndexes creates the TTL index on expiresAt (expireAfterSeconds 0), so
+// the server deletes expired records by itself, about once a minute. It is
+// idempotent. A server that rejects TTL indexes (FerretDB: NotImplemented,
+// code 238) gets a plain index on expiresAt instead, for [Store.Purge]; the
+// fallback is logged at warning level and EnsureIndexes returns nil: the
+// store stays correct (reads ignore expired records), but only Purge or
+// [Store.StartPurger] frees the space. Other errors are returned wrapped.
+func (s *Store) EnsureIndexes(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	keys := bson.D{{Key: fieldExpiresAt, Value: 1}}
+	_, err := s.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
+		Keys:    keys,
+		Options: options.Index().SetName(ttlIndexName).SetExpireAfterSeconds(0),
+	})
+	var se mongo.ServerError
+	if err == nil || !errors.As(err, &se) || !se.HasErrorCode(codeNotImplemented) {
+		if err != nil {
+			return fmt.Errorf("mongostore: create TTL index: %w", err)
+		}
+		return nil
+	}
+	s.logger.WarnContext(ctx, "mongostore: server rejects TTL indexes; expired records are ignored by reads but deleted only by Purge",
+		"collection", s.coll.Name(), "error", err)
+	if _, err := s.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
+		Keys: keys, Options: options.Index().SetName(plainIndexName),
+	}); err != nil {
+		return fmt.Errorf("mongostore: create index on %s: %w", fieldExpiresAt, err)
+	}
+	return nil
+}
+
+// Purge deletes the expired records (expiresAt <= server time) in one
+// round trip and returns how many it deleted. Errors: ctx's error, server
+// errors wrapped.
+func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return 0, err
+	}
+	res, err := s.coll.DeleteMany(ctx, bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$lte", Value: date(now)}}}})
+	if err != nil {
+		return 0, fmt.Errorf("mongostore: purge: %w", err)
+	}
+	return res.DeletedCount, nil
+}
+
+// StartPurger starts a goroutine that calls Purge every interval, each call
+// bounded by the interval (at most one minute), logging failures at warning
+// level; [Store.Close] stops it. Use it where TTL indexes are unavailable.
+// Errors: [idem.ErrInvalidDuration] when interval <= 0, an error when a
+// purger already runs or the store is closed.
+func (s *Store) StartPurger(interval time.Duration) error {
+	if interval <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return errors.New("mongostore: StartPurger on a closed store")
+	case s.stop != nil:
+		return errors.New("mongostore: purger already started")
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s.stop, s.stopped = stop, make(chan struct{})
+	go s.purger(ctx, interval, s.stopped)
+	return nil
+}
+
+func (s *Store) purger(ctx context.Context, interval time.Duration, stopped chan struct{}) {
+	defer close(stopped)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, min(interval, time.Minute))
+		n, err := s.Purge(pctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.logger.Warn("mongostore: purge failed", "collection", s.coll.Name(), "error", err)
+		case n > 0:
+			s.logger.Debug("mongostore: purged expired records", "collection", s.coll.Name(), "deleted", n)
+		}
+	}
+}
+
+// Close stops the purger, if one runs, and waits for it; a purge in flight
+// is cancelled. It never disconnects the borrowed client, and the store stays
+// usable except for StartPurger. It is safe to call more than once and
+// always returns nil.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	stop, stopped := s.stop, s.stopped
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-stopped
+	}
+	return nil
+}
