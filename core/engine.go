@@ -230,7 +230,11 @@ func (x *Execution) Finish(status int, header http.Header) {
 	defer cancel()
 	ev := x.event(EventCompleted)
 	ev.Status = status
-	switch err := x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention); {
+	err := x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
+	if errors.Is(err, ErrTooLarge) {
+		err = x.e.store.Complete(ctx, x.key, x.token, x.e.problems.notStored(status, header.Get("Location")), x.e.cfg.retention)
+	}
+	switch {
 	case errors.Is(err, ErrNotOwner):
 		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before completion; the response was not stored")
 	case err != nil:

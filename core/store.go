@@ -13,6 +13,12 @@ import (
 // has lapsed. It is a decision, not a system failure.
 var ErrNotOwner = errors.New("idem: token does not own the in-progress record")
 
+// ErrTooLarge is returned (wrapped) by [Store.Complete] when the response
+// does not fit the store's record size limit (e.g. MongoDB's 16 MiB
+// document). Nothing is written and the caller keeps its lease; the [Engine]
+// then completes the record with a small "response-not-stored" problem.
+var ErrTooLarge = errors.New("idem: response too large for the store")
+
 // ErrInvalidDuration is returned by a [Store] method given a lease or retention
 // that is not > 0.
 var ErrInvalidDuration = errors.New("idem: lease and retention must be > 0")

@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -76,6 +77,7 @@ func Run(t *testing.T, cfg Config) {
 		{"ClientGoneMidRequest", s.testClientGone},
 		{"BinaryBody", s.testBinary},
 		{"ResponseOverLimit", s.testResponseOverLimit},
+		{"ResponseOverStoreLimit", s.testStoreLimit},
 		{"SpoofedReplayHeader", s.testSpoofedHeader},
 		{"WaitMode", s.testWait},
 		{"SlowHandlerKeepsLease", s.testLeaseRenewal},
@@ -479,6 +481,27 @@ func (s *suite) testResponseOverLimit(t *testing.T) {
 		t.Fatalf("not-stored replay: original_status %d Location %q replayed %q", p.OriginalStatus, r.header.Get("Location"), r.header.Get(idem.ReplayedHeader))
 	}
 	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testStoreLimit(t *testing.T) {
+	app, base := s.serve(t, smallStore{s.cfg.NewStore(t)})
+	first := s.do(t, base, call{path: "/a?bytes=5000", body: `{}`, keys: []string{"huge"}})
+	if first.status != 201 || len(first.body) != 5000 {
+		t.Fatalf("first caller got %d with %d bytes; want all 5000", first.status, len(first.body))
+	}
+	wantProblem(t, s.do(t, base, call{path: "/a?bytes=5000", body: `{}`, keys: []string{"huge"}}), 410, "response-not-stored")
+	wantExecutions(t, app, 1)
+}
+
+// smallStore is a store whose records hold at most 2000 body bytes, like
+// MongoDB's 16 MiB document limit in miniature.
+type smallStore struct{ idem.Store }
+
+func (s smallStore) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+	if len(resp.Body) > 2000 {
+		return fmt.Errorf("smallStore: %w", idem.ErrTooLarge)
+	}
+	return s.Store.Complete(ctx, key, token, resp, retention)
 }
 
 func (s *suite) testSpoofedHeader(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 // hello, 16 MiB on MongoDB). Nothing is written: the caller still holds its
 // lease and may complete again with a smaller response. The engine's
 // WithMaxResponseBytes (1 MiB by default) keeps responses far below the limit.
-var ErrTooLarge = errors.New("mongostore: response exceeds the maximum BSON document size")
+var ErrTooLarge = fmt.Errorf("mongostore: response exceeds the maximum BSON document size: %w", idem.ErrTooLarge)
 
 // ErrContention is returned (wrapped) by Acquire when the record changed under
 // it on every attempt (takeovers lost to other requests, each of which then
