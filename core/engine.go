@@ -187,9 +187,10 @@ type Execution struct {
 	ev    Event
 	body  []byte
 
-	mu    sync.Mutex
-	timer *time.Timer
-	done  bool
+	mu       sync.Mutex
+	timer    *time.Timer
+	finished bool // Finish or Fail was called
+	done     bool // renewal stopped
 }
 
 // Key returns the scoped, hashed idempotency key (64 hex characters): stable
@@ -214,7 +215,8 @@ func (x *Execution) Write(p []byte) (int, error) {
 // Store errors are logged and reported as events; the client's response is
 // never changed by them.
 func (x *Execution) Finish(status int, header http.Header) {
-	x.stopRenewal()
+	x.finishing()
+	defer x.stopRenewal() // the lease stays renewed while completion is tried
 	if status == 0 {
 		status = http.StatusOK
 	}
@@ -226,28 +228,42 @@ func (x *Execution) Finish(status int, header http.Header) {
 	if len(x.body) > x.e.cfg.maxResponseBytes {
 		resp = x.e.problems.notStored(status, header.Get("Location"))
 	}
-	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
-	defer cancel()
 	ev := x.event(EventCompleted)
 	ev.Status = status
-	err := x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
+	err := x.complete(resp)
 	if errors.Is(err, ErrTooLarge) {
-		err = x.e.store.Complete(ctx, x.key, x.token, x.e.problems.notStored(status, header.Get("Location")), x.e.cfg.retention)
+		err = x.complete(x.e.problems.notStored(status, header.Get("Location")))
 	}
 	switch {
 	case errors.Is(err, ErrNotOwner):
 		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before completion; the response was not stored")
 	case err != nil:
-		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: complete failed; the key stays in progress until its lease lapses")
+		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: complete failed twice; the key stays in progress until its lease lapses")
 	default:
 		x.e.emit(x.ctx, ev)
 	}
 }
 
+// complete stores resp, trying twice on a store error: a lost completion
+// leaves the key in progress until its lease lapses, after which a retry
+// would execute again.
+func (x *Execution) complete(resp *Response) (err error) {
+	for range 2 {
+		ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+		err = x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
+		cancel()
+		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, ErrTooLarge) {
+			return err
+		}
+	}
+	return err
+}
+
 // Fail releases the key after a handler error without a response, or a
 // panic, so that a retry executes again. Adapters re-raise panics after Fail.
 func (x *Execution) Fail() {
-	x.stopRenewal()
+	x.finishing()
+	defer x.stopRenewal()
 	x.release()
 }
 
@@ -291,7 +307,12 @@ func (x *Execution) renew() {
 	err := x.e.extender.Extend(ctx, x.key, x.token, x.e.cfg.lease)
 	cancel()
 	if errors.Is(err, ErrNotOwner) {
-		x.e.emitErr(x.ctx, x.ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
+		x.mu.Lock()
+		finished := x.finished
+		x.mu.Unlock()
+		if !finished { // after Finish or Fail, the record is legitimately no longer ours
+			x.e.emitErr(x.ctx, x.ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
+		}
 		return
 	}
 	if err != nil {
@@ -301,6 +322,13 @@ func (x *Execution) renew() {
 	if !x.done {
 		x.timer.Reset(x.e.cfg.lease / 3)
 	}
+	x.mu.Unlock()
+}
+
+// finishing marks the handler as done; renewal continues until stopRenewal.
+func (x *Execution) finishing() {
+	x.mu.Lock()
+	x.finished = true
 	x.mu.Unlock()
 }
 

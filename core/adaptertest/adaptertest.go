@@ -22,6 +22,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,6 +79,7 @@ func Run(t *testing.T, cfg Config) {
 		{"BinaryBody", s.testBinary},
 		{"ResponseOverLimit", s.testResponseOverLimit},
 		{"ResponseOverStoreLimit", s.testStoreLimit},
+		{"CompletionRetried", s.testCompletionRetried},
 		{"SpoofedReplayHeader", s.testSpoofedHeader},
 		{"WaitMode", s.testWait},
 		{"SlowHandlerKeepsLease", s.testLeaseRenewal},
@@ -491,6 +493,32 @@ func (s *suite) testStoreLimit(t *testing.T) {
 	}
 	wantProblem(t, s.do(t, base, call{path: "/a?bytes=5000", body: `{}`, keys: []string{"huge"}}), 410, "response-not-stored")
 	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testCompletionRetried(t *testing.T) {
+	flaky := &flakyStore{Store: s.cfg.NewStore(t)}
+	flaky.failures.Store(1)
+	app, base := s.serve(t, flaky)
+	first := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
+	r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
+	if r.status != 201 || r.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(r.body, first.body) {
+		t.Fatalf("after one failed completion: retry got %d %q; want the stored replay", r.status, r.body)
+	}
+	wantExecutions(t, app, 1)
+}
+
+// flakyStore fails the next failures calls of Complete, like a store
+// connection that drops once.
+type flakyStore struct {
+	idem.Store
+	failures atomic.Int32
+}
+
+func (s *flakyStore) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+	if s.failures.Add(-1) >= 0 {
+		return errDown
+	}
+	return s.Store.Complete(ctx, key, token, resp, retention)
 }
 
 // smallStore is a store whose records hold at most 2000 body bytes, like
