@@ -58,9 +58,9 @@ func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefi
 //
 // go-redis applies context deadlines to the socket only when the client was
 // built with ContextTimeoutEnabled: true; otherwise a call blocked on the
-// network is bounded by the client's ReadTimeout and WriteTimeout (go-redis
-// default 3s), whatever the context says. Set ContextTimeoutEnabled, or
-// ReadTimeout below the engine's store timeout.
+// network is bounded by the client's ReadTimeout and WriteTimeout (5s by
+// default in go-redis v9.23), whatever the context says. Set
+// ContextTimeoutEnabled, or ReadTimeout below the engine's store timeout.
 func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
 
 // WithWaitReplicas makes Complete wait until n replicas acknowledged the
@@ -98,6 +98,10 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	}
 	return s
 }
+
+// maxBulk is Redis's default proto-max-bulk-len: the largest string argument
+// a server accepts.
+const maxBulk = 512 << 20
 
 // Record hash fields and state values; the scripts spell them out literally.
 const (
@@ -196,7 +200,9 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 }
 
 // Complete implements [idem.Store.Complete] with one script run; under
-// [WithWaitReplicas] the script and WAIT share one pipeline.
+// [WithWaitReplicas] the script and WAIT share one pipeline. A response
+// whose encoding exceeds 512 MiB (Redis's default proto-max-bulk-len) is
+// refused with an error wrapping [idem.ErrTooLarge] before any I/O.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -210,6 +216,9 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	enc, err := resp.AppendBinary(nil)
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
+	}
+	if len(enc) > maxBulk {
+		return fmt.Errorf("redisstore: complete: %w: %d-byte encoded response, Redis accepts at most 512 MiB", idem.ErrTooLarge, len(enc))
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
