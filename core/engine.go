@@ -237,6 +237,8 @@ func (x *Execution) Finish(status int, header http.Header) {
 	switch {
 	case errors.Is(err, ErrNotOwner):
 		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before completion; the response was not stored")
+	case errors.Is(err, ErrNotDurable):
+		x.e.emitErr(x.ctx, ev, EventCompleted, err, "idem: response stored, durability not confirmed")
 	case err != nil:
 		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: complete failed twice; the key stays in progress until its lease lapses")
 	default:
@@ -252,7 +254,7 @@ func (x *Execution) complete(resp *Response) (err error) {
 		ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 		err = x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
 		cancel()
-		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, ErrTooLarge) {
+		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, ErrTooLarge) || errors.Is(err, ErrNotDurable) {
 			return err
 		}
 	}

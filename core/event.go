@@ -12,7 +12,7 @@ const (
 	EventConflict                        // 409: the key is in progress
 	EventMismatch                        // 422: the key was used with another fingerprint
 	EventRejected                        // 400, 401 or 413: bad key, no principal or body too large
-	EventCompleted                       // response stored
+	EventCompleted                       // response stored (Err is set when its durability is not confirmed)
 	EventReleased                        // key released after a 5xx, error or panic
 	EventLeaseLost                       // another request took the key over, or the lease lapsed
 	EventStoreError                      // the store failed; Err says how

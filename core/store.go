@@ -19,6 +19,12 @@ var ErrNotOwner = errors.New("idem: token does not own the in-progress record")
 // then completes the record with a small "response-not-stored" problem.
 var ErrTooLarge = errors.New("idem: response too large for the store")
 
+// ErrNotDurable is returned (wrapped) by [Store.Complete] when the response
+// was stored but its durability could not be confirmed (e.g. Redis WAIT saw
+// fewer replicas than asked). The engine counts the record as completed and
+// logs a warning.
+var ErrNotDurable = errors.New("idem: response stored but its durability is not confirmed")
+
 // ErrInvalidDuration is returned by a [Store] method given a lease or retention
 // that is not > 0.
 var ErrInvalidDuration = errors.New("idem: lease and retention must be > 0")

@@ -22,8 +22,9 @@ const DefaultWaitTimeout = 500 * time.Millisecond
 // [WithWaitReplicas] when fewer replicas than asked acknowledged the
 // completion before the WAIT timeout. The response IS stored on the primary
 // and replays are served from it; only its survival of a failover is in
-// doubt. The engine logs it as a store error.
-var ErrNotReplicated = errors.New("redisstore: completion stored on the primary but not acknowledged by enough replicas")
+// doubt. It wraps [idem.ErrNotDurable]: the engine counts the record as
+// completed and logs a warning.
+var ErrNotReplicated = fmt.Errorf("redisstore: completion stored on the primary but not acknowledged by enough replicas: %w", idem.ErrNotDurable)
 
 // ErrCorrupt is returned (wrapped) when a key under the prefix holds a hash
 // this package did not write, or a response that does not decode.

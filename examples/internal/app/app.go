@@ -135,6 +135,7 @@ func OpenStore(c Config) (idem.Store, func(), error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("-redis-url: %w", err)
 		}
+		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
 		client := redis.NewClient(opts)
 		return redisstore.New(client), func() { client.Close() }, nil
 	case "mongo":
