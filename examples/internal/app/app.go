@@ -37,6 +37,11 @@ type Config struct {
 	TTL           time.Duration
 	Lease         time.Duration
 	NoIdem        bool
+	// StoreTimeout bounds every store operation (idem.WithStoreTimeout).
+	StoreTimeout time.Duration
+	// RedisWaitReplicas > 0 makes completions wait for that many Redis
+	// replicas (redisstore.WithWaitReplicas, default WAIT timeout).
+	RedisWaitReplicas int
 }
 
 // ParseFlags parses the command line shared by the examples.
@@ -50,6 +55,8 @@ func ParseFlags() Config {
 	flag.DurationVar(&c.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
 	flag.DurationVar(&c.Lease, "lease", idem.DefaultLease, "lease of an in-progress request")
 	flag.BoolVar(&c.NoIdem, "no-idem", false, "serve without idempotency (for benchmarks only)")
+	flag.DurationVar(&c.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store operation")
+	flag.IntVar(&c.RedisWaitReplicas, "redis-wait-replicas", 0, "with -store redis: replicas that must acknowledge each completion (Redis WAIT)")
 	flag.Parse()
 	return c
 }
@@ -87,7 +94,7 @@ func run(c Config, build func(Deps) Server) error {
 	defer closeStore()
 	deps := Deps{Payments: payments.New(c.ChargeLatency)}
 	if !c.NoIdem {
-		deps.Engine, err = idem.New(store, idem.WithRetention(c.TTL), idem.WithLease(c.Lease))
+		deps.Engine, err = idem.New(store, idem.WithRetention(c.TTL), idem.WithLease(c.Lease), idem.WithStoreTimeout(c.StoreTimeout))
 		if err != nil {
 			return err
 		}
@@ -115,6 +122,9 @@ func run(c Config, build func(Deps) Server) error {
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	// The final count, for tests that stop instances and still count every
+	// execution (tests/chaos).
+	fmt.Printf("executions %d\n", deps.Payments.Stats().Executions)
 	return nil
 }
 
@@ -137,7 +147,11 @@ func OpenStore(c Config) (idem.Store, func(), error) {
 		}
 		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
 		client := redis.NewClient(opts)
-		return redisstore.New(client), func() { client.Close() }, nil
+		var ropts []redisstore.Option
+		if c.RedisWaitReplicas > 0 {
+			ropts = append(ropts, redisstore.WithWaitReplicas(c.RedisWaitReplicas, 0))
+		}
+		return redisstore.New(client, ropts...), func() { client.Close() }, nil
 	case "mongo":
 		client, err := mongo.Connect(options.Client().ApplyURI(c.MongoURI).SetServerSelectionTimeout(2 * time.Second))
 		if err != nil {
