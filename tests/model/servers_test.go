@@ -1,0 +1,149 @@
+package model_test
+
+import (
+	"context"
+	"crypto/rand"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+	"go.uber.org/goleak"
+	"pgregory.net/rapid"
+
+	"github.com/idemkit/idem/stores/mongostore"
+	"github.com/idemkit/idem/stores/redisstore"
+)
+
+// Servers, as `make test` exports them (scripts/services.sh):
+//
+//	IDEM_REDIS_URL  Redis, default redis://127.0.0.1:6379/0
+//	IDEM_MONGO_URI  a MongoDB-wire server (tools/ferretdb or MongoDB)
+//	CI=true         an unreachable or unset server fails the test instead of skipping it
+func TestMain(m *testing.M) {
+	flag.Parse()
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == "rapid.checks" {
+			checksSet = true
+		}
+	})
+	if os.Getenv("RAPID_CHECKS") != "" {
+		checksSet = true
+	}
+	goleak.VerifyTestMain(m,
+		// the MongoDB driver's connection pool and monitors outlive a test
+		// until Disconnect, which each test does in Cleanup; these are the
+		// HTTP server goroutines net/http keeps for idle keep-alive conns.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+var checksSet bool
+
+// setChecks sets rapid's number of checks unless the command line or
+// RAPID_CHECKS did.
+func setChecks(n int) {
+	if !checksSet {
+		_ = flag.Set("rapid.checks", strconv.Itoa(n))
+	}
+}
+
+// unavailable fails the test under CI=true and skips it otherwise.
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (CI=true: failing instead of skipping)", msg)
+	}
+	t.Skipf("%s; skipping (set CI=true to fail instead)", msg)
+}
+
+func redisClient(t *testing.T) *redis.Client {
+	u := os.Getenv("IDEM_REDIS_URL")
+	if u == "" {
+		u = "redis://127.0.0.1:6379/0"
+	}
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatalf("IDEM_REDIS_URL %q: %v", u, err)
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		unavailable(t, "Redis unreachable at %s (IDEM_REDIS_URL): %v", u, err)
+	}
+	return c
+}
+
+func TestModelRedis(t *testing.T) {
+	c := redisClient(t)
+	prefix := "idemmodel:" + rand.Text()[:12] + ":"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Unlink(ctx, iter.Val())
+		}
+	})
+	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	run(t, 40, func(*rapid.T) *target {
+		return &target{
+			store: s, clk: realClock{}, margin: realMargin, sameTokenReacquire: true,
+			leases: realLeases, retentions: realRetentions, advances: realAdvances,
+		}
+	})
+}
+
+func TestModelMongo(t *testing.T) {
+	u := os.Getenv("IDEM_MONGO_URI")
+	if u == "" {
+		unavailable(t, "IDEM_MONGO_URI is not set (run `make test`, which starts tools/ferretdb)")
+	}
+	c, err := mongo.Connect(options.Client().ApplyURI(u))
+	if err != nil {
+		t.Fatalf("connect %s: %v", u, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.Disconnect(ctx)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx, readpref.Primary()); err != nil {
+		unavailable(t, "MongoDB-wire server unreachable at %s (IDEM_MONGO_URI): %v", u, err)
+	}
+	raw, err := c.Database("admin").RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Raw()
+	if err != nil {
+		t.Fatalf("buildInfo: %v", err)
+	}
+	_, ferr := raw.LookupErr("ferretdbVersion")
+	ferret := ferr == nil
+	coll := c.Database("idem_model_test").Collection("m_"+rand.Text()[:12],
+		options.Collection().SetWriteConcern(writeconcern.Majority()).SetReadPreference(readpref.Primary()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = coll.Drop(ctx)
+	})
+	s := mongostore.New(coll)
+	t.Cleanup(func() { _ = s.Close() })
+	run(t, 50, func(*rapid.T) *target {
+		return &target{
+			store: s, clk: realClock{}, margin: realMargin, racyTakeover: ferret,
+			leases: realLeases, retentions: realRetentions, advances: realAdvances,
+		}
+	})
+}
