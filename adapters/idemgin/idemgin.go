@@ -1,0 +1,150 @@
+// Package idemgin is the Gin adapter of idem: a gin.HandlerFunc that runs
+// each request covered by an [idem.Engine] (POST and PATCH by default) at
+// most once per idempotency key and replays the stored response to
+// duplicates. It only translates between Gin and the engine; every decision
+// (key syntax, scope, status policy, limits) is the engine's.
+//
+//	e, err := idem.New(store)
+//	r.Use(auth) // sets "user_id"
+//	r.POST("/v1/payments", idemgin.New(e, idemgin.WithScope(func(c *gin.Context) string {
+//		return c.GetString("user_id")
+//	})), createPayment)
+//
+// Mount it after authentication, so that the scope function can read the
+// principal. Handlers find the scoped key with
+// idem.InfoFromContext(c.Request.Context()); on a replay, middleware outside
+// idemgin sees idem.Info{Replayed: true} there.
+//
+// What is recorded is what the client got: c.Writer.Status() after the
+// handler chain, the response header lines and every body byte written. A
+// handler that aborts with c.AbortWithStatus(500) is released by the engine's
+// status policy, one that answers c.AbortWithStatusJSON(402, ...) is stored.
+// A handler that reports an error with c.Error and writes nothing has failed
+// without a response: the key is released (idem.Execution.Fail), whatever an
+// outer error middleware then writes. A panic releases the key and is
+// re-raised, so gin.Recovery answers it whether it is mounted before or after
+// idemgin.
+//
+// Streaming (c.Stream, c.SSEvent, Flush) is passed straight through to the
+// client, never held back; the bytes are also captured, so a retry after the
+// stream ended gets the whole stream replayed, a retry during it gets 409
+// (or waits, with idem.WithWait). A stream longer than the engine's
+// MaxResponseBytes is answered on retry with 410 "response-not-stored".
+package idemgin
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// Option configures the middleware.
+type Option func(*config)
+
+type config struct {
+	scope func(*gin.Context) string
+	route func(*gin.Context) string
+}
+
+// WithScope sets the function returning the authenticated principal of a
+// request (user, account or API client id), e.g. c.GetString("user_id") as
+// set by the app's authentication middleware; it is part of the key's scope.
+// An empty result is answered with 401 unless the engine has
+// idem.WithGlobalScope. Required unless the engine uses idem.WithGlobalScope.
+func WithScope(fn func(*gin.Context) string) Option { return func(c *config) { c.scope = fn } }
+
+// WithRoute sets the function returning the route template of a request,
+// part of the key's scope. Optional. Default is c.FullPath() (the matched
+// route, e.g. "/v1/payments/:id"), else the request path when no route
+// matched.
+func WithRoute(fn func(*gin.Context) string) Option { return func(c *config) { c.route = fn } }
+
+// New returns Gin middleware enforcing idempotency keys with e. Requests
+// whose method e does not cover pass through untouched.
+func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
+	cfg := config{route: func(c *gin.Context) string {
+		if p := c.FullPath(); p != "" {
+			return p
+		}
+		return c.Request.URL.Path
+	}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return func(c *gin.Context) {
+		r := c.Request
+		if !e.Covers(r.Method) {
+			c.Next()
+			return
+		}
+		req := idem.Request{
+			Method:      r.Method,
+			Route:       cfg.route(c),
+			Path:        r.URL.Path,
+			RawQuery:    r.URL.RawQuery,
+			ContentType: r.Header.Get("Content-Type"),
+			Keys:        r.Header.Values(e.Header()),
+			BodyReader:  r.Body,
+		}
+		if cfg.scope != nil {
+			req.Principal = cfg.scope(c)
+		}
+		x, resp := e.Begin(r.Context(), &req)
+		if resp != nil {
+			c.Request = r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true}))
+			resp.Send(c.Writer)
+			c.Abort()
+			return
+		}
+		if req.BodyReader == nil { // Begin consumed the body: hand the handler the same bytes
+			r.Body = io.NopCloser(bytes.NewReader(req.Body))
+		}
+		if x == nil { // fail-open
+			c.Next()
+			return
+		}
+		c.Request = r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Key: x.Key()}))
+		w := c.Writer
+		c.Writer = &captureWriter{ResponseWriter: w, x: x}
+		defer func() {
+			c.Writer = w
+			if p := recover(); p != nil {
+				x.Fail()
+				panic(p)
+			}
+		}()
+		c.Next()
+		if len(c.Errors) > 0 && !w.Written() {
+			x.Fail() // c.Error without a response
+			return
+		}
+		x.Finish(w.Status(), w.Header())
+	}
+}
+
+// captureWriter passes every write straight through to the client and
+// copies the body bytes to the execution; status and header are read from
+// the wrapped writer after the handler chain.
+type captureWriter struct {
+	gin.ResponseWriter
+	x *idem.Execution
+}
+
+func (w *captureWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.x.Write(p[:n])
+	return n, err
+}
+
+func (w *captureWriter) WriteString(s string) (int, error) {
+	n, err := w.ResponseWriter.WriteString(s)
+	w.x.Write([]byte(s[:n]))
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the wrapped writer.
+func (w *captureWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
