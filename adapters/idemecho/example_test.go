@@ -1,0 +1,33 @@
+package idemecho_test
+
+import (
+	"log"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+
+	"github.com/idemkit/idem/adapters/idemecho"
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/stores/memstore"
+)
+
+func Example() {
+	e, err := idem.New(memstore.New())
+	if err != nil {
+		log.Fatal(err)
+	}
+	app := echo.New()
+	app.Use(middleware.Recover())
+	app.Use(func(next echo.HandlerFunc) echo.HandlerFunc { // the app's authentication
+		return func(c echo.Context) error {
+			c.Set("user_id", "u_123")
+			return next(c)
+		}
+	})
+	app.Use(idemecho.New(e, idemecho.WithScope(func(c echo.Context) string { s, _ := c.Get("user_id").(string); return s })))
+	app.POST("/v1/payments", func(c echo.Context) error {
+		info, _ := idem.InfoFromContext(c.Request().Context())
+		return c.JSON(201, map[string]string{"id": "pay_1", "idempotency_key": info.Key})
+	})
+	_ = app // app.Start(":8080")
+}
