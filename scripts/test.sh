@@ -11,7 +11,7 @@ status=0
 for dir in $(go list -m -f '{{.Dir}}'); do
   rel=${dir#"$ROOT"/}
   echo "=== $rel"
-  (cd "$dir" && go vet ./... && go test -race -count=1 -timeout 8m ./...) || status=1
+  (cd "$dir" && go vet ./... && go test -race -count=1 -timeout 5m ./...) || status=1
 done
 
 echo "=== published modules build on their own (GOWORK=off)"
