@@ -7,7 +7,19 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/idempotency"
 	"github.com/valyala/fasthttp"
+
+	"github.com/idemkit/idem/adapters/idemfiber"
+	idem "github.com/idemkit/idem/core"
 )
+
+func init() {
+	frameworks = append(frameworks, framework{name: "fiber", route: route, build: func(e *idem.Engine) driver {
+		if e == nil {
+			return newFiberDriver(newFiberApp())
+		}
+		return newFiberDriver(newFiberApp(idemfiber.New(e, idemfiber.WithScope(func(*fiber.Ctx) string { return principal }))))
+	}})
+}
 
 // fiberDriver drives a Fiber app through app.Handler() with one reused
 // *fasthttp.RequestCtx: no network, no app.Test.
@@ -60,6 +72,7 @@ func (d *fiberDriver) do(method, key string) int {
 		req.Header.Del("Idempotency-Key")
 	}
 	d.ctx.Response.Reset()
+	d.ctx.ResetUserValues() // as fasthttp's server does between requests (Fiber keeps UserContext there)
 	d.h(d.ctx)
 	return d.ctx.Response.StatusCode()
 }

@@ -122,7 +122,7 @@ func openMongo(tb testing.TB) (idem.Store, *atomic.Int64) {
 	mongoLabel.Do(func() {
 		// A configuration line of the benchmark format, read by cmd/report.
 		if v, ok := info["ferretdbVersion"]; ok {
-			fmt.Printf("mongo-server: FerretDB test server %v (MongoDB wire %v)\n", v, info["version"])
+			fmt.Printf("mongo-server: FerretDB test server (tools/ferretdb; ferretdbVersion %v, reports MongoDB %v)\n", v, info["version"])
 		} else {
 			fmt.Printf("mongo-server: MongoDB %v\n", info["version"])
 		}

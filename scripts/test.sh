@@ -14,6 +14,9 @@ for dir in $(go list -m -f '{{.Dir}}'); do
   (cd "$dir" && go vet ./... && go test -race -count=1 -timeout 5m ./...) || status=1
 done
 
+echo "=== benchmarks compile and run once (-benchtime=1x; make bench runs them for real)"
+(cd benchmarks && go test -run '^$' -bench . -benchtime=1x -timeout 5m ./...) || status=1
+
 echo "=== published modules build on their own (GOWORK=off)"
 for dir in core stores/* adapters/*; do
   [ -f "$dir/go.mod" ] || continue

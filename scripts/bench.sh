@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# `make bench`: runs the benchmarks module's quick profile (a few minutes on
+# 2 cores) against the Redis and FerretDB test server of services.sh, then
+# writes benchmarks/RESULTS.md and benchmarks/overhead.png with
+# benchmarks/cmd/report. Raw output: benchmarks/results/.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+source scripts/services.sh
+
+BENCHSTAT_VERSION=v0.0.0-20260908200009-22c9c6c9d4da # golang.org/x/perf
+BENCHSTAT=$(go env GOPATH)/bin/benchstat
+if [ ! -x "$BENCHSTAT" ]; then
+  echo "bench: installing benchstat (golang.org/x/perf/cmd/benchstat@$BENCHSTAT_VERSION)"
+  go install "golang.org/x/perf/cmd/benchstat@$BENCHSTAT_VERSION"
+fi
+
+cd benchmarks
+OUT=results
+mkdir -p "$OUT"
+RAW=$OUT/bench.txt
+{
+  echo "machine: $(uname -srm), $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM"
+  echo "go: $(go version | awk '{print $3}')"
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "load-start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "redis: $(redis-cli -u "$IDEM_REDIS_URL" info server 2>/dev/null | awk -F: '/^redis_version/ {print $2}' | tr -d '\r') at $IDEM_REDIS_URL"
+} >"$RAW"
+
+run() { # run <label> <go test args...>: appends to $RAW, shows progress
+  echo "bench: $1"
+  shift
+  go test -run '^$' "$@" . | tee -a "$RAW" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
+}
+run "middleware per framework and Fiber's built-in (fixed op count: fresh records accumulate equally)" \
+  -bench '^(BenchmarkMiddleware|BenchmarkFiberBuiltin)$' -benchtime=100000x -count=5 -benchmem
+run "stores, engine round trips, Redis floor" \
+  -bench '^(BenchmarkStore|BenchmarkEngine|BenchmarkRedisFloor)$' -benchtime=1s -count=3 -benchmem
+run "memstore scale (10^3, 10^5, 10^6 records)" \
+  -bench '^BenchmarkMemScale$' -benchtime=1s -count=3 -benchmem -bench.full
+run "memstore retention, Redis bytes per record" \
+  -bench '^(BenchmarkMemRetention|BenchmarkRedisRecordSize)$' -benchtime=1x -bench.full
+run "contention: 1,000 duplicates" \
+  -bench '^BenchmarkContention$' -benchtime=10x
+run "end to end over loopback (examples/gin, examples/fiber)" \
+  -bench '^BenchmarkE2E$' -benchtime=20000x -bench.full
+echo "load-end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW"
+
+if grep -qE '^(--- FAIL|FAIL|panic)' "$RAW"; then
+  echo "bench: a benchmark failed; see $ROOT/benchmarks/$RAW" >&2
+  exit 1
+fi
+"$BENCHSTAT" "$RAW" >"$OUT/benchstat.txt"
+go run ./cmd/report -in "$RAW" -benchstat "$OUT/benchstat.txt" -notes notes.md -md RESULTS.md -png overhead.png
+echo "bench: wrote benchmarks/RESULTS.md and benchmarks/overhead.png"
