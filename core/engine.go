@@ -187,6 +187,8 @@ type Execution struct {
 	ev    Event
 	body  []byte
 
+	unreplayable bool // the body can't be captured (see Unreplayable)
+
 	mu       sync.Mutex
 	timer    *time.Timer
 	finished bool // Finish or Fail was called
@@ -208,6 +210,12 @@ func (x *Execution) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Unreplayable declares that the response body is not visible to the
+// adapter (e.g. a body stream written after the middleware returns). Finish
+// then records it like a body above the stored-response limit: retries get
+// 410 "response-not-stored", never a second execution.
+func (x *Execution) Unreplayable() { x.unreplayable = true }
+
 // Finish records the handler's response: status (0 means 200) and header as
 // sent, and the body given to Write. Responses with status 2xx, 3xx and 4xx
 // other than 408, 409, 425 and 429 are stored (all of them with
@@ -225,7 +233,7 @@ func (x *Execution) Finish(status int, header http.Header) {
 		return
 	}
 	resp := &Response{Status: status, Header: x.e.storedHeader(header), Body: x.body}
-	if len(x.body) > x.e.cfg.maxResponseBytes {
+	if x.unreplayable || len(x.body) > x.e.cfg.maxResponseBytes {
 		resp = x.e.problems.notStored(status, header.Get("Location"))
 	}
 	ev := x.event(EventCompleted)

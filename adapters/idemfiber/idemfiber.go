@@ -140,7 +140,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		}
 		res := c.Response()
 		if res.IsBodyStream() {
-			unreplayable(x, e.MaxResponseBytes())
+			x.Unreplayable()
 		} else {
 			x.Write(res.Body()) // copies
 		}
@@ -148,16 +148,5 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		res.Header.VisitAll(func(k, v []byte) { header.Add(string(k), string(v)) }) // copies
 		x.Finish(res.StatusCode(), header)
 		return nil
-	}
-}
-
-var zeros [4096]byte
-
-// unreplayable marks x's body as over the engine's limit, so that Finish
-// records the response-not-stored problem. (A core method, e.g.
-// Execution.Unreplayable, would spare the bytes.)
-func unreplayable(x *idem.Execution, limit int) {
-	for n := 0; n <= limit; n += len(zeros) {
-		x.Write(zeros[:])
 	}
 }

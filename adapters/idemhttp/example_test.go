@@ -8,8 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/adapters/idemhttp"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/memstore"
 )
 
