@@ -125,3 +125,37 @@ func testContract(t *testing.T, d *demo) {
 		t.Errorf("stats: executions went %d -> %d for one export", before, after)
 	}
 }
+
+// TestStoreUnreachableAtStartup starts every example against a Redis and a
+// MongoDB that are not there: each still starts, serves its unprotected
+// routes, and answers 503 on the protected ones without executing anything.
+func TestStoreUnreachableAtStartup(t *testing.T) {
+	dir := t.TempDir()
+	dead := "127.0.0.1:1" // nothing listens on port 1
+	for _, name := range procs.Frameworks {
+		bin, err := procs.Build(context.Background(), dir, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, store := range []string{"redis", "mongo"} {
+			t.Run(name+"/"+store, func(t *testing.T) {
+				p, err := procs.Start(bin, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.Stop()
+				d := &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}}
+				if n := d.executions(); n != 0 {
+					t.Fatalf("stats: %d executions", n)
+				}
+				r := send(t, d, "POST", "/v1/payments", "u1", newKey(), `{"amount":100,"currency":"eur"}`)
+				if r.status != 503 || r.header.Get("Retry-After") == "" || !bytes.Contains(r.body, []byte("store-unavailable")) {
+					t.Fatalf("payment with the store down: %d %s", r.status, r.body)
+				}
+				if n := d.executions(); n != 0 {
+					t.Fatalf("the handler ran %d times with the store down", n)
+				}
+			})
+		}
+	}
+}
