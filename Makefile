@@ -1,5 +1,5 @@
 # The test command is `make test` (README.md). It starts what the tests need.
-.PHONY: test demo bench
+.PHONY: test demo bench soak fuzz lint vulncheck
 
 test:
 	./scripts/test.sh
@@ -10,3 +10,20 @@ demo:
 # Benchmarks quick profile (about 5-10 minutes): writes benchmarks/RESULTS.md and overhead.png.
 bench:
 	./scripts/bench.sh
+
+# Every Fuzz target of every module for FUZZTIME each (default 20s); `make test` runs their seeds.
+fuzz:
+	./scripts/fuzz.sh
+
+# golangci-lint v2 (.golangci.yml) over every module.
+lint:
+	./scripts/lint.sh
+
+# govulncheck over every module against an offline copy of the Go vulnerability database (also part of `make test`).
+vulncheck:
+	./scripts/vulncheck.sh
+
+# Soak (minutes, not part of make test): three instances per store under mixed load
+# with restarts (tests/chaos TestSoak), SOAK per store, default 3m.
+soak:
+	bash -c 'source scripts/services.sh && cd tests/chaos && go test -race -count=1 -timeout 30m -run TestSoak -v -soak=$${SOAK:-3m} .'
