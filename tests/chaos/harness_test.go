@@ -323,6 +323,10 @@ func payCtx(ctx context.Context, url, user, key string, amount int) answer {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-User-ID", user)
 	req.Header.Set("Idempotency-Key", key)
+	// net/http's Transport silently resends a request carrying an
+	// Idempotency-Key header when its connection breaks (Request.isReplayable);
+	// without GetBody it can't, so every cut-off request is seen and counted.
+	req.GetBody = nil
 	start := time.Now()
 	resp, err := httpClient.Do(req)
 	if err != nil {
