@@ -369,6 +369,11 @@ func (e *Engine) storedHeader(h http.Header) http.Header {
 	return out
 }
 
+// IsReplay reports whether resp is a stored response being replayed (it
+// carries "Idempotent-Replayed: true"), as opposed to a problem the engine
+// answered with.
+func (resp *Response) IsReplay() bool { return resp.Header.Get(ReplayedHeader) == "true" }
+
 // Send writes resp to w: header lines (replacing any of the same name), status
 // and body. Adapters on net/http based frameworks use it for Begin's answers.
 func (resp *Response) Send(w http.ResponseWriter) {

@@ -106,7 +106,9 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			}
 			x, resp := e.Begin(r.Context(), &req)
 			if resp != nil {
-				c.SetRequest(r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true})))
+				if resp.IsReplay() {
+					c.SetRequest(r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true})))
+				}
 				resp.Send(c.Response())
 				return nil
 			}

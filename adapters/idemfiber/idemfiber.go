@@ -111,7 +111,9 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		}
 		x, resp := e.Begin(c.UserContext(), &req)
 		if resp != nil {
-			c.SetUserContext(idem.ContextWithInfo(c.UserContext(), idem.Info{Replayed: true}))
+			if resp.IsReplay() {
+				c.SetUserContext(idem.ContextWithInfo(c.UserContext(), idem.Info{Replayed: true}))
+			}
 			h := &c.Response().Header
 			for k, vs := range resp.Header {
 				h.Del(k)

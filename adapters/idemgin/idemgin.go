@@ -95,7 +95,9 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 		}
 		x, resp := e.Begin(r.Context(), &req)
 		if resp != nil {
-			c.Request = r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true}))
+			if resp.IsReplay() {
+				c.Request = r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true}))
+			}
 			resp.Send(c.Writer)
 			c.Abort()
 			return
