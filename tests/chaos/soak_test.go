@@ -103,7 +103,7 @@ func soak(t *testing.T, be backend, dur time.Duration) {
 			case <-time.After(1500*time.Millisecond + rand.N(1500*time.Millisecond)):
 			}
 			s := insts[rand.N(len(insts))]
-			if rand.N(10) < 3 && be.racyTakeover == "" {
+			if (st.restarts.Load() == 1 || rand.N(10) < 3) && be.racyTakeover == "" { // the second restart is always a crash
 				n, err := statsOf(s.URL) // a lower bound: what runs after this is lost with the process
 				if err != nil {
 					t.Errorf("stats before SIGKILL: %v", err)
