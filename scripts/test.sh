@@ -23,5 +23,8 @@ for dir in core stores/* adapters/*; do
   (cd "$dir" && GOWORK=off go build ./...) || { echo "GOWORK=off build failed in $dir"; status=1; }
 done
 
+echo "=== govulncheck over every module (offline database; IDEM_VULNCHECK=0 skips)"
+[ "${IDEM_VULNCHECK:-1}" = 0 ] || ./scripts/vulncheck.sh || status=1
+
 if [ $status -ne 0 ]; then echo "make test: FAILED"; else echo "make test: all modules passed"; fi
 exit $status

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -274,7 +275,7 @@ func TestHostileSlowLoris(t *testing.T) {
 	if err := srv.Shutdown(ctx); err != nil {
 		t.Errorf("Shutdown: %v", err)
 	}
-	if err := <-served; err != http.ErrServerClosed {
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		t.Errorf("Serve: %v", err)
 	}
 	if n := app.n.Load(); n != 0 {
