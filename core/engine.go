@@ -38,12 +38,19 @@ type Request struct {
 
 // Engine decides, for each request, one of: pass through, reject, replay, or
 // execute and record. It holds all policy; adapters only translate. An Engine
-// is safe for concurrent use and holds no goroutines of its own.
+// is safe for concurrent use. Its only goroutines retry completions that
+// failed on a store error; [Engine.Close] stops them.
 type Engine struct {
 	store    Store
 	extender Extender
 	cfg      config
 	problems problems
+
+	mu        sync.Mutex // guards closed and wg.Add
+	closed    bool
+	wg        sync.WaitGroup // background completion retries
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // New returns an Engine backed by store. It returns an error when store is
@@ -62,7 +69,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter)}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{})}
 	e.extender, _ = store.(Extender)
 	return e, nil
 }
@@ -223,13 +230,13 @@ func (x *Execution) Unreplayable() { x.unreplayable = true }
 // Store errors are logged and reported as events; the client's response is
 // never changed by them.
 func (x *Execution) Finish(status int, header http.Header) {
-	x.finishing()
-	defer x.stopRenewal() // the lease stays renewed while completion is tried
+	x.finishing() // the lease stays renewed while completion is tried
 	if status == 0 {
 		status = http.StatusOK
 	}
 	if !x.e.cfg.storeAll && !storable(status) {
 		x.release()
+		x.stopRenewal()
 		return
 	}
 	resp := &Response{Status: status, Header: x.e.storedHeader(header), Body: x.body}
@@ -240,41 +247,101 @@ func (x *Execution) Finish(status int, header http.Header) {
 	ev.Status = status
 	err := x.complete(resp)
 	if errors.Is(err, ErrTooLarge) {
-		err = x.complete(x.e.problems.notStored(status, header.Get("Location")))
+		resp = x.e.problems.notStored(status, header.Get("Location"))
+		err = x.complete(resp)
 	}
+	if transient(err) && x.e.cfg.completionRetry > 0 && x.e.retryInBackground(x, resp, ev) {
+		return
+	}
+	x.stopRenewal()
+	x.reportCompletion(ev, err)
+}
+
+func (x *Execution) reportCompletion(ev Event, err error) {
 	switch {
 	case errors.Is(err, ErrNotOwner):
 		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before completion; the response was not stored")
 	case errors.Is(err, ErrNotDurable):
 		x.e.emitErr(x.ctx, ev, EventCompleted, err, "idem: response stored, durability not confirmed")
 	case err != nil:
-		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: complete failed twice; the key stays in progress until its lease lapses")
+		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: complete failed; the key stays in progress until its lease lapses")
 	default:
 		x.e.emit(x.ctx, ev)
 	}
 }
 
-// complete stores resp, trying twice on a store error: a lost completion
-// leaves the key in progress until its lease lapses, after which a retry
-// would execute again.
-func (x *Execution) complete(resp *Response) (err error) {
-	for range 2 {
-		ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
-		err = x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
-		cancel()
-		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, ErrTooLarge) || errors.Is(err, ErrNotDurable) {
-			return err
-		}
+// transient reports whether a Complete error may go away on a retry.
+func transient(err error) bool {
+	return err != nil && !errors.Is(err, ErrNotOwner) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNotDurable)
+}
+
+func (x *Execution) complete(resp *Response) error {
+	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	defer cancel()
+	return x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
+}
+
+// retryInBackground keeps renewing the lease and retries Complete with
+// backoff for up to the completion-retry window, so that a store blip after
+// the handler ran does not let a retry execute it again. It reports false
+// when the engine is closed.
+func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return false
 	}
-	return err
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer x.stopRenewal()
+		deadline := time.Now().Add(e.cfg.completionRetry)
+		err := errors.New("idem: completion retry window ended")
+		for pause := 50 * time.Millisecond; time.Now().Add(pause).Before(deadline); pause = min(2*pause, 2*time.Second) {
+			t := time.NewTimer(pause)
+			select {
+			case <-e.closing:
+				t.Stop()
+				x.reportCompletion(ev, errors.New("idem: engine closed before the completion was stored"))
+				return
+			case <-t.C:
+			}
+			if err = x.complete(resp); !transient(err) {
+				break
+			}
+		}
+		x.reportCompletion(ev, err)
+	}()
+	return true
+}
+
+// Close stops the background completion retries (see [WithCompletionRetry]):
+// it waits for them until ctx is done, then abandons them, leaving their keys
+// in progress until their leases lapse. Call it after the server has shut
+// down; Begin still works after Close, without background retries. It
+// returns ctx.Err() if retries were abandoned.
+func (e *Engine) Close(ctx context.Context) error {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	done := make(chan struct{})
+	go func() { e.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		e.closeOnce.Do(func() { close(e.closing) })
+		<-done
+		return ctx.Err()
+	}
 }
 
 // Fail releases the key after a handler error without a response, or a
 // panic, so that a retry executes again. Adapters re-raise panics after Fail.
 func (x *Execution) Fail() {
 	x.finishing()
-	defer x.stopRenewal()
 	x.release()
+	x.stopRenewal()
 }
 
 func storable(status int) bool {
@@ -313,7 +380,9 @@ func (x *Execution) startRenewal() {
 }
 
 func (x *Execution) renew() {
-	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	start := time.Now()
+	every := x.e.cfg.lease / 3
+	ctx, cancel := context.WithTimeout(x.ctx, min(x.e.cfg.storeTimeout, every)) // a slow renewal must not outlast the lease
 	err := x.e.extender.Extend(ctx, x.key, x.token, x.e.cfg.lease)
 	cancel()
 	if errors.Is(err, ErrNotOwner) {
@@ -330,7 +399,7 @@ func (x *Execution) renew() {
 	}
 	x.mu.Lock()
 	if !x.done {
-		x.timer.Reset(x.e.cfg.lease / 3)
+		x.timer.Reset(max(0, every-time.Since(start))) // fixed rate from the previous start
 	}
 	x.mu.Unlock()
 }

@@ -17,6 +17,7 @@ const (
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultMaxResponseBytes = 1 << 20
 	DefaultRetryAfter       = 1 * time.Second
+	DefaultCompletionRetry  = 1 * time.Minute
 )
 
 // ReplayedHeader marks a replayed response, with the value "true" (Stripe's
@@ -35,6 +36,7 @@ type config struct {
 	maxBodyBytes     int64
 	maxResponseBytes int
 	wait             time.Duration
+	completionRetry  time.Duration
 	retryAfter       time.Duration
 	storeAll         bool
 	failOpen         bool
@@ -54,6 +56,7 @@ func defaultConfig() config {
 		maxBodyBytes:     DefaultMaxBodyBytes,
 		maxResponseBytes: DefaultMaxResponseBytes,
 		retryAfter:       DefaultRetryAfter,
+		completionRetry:  DefaultCompletionRetry,
 		unstored: map[string]bool{
 			"Set-Cookie": true, "Date": true, "Content-Length": true, ReplayedHeader: true,
 			// hop-by-hop, RFC 9110 section 7.6.1
@@ -67,8 +70,8 @@ func (c *config) validate() error {
 	switch {
 	case c.lease <= 0, c.retention <= 0, c.storeTimeout <= 0, c.retryAfter <= 0:
 		return fmt.Errorf("idem: lease, retention, store timeout and Retry-After must be > 0")
-	case c.wait < 0:
-		return fmt.Errorf("idem: wait must be >= 0")
+	case c.wait < 0 || c.completionRetry < 0:
+		return fmt.Errorf("idem: wait and completion retry must be >= 0")
 	case c.maxBodyBytes <= 0 || c.maxResponseBytes <= 0:
 		return fmt.Errorf("idem: body limits must be > 0")
 	case c.header == "":
@@ -133,6 +136,15 @@ func WithMaxResponseBytes(n int) Option { return func(c *config) { c.maxResponse
 // if the first was released), instead of an immediate 409. Optional. Default
 // is 0: answer 409 at once (IETF draft section 2.7, Stripe).
 func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// WithCompletionRetry sets how long a completion that failed on a store
+// error is retried in the background (with backoff from 50ms to 2s) while the
+// lease stays renewed, so that a store blip after the handler ran doesn't let
+// a retry execute it again; duplicates get 409 meanwhile. It can only help
+// while the lease survives in the store. 0 disables it: one attempt, then
+// the key stays in progress until the lease lapses. [Engine.Close] stops the
+// retries. Optional. Default is 1 minute.
+func WithCompletionRetry(d time.Duration) Option { return func(c *config) { c.completionRetry = d } }
 
 // WithRetryAfter sets the Retry-After value of 409 and 503 answers, rounded up
 // to whole seconds. Optional. Default is 1s.

@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strings"
 
 	idem "github.com/idemkit/idem/core"
 )
@@ -31,8 +32,10 @@ type config struct {
 func WithScope(fn func(*http.Request) string) Option { return func(c *config) { c.scope = fn } }
 
 // WithRoute sets the function returning the route template of a request,
-// part of the key's scope. Optional. Default is r.Pattern (set by
-// http.ServeMux for the handler it routes to, Go 1.23+), else r.URL.Path.
+// part of the key's scope. Optional. Default is r.Pattern without its method
+// ("POST /v1/payments" → "/v1/payments", as Gin, Echo and Fiber name routes),
+// set by http.ServeMux for the handler it routes to (Go 1.23+); the engine
+// falls back to r.URL.Path when it is empty.
 func WithRoute(fn func(*http.Request) string) Option { return func(c *config) { c.route = fn } }
 
 // New returns middleware that runs each request covered by e (POST and
@@ -40,7 +43,7 @@ func WithRoute(fn func(*http.Request) string) Option { return func(c *config) { 
 // response to duplicates. A panic in next releases the key and is re-raised
 // for the server's or the app's recovery.
 func New(e *idem.Engine, opts ...Option) func(http.Handler) http.Handler {
-	c := config{route: func(r *http.Request) string { return r.Pattern }}
+	c := config{route: route}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -86,6 +89,13 @@ func New(e *idem.Engine, opts ...Option) func(http.Handler) http.Handler {
 			x.Finish(cw.status, w.Header())
 		})
 	}
+}
+
+func route(r *http.Request) string {
+	if _, path, ok := strings.Cut(r.Pattern, " "); ok {
+		return path
+	}
+	return r.Pattern
 }
 
 // captureWriter passes everything through to the client at once (streams and

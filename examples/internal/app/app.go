@@ -122,6 +122,11 @@ func run(c Config, build func(Deps) Server) error {
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	if deps.Engine != nil { // let completions that hit a store error finish retrying
+		if err := deps.Engine.Close(shutdown); err != nil {
+			slog.Warn("idem: completions still retrying were abandoned", "err", err)
+		}
+	}
 	// The final count, for tests that stop instances and still count every
 	// execution (tests/chaos).
 	fmt.Printf("executions %d\n", deps.Payments.Stats().Executions)
