@@ -140,7 +140,7 @@ func TestModelMongo(t *testing.T) {
 	})
 	s := mongostore.New(coll)
 	t.Cleanup(func() { _ = s.Close() })
-	run(t, 50, func(*rapid.T) *target {
+	run(t, 35, func(*rapid.T) *target {
 		return &target{
 			store: s, clk: realClock{}, margin: realMargin, racyTakeover: ferret,
 			leases: realLeases, retentions: realRetentions, advances: realAdvances,
