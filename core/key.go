@@ -93,7 +93,8 @@ func parseMember(v string) (key, rest string, err error) {
 // parseSFString parses the sf-string at the start of v (RFC 8941 section
 // 4.2.5) and returns its content and the index after the closing quote.
 func parseSFString(v string) (string, int, error) {
-	var b []byte // only allocated when an escape is present
+	var b []byte // only used when an escape is present
+	escaped := false
 	start := 1
 	for i := 1; i < len(v); i++ {
 		switch c := v[i]; {
@@ -102,10 +103,11 @@ func parseSFString(v string) (string, int, error) {
 				return "", 0, ErrKeyMalformed
 			}
 			b = append(b, v[start:i]...)
+			escaped = true
 			i++
 			start = i
 		case c == '"':
-			if b == nil {
+			if !escaped {
 				return v[1:i], i + 1, nil
 			}
 			return string(append(b, v[start:i]...)), i + 1, nil

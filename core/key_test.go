@@ -22,6 +22,9 @@ func TestParseKey(t *testing.T) {
 		{[]string{"!#$%&'()*+-./:;<=>?@[]^_`{|}~"}, "!#$%&'()*+-./:;<=>?@[]^_`{|}~"},
 		{[]string{strings.Repeat("x", 255)}, strings.Repeat("x", 255)},
 		{[]string{`"a,b"`}, "a,b"},
+		{[]string{`"\\"`}, `\`},
+		{[]string{`"\"x"`}, `"x`},
+		{[]string{`"\\abc"`, `\abc`}, `\abc`},
 	}
 	for _, tt := range ok {
 		got, err := ParseKey(tt.values)
