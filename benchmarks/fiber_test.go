@@ -77,14 +77,18 @@ func (d *fiberDriver) do(method, key string) int {
 	return d.ctx.Response.StatusCode()
 }
 
+// newFiberBuiltin is the app of BenchmarkMiddleware/fw=fiber with Fiber's
+// own idempotency middleware instead of idem.
+func newFiberBuiltin() driver {
+	return newFiberDriver(newFiberApp(idempotency.New(idempotency.Config{KeyHeader: "Idempotency-Key"})))
+}
+
 // BenchmarkFiberBuiltin measures Fiber v2's own idempotency middleware
 // (middleware/idempotency, default in-memory storage and lock, header
 // Idempotency-Key, 36-character keys) on the same app as
 // BenchmarkMiddleware/fw=fiber: the peer idem is compared with.
 func BenchmarkFiberBuiltin(b *testing.B) {
-	builtin := func() driver {
-		return newFiberDriver(newFiberApp(idempotency.New(idempotency.Config{KeyHeader: "Idempotency-Key"})))
-	}
+	builtin := newFiberBuiltin
 	b.Run("path=fresh", func(b *testing.B) {
 		d := builtin()
 		b.ReportAllocs()

@@ -2,7 +2,9 @@ package benchmarks
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"runtime"
 	"testing"
 	"time"
 
@@ -36,6 +38,28 @@ func BenchmarkRedisFloor(b *testing.B) {
 			}
 		})
 		reportTrips(b, trips, start)
+	})
+	b.Run("impl=paired", func(b *testing.B) {
+		c, prefix, _ := newRedisClient(b)
+		e := newEngine(b, redisstore.New(c, redisstore.WithPrefix(prefix)))
+		runEngine(e, newKey())
+		encoded, _ := benchResponse.MarshalBinary()
+		token := "AAAAAAAAAAAAAAAAAAAAAAAAAA"
+		ctx := context.Background()
+		idemOp := func() error {
+			if code := runEngine(e, newKey()); code != http.StatusCreated {
+				return fmt.Errorf("fresh: %s", statusText(code))
+			}
+			return nil
+		}
+		bareOp := func() error {
+			k := prefix + newKey()
+			if ok, err := c.SetNX(ctx, k, token, 30*time.Second).Result(); err != nil || !ok {
+				return fmt.Errorf("SET NX = %v, %v", ok, err)
+			}
+			return c.SetXX(ctx, k, encoded, benchRetention).Err()
+		}
+		paired(b, "idem", "bare", floorParallelism*runtime.GOMAXPROCS(0), idemOp, bareOp)
 	})
 	b.Run("impl=bare-go-redis", func(b *testing.B) {
 		c, prefix, trips := newRedisClient(b)
