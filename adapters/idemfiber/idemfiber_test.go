@@ -52,6 +52,7 @@ func newApp(cfg ...fiber.Config) *fiber.App {
 		c = cfg[0]
 		c.DisableStartupMessage = true
 	}
+	c.IdleTimeout = time.Second // Shutdown waits for idle keep-alive connections
 	return fiber.New(c)
 }
 

@@ -103,7 +103,9 @@ func (s *suite) serve(t *testing.T, store idem.Store, opts ...idem.Option) (*App
 	}
 	app := NewApp()
 	t.Cleanup(app.Release)
-	return app, strings.TrimSuffix(s.cfg.Mount(t, e, app), "/")
+	base := strings.TrimSuffix(s.cfg.Mount(t, e, app), "/")
+	t.Cleanup(s.client.CloseIdleConnections) // runs before Mount's cleanups: servers see the connections close
+	return app, base
 }
 
 type call struct {
