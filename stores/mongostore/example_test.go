@@ -22,7 +22,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Disconnect(context.Background()) // the store never closes the client
+	defer func() { _ = client.Disconnect(context.Background()) }() // the store never closes the client
 
 	coll := client.Database("payments").Collection("idempotency",
 		options.Collection().SetWriteConcern(writeconcern.Majority()).SetReadPreference(readpref.Primary()))

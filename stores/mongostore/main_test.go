@@ -76,7 +76,7 @@ func buildFerretDB() (dir, bin string, err error) {
 	cmd.Dir = filepath.Join("..", "..", "tools", "ferretdb")
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return dir, "", fmt.Errorf("build tools/ferretdb: %v\n%s", err, out)
+		return dir, "", fmt.Errorf("build tools/ferretdb: %w\n%s", err, out)
 	}
 	return dir, bin, nil
 }

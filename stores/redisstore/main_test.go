@@ -178,7 +178,7 @@ func startRedis(bin string, port int, dir string, extra ...string) (*redisProc, 
 		} else if time.Now().After(deadline) {
 			p.stop()
 			out, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("redis-server on %s not ready: %v\n%s", p.addr, err, out)
+			return nil, fmt.Errorf("redis-server on %s not ready: %w\n%s", p.addr, err, out)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -293,7 +293,7 @@ func startCluster(server, cli string) error {
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("redis-cli --cluster create: %v\n%s", err, out)
+		return fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -306,7 +306,7 @@ func startCluster(server, cli string) error {
 			}
 			if ctx.Err() != nil {
 				c.Close()
-				return fmt.Errorf("cluster node %s not ok: %v %q", addr, err, info)
+				return fmt.Errorf("cluster node %s not ok: %w %q", addr, err, info)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

@@ -82,7 +82,7 @@ func build(dir, name string) (string, error) {
 	cmd := exec.Command("go", "build", "-race", "-o", bin, "./"+name)
 	cmd.Dir = filepath.Join("..", "..", "examples")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build examples/%s: %v\n%s", name, err, out)
+		return "", fmt.Errorf("go build examples/%s: %w\n%s", name, err, out)
 	}
 	return bin, nil
 }

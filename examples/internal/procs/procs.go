@@ -23,7 +23,7 @@ func Build(ctx context.Context, dir, name string) (string, error) {
 	bin := filepath.Join(dir, name)
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemkit/idem/examples/"+name)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build examples/%s: %v\n%s", name, err, out)
+		return "", fmt.Errorf("go build examples/%s: %w\n%s", name, err, out)
 	}
 	return bin, nil
 }
