@@ -38,10 +38,6 @@
 package idemecho
 
 import (
-	"bytes"
-	"io"
-	"net/http"
-
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
@@ -92,19 +88,11 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			if !e.Covers(r.Method) || cfg.skipper(c) {
 				return next(c)
 			}
-			req := idem.Request{
-				Method:      r.Method,
-				Route:       cfg.route(c),
-				Path:        r.URL.Path,
-				RawQuery:    r.URL.RawQuery,
-				ContentType: r.Header.Get("Content-Type"),
-				Keys:        r.Header.Values(e.Header()),
-				BodyReader:  r.Body,
-			}
+			principal := ""
 			if cfg.scope != nil {
-				req.Principal = cfg.scope(c)
+				principal = cfg.scope(c)
 			}
-			x, resp := e.Begin(r.Context(), &req)
+			x, resp := e.BeginHTTP(r, cfg.route(c), principal)
 			if resp != nil {
 				if resp.IsReplay() {
 					c.SetRequest(r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true})))
@@ -112,16 +100,13 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 				resp.Send(c.Response())
 				return nil
 			}
-			if req.BodyReader == nil { // Begin consumed the body: hand the handler the same bytes
-				r.Body = io.NopCloser(bytes.NewReader(req.Body))
-			}
 			if x == nil { // fail-open
 				return next(c)
 			}
-			c.SetRequest(r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Key: x.Key()})))
+			c.SetRequest(r.WithContext(x.WithInfo(r.Context())))
 			res := c.Response()
 			w := res.Writer
-			res.Writer = &captureWriter{ResponseWriter: w, x: x}
+			res.Writer = x.NewCaptureWriter(w)
 			defer func() {
 				res.Writer = w
 				if p := recover(); p != nil {
@@ -142,24 +127,3 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 		}
 	}
 }
-
-// captureWriter passes every write and flush straight through to the client
-// and copies the body bytes to the execution; echo.Response tracks the
-// status.
-type captureWriter struct {
-	http.ResponseWriter
-	x *idem.Execution
-}
-
-func (w *captureWriter) Write(p []byte) (int, error) {
-	n, err := w.ResponseWriter.Write(p)
-	w.x.Write(p[:n])
-	return n, err
-}
-
-// Flush sends buffered data to the client (http.Flusher), for
-// echo.Response.Flush and streaming handlers.
-func (w *captureWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
-
-// Unwrap lets http.ResponseController reach the wrapped writer.
-func (w *captureWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

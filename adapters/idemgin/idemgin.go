@@ -33,8 +33,6 @@
 package idemgin
 
 import (
-	"bytes"
-	"io"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -81,19 +79,11 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 			c.Next()
 			return
 		}
-		req := idem.Request{
-			Method:      r.Method,
-			Route:       cfg.route(c),
-			Path:        r.URL.Path,
-			RawQuery:    r.URL.RawQuery,
-			ContentType: r.Header.Get("Content-Type"),
-			Keys:        r.Header.Values(e.Header()),
-			BodyReader:  r.Body,
-		}
+		principal := ""
 		if cfg.scope != nil {
-			req.Principal = cfg.scope(c)
+			principal = cfg.scope(c)
 		}
-		x, resp := e.Begin(r.Context(), &req)
+		x, resp := e.BeginHTTP(r, cfg.route(c), principal)
 		if resp != nil {
 			if resp.IsReplay() {
 				c.Request = r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true}))
@@ -102,14 +92,11 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 			c.Abort()
 			return
 		}
-		if req.BodyReader == nil { // Begin consumed the body: hand the handler the same bytes
-			r.Body = io.NopCloser(bytes.NewReader(req.Body))
-		}
 		if x == nil { // fail-open
 			c.Next()
 			return
 		}
-		c.Request = r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Key: x.Key()}))
+		c.Request = r.WithContext(x.WithInfo(r.Context()))
 		w := c.Writer
 		c.Writer = &captureWriter{ResponseWriter: w, x: x}
 		defer func() {

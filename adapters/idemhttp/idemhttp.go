@@ -8,8 +8,6 @@
 package idemhttp
 
 import (
-	"bytes"
-	"io"
 	"net/http"
 	"strings"
 
@@ -49,44 +47,28 @@ func New(e *idem.Engine, opts ...Option) func(http.Handler) http.Handler {
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if !e.Covers(r.Method) {
-				next.ServeHTTP(w, r)
-				return
+			principal := ""
+			if c.scope != nil && e.Covers(r.Method) {
+				principal = c.scope(r)
 			}
-			req := idem.Request{
-				Method:      r.Method,
-				Route:       c.route(r),
-				Path:        r.URL.Path,
-				RawQuery:    r.URL.RawQuery,
-				ContentType: r.Header.Get("Content-Type"),
-				Keys:        r.Header.Values(e.Header()),
-				BodyReader:  r.Body,
-			}
-			if c.scope != nil {
-				req.Principal = c.scope(r)
-			}
-			x, resp := e.Begin(r.Context(), &req)
+			x, resp := e.BeginHTTP(r, c.route(r), principal)
 			if resp != nil {
 				resp.Send(w)
 				return
 			}
-			if req.BodyReader == nil { // Begin consumed the body: hand the handler the same bytes
-				r.Body = io.NopCloser(bytes.NewReader(req.Body))
-			}
-			if x == nil { // fail-open
+			if x == nil { // not covered, or fail-open
 				next.ServeHTTP(w, r)
 				return
 			}
-			r = r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Key: x.Key()}))
-			cw := &captureWriter{ResponseWriter: w, x: x}
+			cw := x.NewCaptureWriter(w)
 			defer func() {
 				if p := recover(); p != nil {
 					x.Fail()
 					panic(p)
 				}
 			}()
-			next.ServeHTTP(cw, r)
-			x.Finish(cw.status, w.Header())
+			next.ServeHTTP(cw, r.WithContext(x.WithInfo(r.Context())))
+			x.Finish(cw.Status(), w.Header())
 		})
 	}
 }
@@ -97,39 +79,3 @@ func route(r *http.Request) string {
 	}
 	return r.Pattern
 }
-
-// captureWriter passes everything through to the client at once (streams and
-// flushes are not held back) and copies the status and body to the execution.
-type captureWriter struct {
-	http.ResponseWriter
-	x      *idem.Execution
-	status int
-}
-
-func (w *captureWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *captureWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	n, err := w.ResponseWriter.Write(p)
-	w.x.Write(p[:n])
-	return n, err
-}
-
-// Flush sends buffered data to the client, for streaming handlers that
-// assert http.Flusher.
-func (w *captureWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *captureWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,87 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+)
+
+// BeginHTTP is [Engine.Begin] for adapters of frameworks built on net/http
+// (net/http, chi, Gin, Echo): it reads method, path, query, Content-Type and
+// the idempotency key header lines from r, and when Begin consumed the body
+// it sets r.Body to the same bytes, so the handler can still bind it. It
+// answers like Begin; ctx is r.Context().
+func (e *Engine) BeginHTTP(r *http.Request, route, principal string) (*Execution, *Response) {
+	if !e.cfg.methods[r.Method] {
+		return nil, nil
+	}
+	req := Request{
+		Method:      r.Method,
+		Route:       route,
+		Path:        r.URL.Path,
+		RawQuery:    r.URL.RawQuery,
+		ContentType: r.Header.Get("Content-Type"),
+		Keys:        r.Header.Values(e.cfg.header),
+		Principal:   principal,
+		BodyReader:  r.Body,
+	}
+	x, resp := e.Begin(r.Context(), &req)
+	if req.BodyReader == nil && r.Body != nil {
+		r.Body = io.NopCloser(bytes.NewReader(req.Body))
+	}
+	return x, resp
+}
+
+// WithInfo returns ctx carrying [Info] about x (its scoped key), for the handler.
+func (x *Execution) WithInfo(ctx context.Context) context.Context {
+	return ContextWithInfo(ctx, Info{Key: x.key})
+}
+
+// CaptureWriter is the http.ResponseWriter adapters on net/http wrap around
+// the client's: every write and flush goes to the client at once (streams are
+// not held back) and the status and body bytes are copied to the Execution.
+// It implements http.Flusher and Unwrap for http.ResponseController.
+type CaptureWriter struct {
+	http.ResponseWriter
+	x      *Execution
+	status int
+}
+
+// NewCaptureWriter returns a CaptureWriter writing to w for x.
+func (x *Execution) NewCaptureWriter(w http.ResponseWriter) *CaptureWriter {
+	return &CaptureWriter{ResponseWriter: w, x: x}
+}
+
+// Status returns the first final status written (1xx are skipped), 200 once
+// the body was written without one, or 0 when nothing was written.
+func (w *CaptureWriter) Status() int { return w.status }
+
+// WriteHeader implements http.ResponseWriter.
+func (w *CaptureWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Write implements http.ResponseWriter.
+func (w *CaptureWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.x.Write(p[:n])
+	return n, err
+}
+
+// Flush sends buffered data to the client.
+func (w *CaptureWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap returns the wrapped writer, for http.ResponseController.
+func (w *CaptureWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
