@@ -43,7 +43,7 @@ run "memstore retention, Redis bytes per record" \
 run "contention: 1,000 duplicates" \
   -bench '^BenchmarkContention$' -benchtime=10x
 run "end to end over loopback (examples/gin, examples/fiber)" \
-  -bench '^BenchmarkE2E$' -benchtime=20000x -bench.full
+  -bench '^BenchmarkE2E$' -benchtime=60000x -bench.full
 echo "load-end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW"
 
 if grep -qE '^(--- FAIL|FAIL|panic)' "$RAW"; then

@@ -80,12 +80,14 @@ func overheadPlot(r *results) (*plot.Plot, error) {
 		names = append(names, g.label)
 	}
 	width := vg.Points(14)
+	maxv := 0.0
 	for i, path := range []string{"fresh", "replay", "conflict"} {
 		vals := make(plotter.Values, len(groups))
 		for j, g := range groups {
 			bare, _ := r.ns(g.bare)
 			if v, ok := r.ns(g.paths[path]); ok {
 				vals[j] = max(0, (v-bare)/1e3)
+				maxv = max(maxv, vals[j])
 			}
 		}
 		bars, err := plotter.NewBarChart(vals, width)
@@ -102,6 +104,9 @@ func overheadPlot(r *results) (*plot.Plot, error) {
 	p.X.Min, p.X.Max = -0.6, float64(len(groups))-0.4
 	p.Legend.Left = false
 	p.Y.Min = 0
+	if maxv > 0 {
+		p.Y.Max = maxv * 1.3 // room for the legend
+	}
 	p.Add(plotter.NewGrid())
 	return p, nil
 }
@@ -156,7 +161,7 @@ func storePlot(r *results) (*plot.Plot, error) {
 		var pts plotter.XYs
 		for j, st := range stores {
 			if v, ok := r.ns("BenchmarkEngine/store=" + st + "/path=" + path); ok {
-				pts = append(pts, plotter.XY{X: float64(j) + float64(i-1)*0.15, Y: v / 1e3})
+				pts = append(pts, plotter.XY{X: float64(j) + float64(i-1)*0.3, Y: v / 1e3})
 			}
 		}
 		if len(pts) == 0 {
@@ -181,13 +186,15 @@ func storePlot(r *results) (*plot.Plot, error) {
 		}
 		for k := range lb.TextStyle {
 			lb.TextStyle[k].Color = palette[i]
+			lb.TextStyle[k].Font.Size = vg.Points(8)
 		}
 		lb.Offset = vg.Point{X: vg.Points(7), Y: vg.Points(-3)}
 		p.Add(lb)
 	}
 	p.NominalX(labels...)
 	p.X.Min, p.X.Max = -0.5, float64(len(stores))-0.5
-	p.Y.Max *= 6 // room for the legend above the slowest store
+	p.Y.Max *= 2
+	p.Y.Min /= 2
 	p.Add(plotter.NewGrid())
 	return p, nil
 }

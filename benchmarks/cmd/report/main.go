@@ -376,7 +376,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 
 	// 7. E2E
 	p("\n## 7. End to end over loopback\n\n")
-	p("`examples/<fw>` built with `go build`, run as a process with `-charge-latency 0`; vegeta (library, max rate, 16 connections, keep-alive) on the same 2 cores POSTs `/v1/payments`. *fresh*: a new key per request (custom Targeter); *replay*: one key, executed once before the attack. *no-idem* is the same service with `-no-idem`.\n\n")
+	p("`examples/<fw>` built with `go build`, run as a process with `-charge-latency 0`; vegeta (library, max rate, 16 connections, keep-alive) on the same 2 cores POSTs `/v1/payments`. *fresh*: a new key per request (custom Targeter); *replay*: one key, executed once before the attack. *no-idem* is the same service with `-no-idem`. The load generator and the service share the 2 cores, one case after the other for a second or two each: ratios within about ±20%% of 1.0 are noise here; the Redis rows (an extra process on the same cores, two round trips per request) are not.\n\n")
 	p("| framework | mode | traffic | requests/s | ÷ no-idem | p50 | p99 |\n|---|---|---|---|---|---|---|\n")
 	for _, fw := range []string{"nethttp", "gin", "echo", "fiber"} {
 		for _, mode := range []string{"no-idem", "idem-memory", "idem-redis"} {
