@@ -43,6 +43,7 @@ type Request struct {
 type Engine struct {
 	store    Store
 	extender Extender
+	local    bool // the store does no I/O: no timeout contexts
 	cfg      config
 	problems problems
 
@@ -71,6 +72,9 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	}
 	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{})}
 	e.extender, _ = store.(Extender)
+	if l, ok := store.(LocalStore); ok {
+		e.local = l.Local()
+	}
 	return e, nil
 }
 
@@ -276,6 +280,9 @@ func transient(err error) bool {
 }
 
 func (x *Execution) complete(resp *Response) error {
+	if x.e.local {
+		return x.e.store.Complete(x.ctx, x.key, x.token, resp, x.e.cfg.retention)
+	}
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	defer cancel()
 	return x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
@@ -353,6 +360,9 @@ func storable(status int) bool {
 }
 
 func (x *Execution) acquire(ctx context.Context, fp string) (Record, bool, error) {
+	if x.e.local {
+		return x.e.store.Acquire(ctx, x.key, x.token, fp, x.e.cfg.lease)
+	}
 	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.storeTimeout)
 	defer cancel()
 	return x.e.store.Acquire(ctx, x.key, x.token, fp, x.e.cfg.lease)

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"hash"
 	"slices"
 	"strings"
 )
@@ -16,23 +15,30 @@ import (
 // Idempotency-Key HTTP Header Field" section 2.7; Stripe compares endpoint and
 // parameters the same way).
 func Fingerprint(method, path, rawQuery, contentType string, body []byte) string {
-	h := sha256.New()
-	writeField(h, method)
-	writeField(h, path)
+	var stack [1024]byte
+	b := appendField(stack[:0], method)
+	b = appendField(b, path)
 	if strings.IndexByte(rawQuery, '&') < 0 {
-		writeField(h, rawQuery)
+		b = appendField(b, rawQuery)
 	} else {
 		pairs := strings.Split(rawQuery, "&")
 		slices.Sort(pairs)
 		for _, p := range pairs {
 			if p != "" {
-				writeField(h, p)
+				b = appendField(b, p)
 			}
 		}
 	}
-	writeField(h, normalizeMediaType(contentType))
+	b = appendField(b, normalizeMediaType(contentType))
+	if len(b)+len(body) <= cap(stack) { // small request: hash on the stack
+		return hexSum(sha256.Sum256(append(b, body...)))
+	}
+	h := sha256.New()
+	h.Write(b)
 	h.Write(body)
-	return hex.EncodeToString(h.Sum(make([]byte, 0, sha256.Size)))
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return hexSum(sum)
 }
 
 // ScopedKey returns the key a [Store] sees: the hex SHA-256 (64 characters) of
@@ -41,19 +47,24 @@ func Fingerprint(method, path, rawQuery, contentType string, body []byte) string
 // records (IETF draft section 4, "Security Considerations"), and raw keys never
 // reach the store or the logs.
 func ScopedKey(principal, method, route, key string) string {
-	h := sha256.New()
-	writeField(h, principal)
-	writeField(h, method)
-	writeField(h, route)
-	writeField(h, key)
-	return hex.EncodeToString(h.Sum(make([]byte, 0, sha256.Size)))
+	var stack [512]byte
+	b := appendField(stack[:0], principal)
+	b = appendField(b, method)
+	b = appendField(b, route)
+	b = appendField(b, key)
+	return hexSum(sha256.Sum256(b))
 }
 
-// writeField writes s length-prefixed, so that field boundaries can't be forged.
-func writeField(h hash.Hash, s string) {
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-	h.Write([]byte(s))
+// appendField appends s length-prefixed, so that field boundaries can't be forged.
+func appendField(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+// hexSum returns sum in lower-case hex with one allocation.
+func hexSum(sum [sha256.Size]byte) string {
+	var dst [2 * sha256.Size]byte
+	hex.Encode(dst[:], sum[:])
+	return string(dst[:])
 }
 
 func normalizeMediaType(ct string) string {

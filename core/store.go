@@ -137,3 +137,11 @@ type Extender interface {
 	// hold a live lease.
 	Extend(ctx context.Context, key, token string, lease time.Duration) error
 }
+
+// LocalStore is implemented by stores that do no I/O (memstore): the
+// [Engine] then calls them without a timeout context, saving a context and
+// a timer per call.
+type LocalStore interface {
+	// Local reports whether the store does no I/O.
+	Local() bool
+}

@@ -32,6 +32,7 @@ const numShards = 64
 
 var _ idem.Store = (*Store)(nil)
 var _ idem.Extender = (*Store)(nil)
+var _ idem.LocalStore = (*Store)(nil)
 
 // Store is an in-memory idem.Store, safe for concurrent use.
 type Store struct {
@@ -125,6 +126,9 @@ func (sh *shard) live(key string, now time.Time) *entry {
 func record(e *entry) idem.Record {
 	return idem.Record{State: e.state, Fingerprint: e.fp, Token: e.token, Response: e.resp.Clone()}
 }
+
+// Local implements [idem.LocalStore]: the store does no I/O.
+func (s *Store) Local() bool { return true }
 
 // Acquire implements [idem.Store.Acquire].
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
