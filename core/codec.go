@@ -23,14 +23,21 @@ func (r *Response) MarshalBinary() ([]byte, error) {
 
 // AppendBinary appends the encoding of [Response.MarshalBinary] to b.
 func (r *Response) AppendBinary(b []byte) ([]byte, error) {
+	var stack [16]string
+	names := stack[:0]
+	size := 1 + 2*binary.MaxVarintLen64 + len(r.Body)
+	for k, vs := range r.Header {
+		names = append(names, k)
+		size += binary.MaxVarintLen64*(2+len(vs)) + len(k)
+		for _, v := range vs {
+			size += len(v)
+		}
+	}
+	slices.Sort(names)
+	b = slices.Grow(b, size)
 	b = append(b, codecVersion)
 	b = binary.AppendUvarint(b, uint64(r.Status))
 	b = binary.AppendUvarint(b, uint64(len(r.Header)))
-	names := make([]string, 0, len(r.Header))
-	for k := range r.Header {
-		names = append(names, k)
-	}
-	slices.Sort(names)
 	for _, k := range names {
 		b = appendString(b, k)
 		vs := r.Header[k]
@@ -47,8 +54,10 @@ func appendString(b []byte, s string) []byte {
 }
 
 // UnmarshalBinary decodes what [Response.MarshalBinary] produced into r,
-// copying out of data. It implements encoding.BinaryUnmarshaler.
+// copying out of data: all header names and values share one string
+// allocation, the body gets its own. It implements encoding.BinaryUnmarshaler.
 func (r *Response) UnmarshalBinary(data []byte) error {
+	// First pass: validate and size, without allocating.
 	d := decoder{b: data}
 	if d.byte() != codecVersion {
 		return errCorrupt
@@ -58,26 +67,44 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 	if d.err || status > 999 || n > uint64(len(d.b)) {
 		return errCorrupt
 	}
-	h := make(http.Header, n)
+	total := uint64(0)
 	for range n {
-		k := d.string()
+		d.skip()
 		nv := d.uvarint()
 		if d.err || nv > uint64(len(d.b)) {
 			return errCorrupt
 		}
-		vs := make([]string, nv)
-		for j := range vs {
-			vs[j] = d.string()
+		for range nv {
+			d.skip()
 		}
-		h[k] = vs
+		total += nv
 	}
 	if d.err {
 		return errCorrupt
 	}
-	r.Status, r.Header, r.Body = int(status), h, cloneBytes(d.b)
-	if r.Body == nil {
-		r.Body = []byte{}
+	headerEnd := len(data) - len(d.b)
+	body := cloneBytes(d.b)
+	if body == nil {
+		body = []byte{}
 	}
+	// Second pass: slice names and values out of one string.
+	str := string(data[:headerEnd])
+	sd := strDecoder{s: str[1:]}
+	sd.uvarint()
+	sd.uvarint()
+	h := make(http.Header, n)
+	values := make([]string, total)
+	for range n {
+		k := sd.string()
+		nv := int(sd.uvarint())
+		vs := values[:nv:nv]
+		values = values[nv:]
+		for j := range vs {
+			vs[j] = sd.string()
+		}
+		h[k] = vs
+	}
+	r.Status, r.Header, r.Body = int(status), h, body
 	return nil
 }
 
@@ -106,13 +133,33 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
-func (d *decoder) string() string {
+func (d *decoder) skip() {
 	n := d.uvarint()
 	if d.err || n > uint64(len(d.b)) {
 		d.err = true
-		return ""
+		return
 	}
-	s := string(d.b[:n])
 	d.b = d.b[n:]
+}
+
+// strDecoder reads what decoder validated, as substrings.
+type strDecoder struct{ s string }
+
+func (d *strDecoder) uvarint() uint64 {
+	var v uint64
+	for shift := 0; ; shift += 7 {
+		c := d.s[0]
+		d.s = d.s[1:]
+		v |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return v
+		}
+	}
+}
+
+func (d *strDecoder) string() string {
+	n := d.uvarint()
+	s := d.s[:n]
+	d.s = d.s[n:]
 	return s
 }

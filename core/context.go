@@ -17,12 +17,15 @@ type Info struct {
 // ContextWithInfo returns ctx carrying info. Adapters call it; a client can't
 // set it, unlike a request header.
 func ContextWithInfo(ctx context.Context, info Info) context.Context {
-	return context.WithValue(ctx, infoKey{}, info)
+	return context.WithValue(ctx, infoKey{}, &info)
 }
 
 // InfoFromContext returns the Info set by an adapter, ok = false when the
 // request was not handled by idem (method not covered, or fail-open).
 func InfoFromContext(ctx context.Context) (info Info, ok bool) {
-	info, ok = ctx.Value(infoKey{}).(Info)
-	return info, ok
+	p, ok := ctx.Value(infoKey{}).(*Info)
+	if !ok {
+		return Info{}, false
+	}
+	return *p, true
 }

@@ -12,6 +12,9 @@ import (
 )
 
 // Request is what an adapter tells the [Engine] about one HTTP request.
+// Begin keeps Method and Route (copy them if the framework reuses their
+// memory); the other fields are only read during Begin, so they may alias
+// request buffers.
 type Request struct {
 	// Method is the HTTP method, e.g. "POST".
 	Method string
@@ -197,6 +200,7 @@ type Execution struct {
 	token string
 	ev    Event
 	body  []byte
+	info  Info // what WithInfo puts in the handler's context
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
@@ -437,12 +441,13 @@ func (x *Execution) event(k EventKind) Event {
 	return ev
 }
 
-// storedHeader copies the header lines worth replaying.
+// storedHeader returns the header lines worth replaying. The value slices
+// are shared with h: the store copies what it keeps.
 func (e *Engine) storedHeader(h http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, v := range h {
 		if !e.cfg.unstored[k] && len(v) > 0 {
-			out[k] = append([]string(nil), v...)
+			out[k] = v
 		}
 	}
 	return out

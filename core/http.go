@@ -35,7 +35,8 @@ func (e *Engine) BeginHTTP(r *http.Request, route, principal string) (*Execution
 
 // WithInfo returns ctx carrying [Info] about x (its scoped key), for the handler.
 func (x *Execution) WithInfo(ctx context.Context) context.Context {
-	return ContextWithInfo(ctx, Info{Key: x.key})
+	x.info = Info{Key: x.key}
+	return context.WithValue(ctx, infoKey{}, &x.info) // no allocation beyond the context's
 }
 
 // CaptureWriter is the http.ResponseWriter adapters on net/http wrap around

@@ -50,6 +50,7 @@ import (
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/utils"
 
 	idem "github.com/idemkit/idem/core"
 )
@@ -94,16 +95,17 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		}
 		rq := c.Request()
 		req := idem.Request{
-			Method:      strings.Clone(c.Method()),
-			Route:       strings.Clone(cfg.route(c)),
-			Path:        string(rq.URI().Path()),
-			RawQuery:    string(rq.URI().QueryString()),
-			ContentType: string(rq.Header.ContentType()),
-			Body:        rq.Body(), // hashed by Begin, not kept
+			Method: strings.Clone(c.Method()),
+			Route:  strings.Clone(cfg.route(c)),
+			// Only read during Begin (see idem.Request): no copies needed.
+			Path:        utils.UnsafeString(rq.URI().Path()),
+			RawQuery:    utils.UnsafeString(rq.URI().QueryString()),
+			ContentType: utils.UnsafeString(rq.Header.ContentType()),
+			Body:        rq.Body(),
 		}
 		rq.Header.VisitAll(func(k, v []byte) { // every line, whatever the name normalising
 			if bytes.EqualFold(k, name) {
-				req.Keys = append(req.Keys, string(v))
+				req.Keys = append(req.Keys, utils.UnsafeString(v))
 			}
 		})
 		if cfg.scope != nil {
@@ -128,7 +130,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		if x == nil { // fail-open
 			return c.Next()
 		}
-		c.SetUserContext(idem.ContextWithInfo(c.UserContext(), idem.Info{Key: x.Key()}))
+		c.SetUserContext(x.WithInfo(c.UserContext()))
 		defer func() {
 			if p := recover(); p != nil {
 				x.Fail()

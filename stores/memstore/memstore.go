@@ -58,7 +58,7 @@ type entry struct {
 	state   idem.State
 	token   string
 	fp      string
-	resp    *idem.Response
+	resp    []byte    // completed: the response, encoded (a copy; few pointers for the GC to scan)
 	expires time.Time // end of the lease (in-progress) or of retention (completed)
 }
 
@@ -123,8 +123,18 @@ func (sh *shard) live(key string, now time.Time) *entry {
 	return e
 }
 
-func record(e *entry) idem.Record {
-	return idem.Record{State: e.state, Fingerprint: e.fp, Token: e.token, Response: e.resp.Clone()}
+// record returns a copy of an entry's fields, with resp decoded into a fresh
+// Response. Call it after unlocking: stored response bytes are never modified,
+// only replaced.
+func record(e entry) (idem.Record, error) {
+	rec := idem.Record{State: e.state, Fingerprint: e.fp, Token: e.token}
+	if e.resp != nil {
+		rec.Response = new(idem.Response)
+		if err := rec.Response.UnmarshalBinary(e.resp); err != nil {
+			return idem.Record{}, err
+		}
+	}
+	return rec, nil
 }
 
 // Local implements [idem.LocalStore]: the store does no I/O.
@@ -140,12 +150,15 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	now := s.now()
 	e, ok := sh.m[key]
 	if ok && now.Before(e.expires) {
-		return record(e), false, nil
+		live := *e
+		sh.mu.Unlock()
+		rec, err := record(live)
+		return rec, false, err
 	}
+	defer sh.mu.Unlock()
 	if !ok {
 		if s.count.Load() >= s.max {
 			return idem.Record{}, false, ErrFull
@@ -178,7 +191,10 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
 	}
-	stored := resp.Clone() // copy outside the lock
+	stored, err := resp.AppendBinary(nil) // copy outside the lock
+	if err != nil {
+		return err
+	}
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -234,12 +250,15 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	e := sh.live(key, s.now())
 	if e == nil {
+		sh.mu.Unlock()
 		return idem.Record{}, false, nil
 	}
-	return record(e), true, nil
+	live := *e
+	sh.mu.Unlock()
+	rec, err := record(live)
+	return rec, err == nil, err
 }
 
 // Cleanup deletes expired records now and shrinks maps that fell below a
