@@ -134,7 +134,6 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	}
 	x := &Execution{
 		e:     e,
-		ctx:   context.WithoutCancel(ctx),
 		key:   ScopedKey(req.Principal, req.Method, route, key),
 		token: rand.Text(),
 		ev:    Event{Method: req.Method, Route: route},
@@ -156,6 +155,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			}
 			return nil, e.problems.unavailable
 		case acquired:
+			x.ctx = context.WithoutCancel(ctx)
 			e.emit(ctx, x.event(EventAcquired))
 			x.startRenewal()
 			return x, nil
