@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -48,7 +50,10 @@ type Engine struct {
 	extender Extender
 	local    bool // the store does no I/O: no timeout contexts
 	cfg      config
-	problems problems
+
+	tokenPrefix string
+	tokens      atomic.Uint64
+	problems    problems
 
 	mu        sync.Mutex // guards closed and wg.Add
 	closed    bool
@@ -73,7 +78,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{})}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	if l, ok := store.(LocalStore); ok {
 		e.local = l.Local()
@@ -132,38 +137,36 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	if route == "" {
 		route = req.Path
 	}
-	x := &Execution{
-		e:     e,
-		key:   ScopedKey(req.Principal, req.Method, route, key),
-		token: rand.Text(),
-		ev:    Event{Method: req.Method, Route: route},
-	}
-	x.ev.Key = x.key
+	scoped := ScopedKey(req.Principal, req.Method, route, key)
+	token := e.newToken()
+	ev := Event{Key: scoped, Method: req.Method, Route: route}
 	fp := Fingerprint(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
 	var deadline time.Time
 	if e.cfg.wait > 0 {
 		deadline = time.Now().Add(e.cfg.wait)
 	}
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
-		rec, acquired, err := x.acquire(ctx, fp)
+		rec, acquired, err := e.acquire(ctx, scoped, token, fp)
 		switch {
 		case err != nil:
-			e.emitErr(ctx, x.ev, EventStoreError, err, "idem: acquire failed")
+			e.emitErr(ctx, ev, EventStoreError, err, "idem: acquire failed")
 			if e.cfg.failOpen {
-				e.cfg.logger.ErrorContext(ctx, "idem: store failed, running handler unprotected (fail-open)", "key", x.key[:16])
+				e.cfg.logger.ErrorContext(ctx, "idem: store failed, running handler unprotected (fail-open)", "key", scoped[:16])
 				return nil, nil
 			}
 			return nil, e.problems.unavailable
 		case acquired:
-			x.ctx = context.WithoutCancel(ctx)
+			x := &Execution{e: e, ctx: context.WithoutCancel(ctx), key: scoped, token: token, ev: ev}
 			e.emit(ctx, x.event(EventAcquired))
 			x.startRenewal()
 			return x, nil
 		case rec.Fingerprint != fp:
-			e.emit(ctx, x.event(EventMismatch))
+			ev.Kind = EventMismatch
+			e.emit(ctx, ev)
 			return nil, e.problems.mismatch
 		case rec.State == StateCompleted && rec.Response != nil:
-			e.emit(ctx, x.event(EventReplayed))
+			ev.Kind = EventReplayed
+			e.emit(ctx, ev)
 			resp := rec.Response
 			if resp.Header == nil {
 				resp.Header = make(http.Header, 1)
@@ -173,10 +176,18 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		}
 		// In progress: wait for it when configured, else 409.
 		if deadline.IsZero() || time.Now().Add(pause).After(deadline) || sleep(ctx, pause) != nil {
-			e.emit(ctx, x.event(EventConflict))
+			ev.Kind = EventConflict
+			e.emit(ctx, ev)
 			return nil, e.problems.inProgress
 		}
 	}
+}
+
+// newToken returns a token no other execution of any engine uses: a random
+// per-engine prefix and a counter (tokens identify lease owners; they are
+// never shown to clients, so they need to be unique, not secret).
+func (e *Engine) newToken() string {
+	return e.tokenPrefix + strconv.FormatUint(e.tokens.Add(1), 36)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -363,13 +374,13 @@ func storable(status int) bool {
 	return status >= 200 && status < 500
 }
 
-func (x *Execution) acquire(ctx context.Context, fp string) (Record, bool, error) {
-	if x.e.local {
-		return x.e.store.Acquire(ctx, x.key, x.token, fp, x.e.cfg.lease)
+func (e *Engine) acquire(ctx context.Context, key, token, fp string) (Record, bool, error) {
+	if e.local {
+		return e.store.Acquire(ctx, key, token, fp, e.cfg.lease)
 	}
-	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.storeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.storeTimeout)
 	defer cancel()
-	return x.e.store.Acquire(ctx, x.key, x.token, fp, x.e.cfg.lease)
+	return e.store.Acquire(ctx, key, token, fp, e.cfg.lease)
 }
 
 func (x *Execution) release() {
