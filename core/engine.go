@@ -53,6 +53,7 @@ type Engine struct {
 
 	tokenPrefix string
 	tokens      atomic.Uint64
+	releasers   atomic.Int64 // background releases under way
 	problems    problems
 
 	mu        sync.Mutex // guards closed and wg.Add
@@ -150,13 +151,14 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		switch {
 		case err != nil:
 			e.emitErr(ctx, ev, EventStoreError, err, "idem: acquire failed")
+			e.releaseLater(ctx, scoped, token) // the acquire may still land: don't leave a lease nobody owns
 			if e.cfg.failOpen {
 				e.cfg.logger.ErrorContext(ctx, "idem: store failed, running handler unprotected (fail-open)", "key", scoped[:16])
 				return nil, nil
 			}
 			return nil, e.problems.unavailable
 		case acquired:
-			x := &Execution{e: e, ctx: context.WithoutCancel(ctx), key: scoped, token: token, ev: ev}
+			x := &Execution{e: e, ctx: context.WithoutCancel(ctx), key: scoped, token: token, fp: fp, ev: ev}
 			e.emit(ctx, x.event(EventAcquired))
 			x.startRenewal()
 			return x, nil
@@ -205,13 +207,15 @@ func sleep(ctx context.Context, d time.Duration) error {
 // safe for concurrent use, except that lease renewal runs on its own until
 // Finish or Fail.
 type Execution struct {
-	e     *Engine
-	ctx   context.Context // detached from the request: completion survives a client hang-up
-	key   string
-	token string
-	ev    Event
-	body  []byte
-	info  Info // what WithInfo puts in the handler's context
+	e      *Engine
+	ctx    context.Context // detached from the request: completion survives a client hang-up
+	key    string
+	token  string
+	ev     Event
+	body   []byte
+	info   Info // what WithInfo puts in the handler's context
+	fp     string
+	header http.Header // stored header lines, from SnapshotHeader or Finish
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
@@ -236,6 +240,16 @@ func (x *Execution) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// SnapshotHeader records the response header as it is when the status is
+// sent: later changes never reach the client, so they are not replayed
+// either. Adapters call it once, when the header is written; Finish takes
+// the header at its own call otherwise.
+func (x *Execution) SnapshotHeader(h http.Header) {
+	if x.header == nil {
+		x.header = x.e.storedHeader(h)
+	}
+}
+
 // Unreplayable declares that the response body is not visible to the
 // adapter (e.g. a body stream written after the middleware returns). Finish
 // then records it like a body above the stored-response limit: retries get
@@ -258,7 +272,10 @@ func (x *Execution) Finish(status int, header http.Header) {
 		x.stopRenewal()
 		return
 	}
-	resp := &Response{Status: status, Header: x.e.storedHeader(header), Body: x.body}
+	if x.header == nil {
+		x.header = x.e.storedHeader(header)
+	}
+	resp := &Response{Status: status, Header: x.header, Body: x.body}
 	if x.unreplayable || len(x.body) > x.e.cfg.maxResponseBytes {
 		resp = x.e.problems.notStored(status, header.Get("Location"))
 	}
@@ -328,7 +345,10 @@ func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool 
 				return
 			case <-t.C:
 			}
-			if err = x.complete(resp); !transient(err) {
+			if err = x.complete(resp); errors.Is(err, ErrNotOwner) && x.landed() {
+				err = nil // an earlier attempt that timed out reached the store after all
+			}
+			if !transient(err) {
 				break
 			}
 		}
@@ -337,9 +357,66 @@ func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool 
 	return true
 }
 
-// Close stops the background completion retries (see [WithCompletionRetry]):
-// it waits for them until ctx is done, then abandons them, leaving their keys
-// in progress until their leases lapse. Call it after the server has shut
+// maxReleasers bounds the background releases under way, so that a long
+// store outage under load cannot pile up goroutines; past it, keys wait for
+// their leases to lapse.
+const maxReleasers = 256
+
+// releaseLater releases the lease token may hold on key, in the background:
+// after a failed acquire (which may still land in a store that stalled) or a
+// failed release. It tries at storeTimeout, then twice as late each time,
+// until a release succeeds or a lease has passed, so a stalled store leaves
+// no key stuck at 409 for a whole lease. Tokens are unique, so releasing a
+// lease that never existed is harmless. Close stops it.
+func (e *Engine) releaseLater(ctx context.Context, key, token string) {
+	if e.local || e.releasers.Add(1) > maxReleasers {
+		e.releasers.Add(-1)
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		e.releasers.Add(-1)
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer e.releasers.Add(-1)
+		waited := time.Duration(0)
+		for pause := e.cfg.storeTimeout; waited < e.cfg.lease; pause *= 2 {
+			t := time.NewTimer(pause)
+			select {
+			case <-e.closing:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			waited += pause
+			rctx, cancel := context.WithTimeout(ctx, e.cfg.storeTimeout)
+			err := e.store.Release(rctx, key, token)
+			cancel()
+			if err == nil {
+				e.emit(ctx, Event{Kind: EventReleased, Key: key})
+				return
+			}
+		}
+	}()
+}
+
+// landed reports whether the key holds this execution's completed record.
+func (x *Execution) landed() bool {
+	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	defer cancel()
+	rec, found, err := x.e.store.Get(ctx, x.key)
+	return err == nil && found && rec.State == StateCompleted && rec.Fingerprint == x.fp && (rec.Token == "" || rec.Token == x.token)
+}
+
+// Close stops the background completion retries (see [WithCompletionRetry])
+// and the releases of leases a failed store call may have left: it waits for
+// them until ctx is done, then abandons them, leaving their keys in progress
+// until their leases lapse. Call it after the server has shut
 // down; Begin still works after Close, without background retries. It
 // returns ctx.Err() if retries were abandoned.
 func (e *Engine) Close(ctx context.Context) error {
@@ -358,12 +435,34 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 }
 
-// Fail releases the key after a handler error without a response, or a
-// panic, so that a retry executes again. Adapters re-raise panics after Fail.
+// Abort ends an execution whose handler panicked; adapters re-raise the
+// panic after it. status is the final status already sent to the client, or
+// 0. When nothing was sent the key is released, like Fail. When a status was
+// sent, the handler's work may be done (a panic in post-processing, after
+// the charge), so the record is completed as executed but not replayable:
+// retries get 410 "response-not-stored", never a second execution (a 5xx
+// status is still released, by the status policy).
+func (x *Execution) Abort(status int, header http.Header) {
+	if status == 0 {
+		x.Fail()
+		return
+	}
+	x.Unreplayable()
+	x.Finish(status, header)
+}
+
+// Fail releases the key after a handler error without a response, so that
+// a retry executes again.
 func (x *Execution) Fail() {
 	x.finishing()
 	x.release()
 	x.stopRenewal()
+}
+
+// bodyAllowed reports whether a response with status may carry a body and
+// Content-Length (RFC 9110 sections 6.4.1 and 8.6).
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
 func storable(status int) bool {
@@ -390,7 +489,8 @@ func (x *Execution) release() {
 	case errors.Is(err, ErrNotOwner):
 		x.e.emitErr(x.ctx, x.ev, EventLeaseLost, err, "idem: lease lost before release")
 	case err != nil:
-		x.e.emitErr(x.ctx, x.ev, EventStoreError, err, "idem: release failed; the key stays in progress until its lease lapses")
+		x.e.emitErr(x.ctx, x.ev, EventStoreError, err, "idem: release failed; retrying in the background")
+		x.e.releaseLater(x.ctx, x.key, x.token)
 	default:
 		x.e.emit(x.ctx, x.event(EventReleased))
 	}
@@ -475,6 +575,9 @@ func (resp *Response) Send(w http.ResponseWriter) {
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = append([]string(nil), v...)
+	}
+	if bodyAllowed(resp.Status) {
+		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
 	}
 	w.WriteHeader(resp.Status)
 	if len(resp.Body) > 0 {

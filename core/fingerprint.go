@@ -18,15 +18,19 @@ func Fingerprint(method, path, rawQuery, contentType string, body []byte) string
 	var stack [1024]byte
 	b := appendField(stack[:0], method)
 	b = appendField(b, path)
-	if strings.IndexByte(rawQuery, '&') < 0 {
+	switch {
+	case rawQuery == "":
+		b = binary.AppendUvarint(b, 0)
+	case strings.IndexByte(rawQuery, '&') < 0:
+		b = binary.AppendUvarint(b, 1)
 		b = appendField(b, rawQuery)
-	} else {
+	default:
 		pairs := strings.Split(rawQuery, "&")
+		pairs = slices.DeleteFunc(pairs, func(p string) bool { return p == "" })
 		slices.Sort(pairs)
+		b = binary.AppendUvarint(b, uint64(len(pairs))) // the count keeps the query from spilling into later fields
 		for _, p := range pairs {
-			if p != "" {
-				b = appendField(b, p)
-			}
+			b = appendField(b, p)
 		}
 	}
 	b = appendField(b, normalizeMediaType(contentType))

@@ -24,6 +24,8 @@ func TestFingerprint(t *testing.T) {
 		"content type": Fingerprint("POST", "/v1/payments", "a=1&b=2", "text/plain", []byte(`{"amount":1}`)),
 		"body":         Fingerprint("POST", "/v1/payments", "a=1&b=2", "application/json", []byte(`{"amount":2}`)),
 		"boundaries":   Fingerprint("POST", "/v1/paymentsa=1&b=2", "", "application/json", []byte(`{"amount":1}`)),
+		// one query pair less must not let the content type and body shift into its place
+		"query count": Fingerprint("POST", "/v1/payments", "a=1", "b=2", append([]byte("\x10application/json"), `{"amount":1}`...)),
 	}
 	for name, fp := range differ {
 		if fp == base {

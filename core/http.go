@@ -55,13 +55,15 @@ func (x *Execution) NewCaptureWriter(w http.ResponseWriter) *CaptureWriter {
 }
 
 // Status returns the first final status written (1xx are skipped), 200 once
-// the body was written without one, or 0 when nothing was written.
+// the body was written without one, or 0 when nothing was written. The
+// header is snapshotted for storage at that moment.
 func (w *CaptureWriter) Status() int { return w.status }
 
 // WriteHeader implements http.ResponseWriter.
 func (w *CaptureWriter) WriteHeader(code int) {
 	if w.status == 0 && code >= 200 {
 		w.status = code
+		w.x.SnapshotHeader(w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -70,6 +72,7 @@ func (w *CaptureWriter) WriteHeader(code int) {
 func (w *CaptureWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
+		w.x.SnapshotHeader(w.Header())
 	}
 	n, err := w.ResponseWriter.Write(p)
 	w.x.Write(p[:n])
@@ -80,6 +83,7 @@ func (w *CaptureWriter) Write(p []byte) (int, error) {
 func (w *CaptureWriter) Flush() {
 	if w.status == 0 {
 		w.status = http.StatusOK
+		w.x.SnapshotHeader(w.Header())
 	}
 	_ = http.NewResponseController(w.ResponseWriter).Flush()
 }

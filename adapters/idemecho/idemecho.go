@@ -110,7 +110,11 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			defer func() {
 				res.Writer = w
 				if p := recover(); p != nil {
-					x.Fail()
+					sent := 0
+					if res.Committed {
+						sent = res.Status
+					}
+					x.Abort(sent, res.Header())
 					panic(p)
 				}
 			}()

@@ -102,7 +102,11 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 		defer func() {
 			c.Writer = w
 			if p := recover(); p != nil {
-				x.Fail()
+				sent := 0
+				if w.Written() {
+					sent = w.Status()
+				}
+				x.Abort(sent, w.Header())
 				panic(p)
 			}
 		}()
@@ -124,12 +128,18 @@ type captureWriter struct {
 }
 
 func (w *captureWriter) Write(p []byte) (int, error) {
+	if !w.Written() {
+		w.x.SnapshotHeader(w.Header())
+	}
 	n, err := w.ResponseWriter.Write(p)
 	w.x.Write(p[:n])
 	return n, err
 }
 
 func (w *captureWriter) WriteString(s string) (int, error) {
+	if !w.Written() {
+		w.x.SnapshotHeader(w.Header())
+	}
 	n, err := w.ResponseWriter.WriteString(s)
 	w.x.Write([]byte(s[:n]))
 	return n, err

@@ -71,6 +71,11 @@ func TestEventsAndLogs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = down.Close(ctx)
+	}()
 	h = idemhttp.New(down, idemhttp.WithScope(func(*http.Request) string { return "u1" }))(http.NotFoundHandler())
 	if code := send(secret, "a", ""); code != http.StatusServiceUnavailable {
 		t.Fatalf("store down: %d", code)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -144,6 +145,9 @@ func FuzzHTTP(f *testing.F) {
 		want := first.Header().Clone()
 		delete(want, "Set-Cookie")
 		want[idem.ReplayedHeader] = []string{"true"}
+		if first.Code != http.StatusNoContent && first.Code != http.StatusNotModified {
+			want["Content-Length"] = []string{strconv.Itoa(first.Body.Len())} // replays state it; the recorder never sets it
+		}
 		if got := second.Header(); !headersEqual(got, want) {
 			t.Fatalf("replayed header %q, want %q", got, want)
 		}

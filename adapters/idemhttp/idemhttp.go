@@ -63,7 +63,7 @@ func New(e *idem.Engine, opts ...Option) func(http.Handler) http.Handler {
 			cw := x.NewCaptureWriter(w)
 			defer func() {
 				if p := recover(); p != nil {
-					x.Fail()
+					x.Abort(cw.Status(), w.Header())
 					panic(p)
 				}
 			}()

@@ -74,6 +74,7 @@ func Run(t *testing.T, cfg Config) {
 		{"BodyLimit", s.testBodyLimit},
 		{"StatusPolicy", s.testStatusPolicy},
 		{"Panic", s.testPanic},
+		{"PanicAfterResponseSent", s.testPanicAfterSend},
 		{"StoreDown", s.testStoreDown},
 		{"ClientGoneMidRequest", s.testClientGone},
 		{"BinaryBody", s.testBinary},
@@ -101,6 +102,11 @@ func (s *suite) serve(t *testing.T, store idem.Store, opts ...idem.Option) (*App
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // stop background releases and completion retries
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		_ = e.Close(ctx)
+	})
 	app := NewApp()
 	t.Cleanup(app.Release)
 	base := strings.TrimSuffix(s.cfg.Mount(t, e, app), "/")
@@ -416,6 +422,20 @@ func (s *suite) testPanic(t *testing.T) {
 		}
 	}
 	wantExecutions(t, app, 2)
+}
+
+func (s *suite) testPanicAfterSend(t *testing.T) {
+	if s.cfg.SkipStreaming != "" {
+		t.Skip("the mounted App's response is buffered, so it is not sent before the panic: " + s.cfg.SkipStreaming)
+	}
+	app, base := s.serve(t, nil)
+	first, err := s.send(base, call{path: "/a?panicafter=1", body: `{}`, keys: []string{"late-panic"}})
+	if err == nil && first.status != 201 {
+		t.Fatalf("first: %d, want the 201 sent before the panic (or a cut connection)", first.status)
+	}
+	r := s.do(t, base, call{path: "/a?panicafter=1", body: `{}`, keys: []string{"late-panic"}})
+	wantProblem(t, r, 410, "response-not-stored")
+	wantExecutions(t, app, 1)
 }
 
 func (s *suite) testStoreDown(t *testing.T) {

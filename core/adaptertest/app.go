@@ -27,6 +27,7 @@ const PrincipalHeader = "X-Test-Principal"
 //	sleep=D   sleep D (a time.Duration) before answering
 //	bytes=N   answer N bytes of application/octet-stream, byte i = i mod 251, NUL included
 //	stream=1  write a first chunk, flush, wait for [App.Release], then write the rest
+//	panicafter=1  write the whole answer, flush it, then panic (post-processing failing after the work)
 //
 // A JSON answer carries the execution number and the SHA-256 of the request
 // body the handler read, and the headers Location, Set-Cookie, two X-Multi
@@ -94,6 +95,10 @@ func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintf(w, `{"execution":%d,"body_sha256":%q}`, n, hex.EncodeToString(sum[:]))
+	if q.Get("panicafter") == "1" {
+		_ = http.NewResponseController(w).Flush()
+		panic("adaptertest: panic after the response was sent")
+	}
 }
 
 // Pattern returns n bytes where byte i = i mod 251.

@@ -101,6 +101,13 @@ func testContract(t *testing.T, d *demo) {
 	if rf.status != 201 || !bytes.Contains(rf.body, []byte(`"id":"re_`)) {
 		t.Errorf("refund: %d %s", rf.status, rf.body)
 	}
+	// Another user, after any request of theirs, can't refund u1's payment
+	// (a framework reusing request buffers must not leak one caller's
+	// principal into another's request).
+	send(t, d, "POST", "/v1/payments", "u9", newKey(), `{"amount":1,"currency":"eur"}`)
+	if r := send(t, d, "POST", "/v1/refunds", "u9", newKey(), `{"payment_id":"`+p.ID+`","amount":1}`); r.status != 404 {
+		t.Errorf("another user refunded u1's payment: %d %s", r.status, r.body)
+	}
 	if r := send(t, d, "POST", "/v1/refunds", "u1", newKey(), `{"payment_id":"pay_nope","amount":1}`); r.status != 404 {
 		t.Errorf("refund of an unknown payment: %d", r.status)
 	}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/recover"
@@ -95,7 +96,7 @@ func authenticate(c *fiber.Ctx) error {
 	if user == "" {
 		return payments.Unauthenticated
 	}
-	c.Locals("user_id", user)
+	c.Locals("user_id", strings.Clone(user)) // c.Get aliases a buffer fasthttp reuses for the next request
 	return c.Next()
 }
 

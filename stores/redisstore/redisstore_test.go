@@ -438,6 +438,11 @@ func TestOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // stop the background releases of acquires that failed during the outage
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = e.Close(ctx)
+	})
 	executions := 0
 	run := func(key string) *idem.Response {
 		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
