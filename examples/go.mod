@@ -5,14 +5,14 @@ go 1.26.0
 require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/gofiber/fiber/v2 v2.52.15
-	github.com/idemkit/idem/adapters/idemecho v0.0.0
-	github.com/idemkit/idem/adapters/idemfiber v0.0.0
-	github.com/idemkit/idem/adapters/idemgin v0.0.0
-	github.com/idemkit/idem/adapters/idemhttp v0.0.0
-	github.com/idemkit/idem/core v0.0.0
-	github.com/idemkit/idem/stores/memstore v0.0.0
-	github.com/idemkit/idem/stores/mongostore v0.0.0
-	github.com/idemkit/idem/stores/redisstore v0.0.0
+	github.com/idemkit/idem/adapters/idemecho v0.1.0
+	github.com/idemkit/idem/adapters/idemfiber v0.1.0
+	github.com/idemkit/idem/adapters/idemgin v0.1.0
+	github.com/idemkit/idem/adapters/idemhttp v0.1.0
+	github.com/idemkit/idem/core v0.1.0
+	github.com/idemkit/idem/stores/memstore v0.1.0
+	github.com/idemkit/idem/stores/mongostore v0.1.0
+	github.com/idemkit/idem/stores/redisstore v0.1.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.mongodb.org/mongo-driver/v2 v2.10.0

@@ -2,12 +2,12 @@ module github.com/idemkit/idem/adapters/idemecho
 
 go 1.25.0
 
-require github.com/idemkit/idem/core v0.0.0
+require github.com/idemkit/idem/core v0.1.0
 
 replace github.com/idemkit/idem/core => ../../core
 
 require (
-	github.com/idemkit/idem/stores/memstore v0.0.0
+	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/labstack/echo/v4 v4.16.0
 	go.uber.org/goleak v1.3.0
 )

@@ -2,13 +2,13 @@ module github.com/idemkit/idem/adapters/idemgin
 
 go 1.25.0
 
-require github.com/idemkit/idem/core v0.0.0
+require github.com/idemkit/idem/core v0.1.0
 
 replace github.com/idemkit/idem/core => ../../core
 
 require (
 	github.com/gin-gonic/gin v1.12.0
-	github.com/idemkit/idem/stores/memstore v0.0.0
+	github.com/idemkit/idem/stores/memstore v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 

@@ -3,7 +3,7 @@ module github.com/idemkit/idem/stores/mongostore
 go 1.25.0
 
 require (
-	github.com/idemkit/idem/core v0.0.0
+	github.com/idemkit/idem/core v0.1.0
 	go.mongodb.org/mongo-driver/v2 v2.10.0
 	go.uber.org/goleak v1.3.0
 )

@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
-	github.com/idemkit/idem/core v0.0.0
-	github.com/idemkit/idem/stores/redisstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/core v0.1.0
+	github.com/idemkit/idem/stores/redisstore v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.33.0
 	go.mongodb.org/mongo-driver/v2 v2.10.0

@@ -2,19 +2,19 @@ module github.com/idemkit/idem/tests/model
 
 go 1.26.0
 
-require github.com/idemkit/idem/core v0.0.0
+require github.com/idemkit/idem/core v0.1.0
 
 replace github.com/idemkit/idem/core => ../../core
 
-require github.com/idemkit/idem/stores/memstore v0.0.0
+require github.com/idemkit/idem/stores/memstore v0.1.0
 
 replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore
 
-require github.com/idemkit/idem/stores/redisstore v0.0.0
+require github.com/idemkit/idem/stores/redisstore v0.1.0
 
 replace github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
 
-require github.com/idemkit/idem/stores/mongostore v0.0.0
+require github.com/idemkit/idem/stores/mongostore v0.1.0
 
 replace github.com/idemkit/idem/stores/mongostore => ../../stores/mongostore
 
