@@ -57,12 +57,8 @@ func TestMain(m *testing.M) {
 		for _, name := range []string{"nethttp", "gin"} {
 			bin, err := build(tmpRoot, name)
 			if err != nil {
-				if name == "nethttp" {
-					fmt.Fprintln(os.Stderr, err)
-					return 1
-				}
-				fmt.Fprintf(os.Stderr, "chaos: examples/%s does not build, its scenarios are skipped: %v\n", name, err)
-				continue
+				fmt.Fprintln(os.Stderr, err)
+				return 1
 			}
 			frameworks[name] = bin
 			frameworkNames = append(frameworkNames, name)
@@ -121,7 +117,7 @@ func startService(t testing.TB, framework, addr string, args ...string) *service
 	t.Helper()
 	bin, ok := frameworks[framework]
 	if !ok {
-		t.Skipf("examples/%s is not built", framework)
+		t.Fatalf("examples/%s is not built", framework)
 	}
 	if addr == "" {
 		addr = "127.0.0.1:0"
