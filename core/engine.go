@@ -286,6 +286,9 @@ func (x *Execution) Finish(status int, header http.Header) {
 		resp = x.e.problems.notStored(status, header.Get("Location"))
 		err = x.complete(resp)
 	}
+	if transient(err) { // a blip: try once more before the client gets its answer
+		err = x.complete(resp)
+	}
 	if transient(err) && x.e.cfg.completionRetry > 0 && x.e.retryInBackground(x, resp, ev) {
 		return
 	}
