@@ -104,9 +104,9 @@ func run(c Config, build func(Deps) Server) error {
 		return err
 	}
 	srv := build(deps)
-	fmt.Printf("listening on http://%s\n", ln.Addr())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
