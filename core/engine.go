@@ -105,7 +105,8 @@ func (e *Engine) MaxResponseBytes() int { return e.cfg.maxResponseBytes }
 //     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
 //     read-only and may be shared;
 //   - x, nil: run the handler, feed its body to x.Write, then call exactly
-//     one of x.Finish or x.Fail.
+//     one of x.Finish, x.Fail (handler error without a response) or x.Abort
+//     (panic).
 //
 // Answers: 400 missing or malformed key, or unreadable body; 401 no principal;
 // 413 body above the limit; 422 key reused with another fingerprint; 409
@@ -127,6 +128,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		req.Body, err = io.ReadAll(io.LimitReader(req.BodyReader, e.cfg.maxBodyBytes+1))
 		req.BodyReader = nil
 		if err != nil {
+			e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
 			return nil, e.problems.badBody
 		}
 	}
