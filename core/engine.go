@@ -94,10 +94,6 @@ func (e *Engine) Header() string { return e.cfg.header }
 // Adapters call it first so that other requests pass through untouched.
 func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 
-// MaxResponseBytes returns the stored-response limit; adapters capture at most
-// one byte more than this through [Execution.Write].
-func (e *Engine) MaxResponseBytes() int { return e.cfg.maxResponseBytes }
-
 // Begin decides what to do with req. It returns:
 //   - nil, nil: pass through, run the handler unprotected (method not covered,
 //     or the store failed under [WithFailOpen]);
@@ -227,14 +223,9 @@ type Execution struct {
 	done     bool // renewal stopped
 }
 
-// Key returns the scoped, hashed idempotency key (64 hex characters): stable
-// for every retry of the request, so a handler may forward it as the
-// idempotency key of a downstream call (e.g. to a payment provider).
-func (x *Execution) Key() string { return x.key }
-
-// Write captures response body bytes for storage. It keeps at most
-// MaxResponseBytes()+1 bytes and never fails; adapters call it with exactly
-// the bytes sent to the client.
+// Write captures response body bytes for storage. It keeps at most one byte
+// over the stored-response limit and never fails; adapters call it with
+// exactly the bytes sent to the client.
 func (x *Execution) Write(p []byte) (int, error) {
 	if room := x.e.cfg.maxResponseBytes + 1 - len(x.body); room > 0 {
 		x.body = append(x.body, p[:min(len(p), room)]...)

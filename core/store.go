@@ -61,7 +61,8 @@ type Response struct {
 	Body   []byte
 }
 
-// Clone returns a deep copy of r; stores use it for defensive copies in and out.
+// Clone returns a deep copy of r, for stores that keep responses as values
+// and must copy them in and out.
 func (r *Response) Clone() *Response {
 	if r == nil {
 		return nil
