@@ -1,36 +1,21 @@
 package idemgin_test
 
 import (
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/idemkit/idem/core/adaptertest"
 )
 
 // The module graph holds no other framework and no store driver. Gin v1.12
 // itself requires go.mongodb.org/mongo-driver/v2 (for its BSON binding and
 // renderer), so that one is allowed only as a requirement of gin.
 func TestModuleGraph(t *testing.T) {
-	run := func(args ...string) string {
-		cmd := exec.Command("go", args...)
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	forbidden := []string{"github.com/labstack/echo", "github.com/gofiber/fiber", "github.com/valyala/fasthttp",
-		"github.com/redis/go-redis", "go.mongodb.org/mongo-driver"}
-	for _, line := range strings.Split(run("list", "-m", "all"), "\n") {
-		for _, f := range forbidden {
-			if strings.HasPrefix(line, f) && !strings.HasPrefix(line, "go.mongodb.org/mongo-driver/v2 ") {
-				t.Errorf("go list -m all lists %q", line)
-			}
-		}
-	}
+	adaptertest.CheckModuleGraph(t, "github.com/gin-gonic/gin", []string{"github.com/labstack/echo",
+		"github.com/gofiber/fiber", "github.com/valyala/fasthttp", "github.com/redis/go-redis", "go.mongodb.org/mongo-driver"},
+		[]string{"go.mongodb.org/mongo-driver/v2 "})
 	byGin := false
-	for _, edge := range strings.Split(run("mod", "graph"), "\n") {
+	for _, edge := range strings.Split(adaptertest.GoCmd(t, "mod", "graph"), "\n") {
 		from, to, ok := strings.Cut(edge, " ")
 		if !ok || !strings.HasPrefix(to, "go.mongodb.org/mongo-driver") {
 			continue
