@@ -31,8 +31,9 @@ func (c requireChange) String() string {
 	return fmt.Sprintf("%s: %s %s => %s", c.GoMod, c.Path, c.From, c.To)
 }
 
-// release tags every published module at o.Version: it checks the version
-// and that no such tag exists, checks a clean work tree, runs make test,
+// release tags every published module at o.Version: it checks the version,
+// that no such tag exists and that CHANGELOG.md has its section (a warning
+// in a dry run), checks a clean work tree, runs make test,
 // rewrites every in-repo requirement (in every go.mod, examples and tests
 // included) to o.Version, verifies each published module in a copy of HEAD
 // carrying those rewrites (see verify), then commits the rewrites and creates
@@ -74,6 +75,12 @@ func release(o releaseOptions) error {
 		return err
 	} else if status != "" {
 		return fmt.Errorf("the work tree is not clean (commit or stash first):\n%s", status)
+	}
+	if err := checkChangelog(o.Root, v); err != nil {
+		if !o.DryRun {
+			return err
+		}
+		fmt.Fprintf(o.Out, "warning: %v\n", err)
 	}
 	if o.SkipTests {
 		fmt.Fprintln(o.Out, "make test: skipped (--skip-tests)")
@@ -133,6 +140,22 @@ func release(o releaseOptions) error {
 	}
 	fmt.Fprintf(o.Out, "tagged; publish with: git push origin HEAD %s\n", strings.Join(tags, " "))
 	return nil
+}
+
+// checkChangelog fails unless CHANGELOG.md at root has a section for
+// version v ("## [X.Y.Z]", Keep a Changelog).
+func checkChangelog(root, v string) error {
+	data, err := os.ReadFile(filepath.Join(root, "CHANGELOG.md"))
+	if err != nil {
+		return fmt.Errorf("CHANGELOG.md: %w", err)
+	}
+	heading := "## [" + strings.TrimPrefix(v, "v") + "]"
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, heading) {
+			return nil
+		}
+	}
+	return fmt.Errorf("CHANGELOG.md has no %q section: move the [Unreleased] entries under it first", heading)
 }
 
 // rewriteRequires sets every requirement on a module of this repository,

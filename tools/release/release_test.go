@@ -137,7 +137,10 @@ func TestReleaseTags(t *testing.T) {
 	dir := fakeRepo(t)
 	var out strings.Builder
 	// make test of the fake repository: a Makefile whose test target passes
-	writeFiles(t, dir, map[string]string{"Makefile": "test:\n\t@echo fake make test\n"})
+	writeFiles(t, dir, map[string]string{
+		"Makefile":     "test:\n\t@echo fake make test\n",
+		"CHANGELOG.md": "# Changelog\n\n## [Unreleased]\n\n## [0.3.0] - 2026-12-01\n",
+	})
 	git(t, dir, "add", ".")
 	git(t, dir, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "--quiet", "-m", "make")
 	t.Setenv("GIT_AUTHOR_NAME", "t")
@@ -186,6 +189,7 @@ func TestReleaseRefuses(t *testing.T) {
 		{"short version", releaseOptions{Version: "v0.2", DryRun: true, SkipTests: true}, "want vMAJOR.MINOR.PATCH"},
 		{"major 2", releaseOptions{Version: "v2.0.0", DryRun: true, SkipTests: true}, "/v2 module paths"},
 		{"skip tests for real", releaseOptions{Version: "v0.2.0", SkipTests: true}, "only with --dry-run"},
+		{"no changelog section", releaseOptions{Version: "v0.2.0"}, "CHANGELOG.md"},
 	} {
 		tc.o.Root, tc.o.Out = dir, &out
 		if err := release(tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
