@@ -173,7 +173,7 @@ func rewriteRequires(root, v string) ([]requireChange, error) {
 		if err != nil {
 			return nil, err
 		}
-		f, err := modfile.ParseLax(gomod, data, nil)
+		f, err := modfile.Parse(gomod, data, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -234,6 +234,37 @@ func verify(root string, mods []module, v string, out io.Writer) error {
 			return fmt.Errorf("verify %s from a user's module: %w", m.Dir, err)
 		}
 		fmt.Fprintf(out, "verified %s: builds on its own and as %s@%s from a user's module\n", m.Dir, m.Path, v)
+		if warn, err := installWarning(dir); err != nil {
+			return err
+		} else if warn != "" {
+			fmt.Fprintf(out, "warning: %s: %s\n", m.Dir, warn)
+		}
 	}
 	return nil
+}
+
+// installWarning returns a warning when the module in dir has a main
+// package and replace directives: `go install path@version` refuses such a
+// module, so users could not install its command from the tag.
+func installWarning(dir string) (string, error) {
+	out, err := goRun(dir, "list", "-f", "{{if eq .Name \"main\"}}{{.ImportPath}}{{end}}", "./...")
+	if err != nil {
+		return "", err
+	}
+	mains := lines(out)
+	if len(mains) == 0 {
+		return "", nil
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	if err != nil {
+		return "", err
+	}
+	f, err := modfile.Parse("go.mod", data, nil)
+	if err != nil {
+		return "", err
+	}
+	if len(f.Replace) == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("go install %s@VERSION will refuse it: its go.mod has %d replace directives", mains[0], len(f.Replace)), nil
 }

@@ -202,3 +202,24 @@ func TestReleaseRefuses(t *testing.T) {
 		t.Errorf("dirty tree: %v", err)
 	}
 }
+
+// A command module with replace directives cannot be installed with
+// go install path@version; a library module can keep them.
+func TestInstallWarning(t *testing.T) {
+	dir := fakeRepo(t)
+	writeFiles(t, dir, map[string]string{
+		"cmd/tool/go.mod": "module github.com/idemkit/idem/cmd/tool\n\ngo 1.24\n\nrequire github.com/idemkit/idem/core v0.1.0\n\n" +
+			"replace github.com/idemkit/idem/core => ../../core\n",
+		"cmd/tool/main.go": "package main\n\nimport idem \"github.com/idemkit/idem/core\"\n\nfunc main() { println(idem.V) }\n",
+	})
+	warn, err := installWarning(filepath.Join(dir, "cmd/tool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(warn, "go install github.com/idemkit/idem/cmd/tool@VERSION will refuse it") {
+		t.Errorf("command with replace: %q", warn)
+	}
+	if warn, err := installWarning(filepath.Join(dir, "adapters/a")); err != nil || warn != "" {
+		t.Errorf("library with replace: %q, %v", warn, err)
+	}
+}
