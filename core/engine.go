@@ -48,7 +48,8 @@ type Request struct {
 type Engine struct {
 	store    Store
 	extender Extender
-	local    bool // the store does no I/O: no timeout contexts
+	tx       Transactional // nil unless the store offers transactional completion
+	local    bool          // the store does no I/O: no timeout contexts
 	cfg      config
 
 	tokenPrefix string
@@ -81,6 +82,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	}
 	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
+	e.tx, _ = store.(Transactional)
 	if l, ok := store.(LocalStore); ok {
 		e.local = l.Local()
 	}
@@ -212,6 +214,7 @@ type Execution struct {
 	ev     Event
 	body   []byte
 	info   Info // what WithInfo puts in the handler's context
+	unit   Unit // the execution's transaction (Transactional stores), set by WithInfo
 	fp     string
 	header http.Header // stored header lines, from SnapshotHeader or Finish
 
@@ -309,10 +312,18 @@ func transient(err error) bool {
 
 func (x *Execution) complete(resp *Response) error {
 	if x.e.local {
-		return x.e.store.Complete(x.ctx, x.key, x.token, resp, x.e.cfg.retention)
+		return x.storeComplete(x.ctx, resp)
 	}
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	defer cancel()
+	return x.storeComplete(ctx, resp)
+}
+
+// storeComplete completes through x's Unit when it has one, else the Store.
+func (x *Execution) storeComplete(ctx context.Context, resp *Response) error {
+	if x.unit != nil {
+		return x.unit.Complete(ctx, resp, x.e.cfg.retention)
+	}
 	return x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
 }
 
@@ -481,7 +492,13 @@ func (e *Engine) acquire(ctx context.Context, key, token, fp string) (Record, bo
 func (x *Execution) release() {
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	defer cancel()
-	switch err := x.e.store.Release(ctx, x.key, x.token); {
+	var err error
+	if x.unit != nil {
+		err = x.unit.Release(ctx)
+	} else {
+		err = x.e.store.Release(ctx, x.key, x.token)
+	}
+	switch {
 	case errors.Is(err, ErrNotOwner):
 		x.e.emitErr(x.ctx, x.ev, EventLeaseLost, err, "idem: lease lost before release")
 	case err != nil:
