@@ -138,7 +138,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	}
 	scoped := ScopedKey(req.Principal, req.Method, route, key)
 	token := e.newToken()
-	ev := Event{Key: scoped, Method: req.Method, Route: route}
+	ev := Event{Key: scoped, Method: req.Method, Route: req.Route} // the template only: a path may be unbounded
 	fp := Fingerprint(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
 	var deadline time.Time
 	if e.cfg.wait > 0 {

@@ -62,8 +62,9 @@ type Event struct {
 	Key string
 	// Method is the request's method, e.g. "POST".
 	Method string
-	// Route is the route template (the request path when the adapter gave
-	// none), e.g. "/v1/payments/:id".
+	// Route is the route template the adapter reported, e.g.
+	// "/v1/payments/:id"; empty when it reported none (the scope then uses
+	// the path, which events leave out: metric labels must stay bounded).
 	Route string
 	// Status is the handler's status, for EventCompleted.
 	Status int

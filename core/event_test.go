@@ -232,6 +232,15 @@ func TestEventFields(t *testing.T) {
 	e.Begin(context.Background(), req("k5", "a"))
 	check(next(EventStoreError), OpAcquire, false)
 
+	// Without a route template the scope uses the path; events leave it out.
+	noRoute := &Request{Method: "POST", Path: "/p/8127", Keys: []string{"k6"}, Principal: "u1"}
+	x, _ = e.Begin(context.Background(), noRoute)
+	if ev := next(EventAcquired); ev.Route != "" || ev.Key != ScopedKey("u1", "POST", "/p/8127", "k6") {
+		t.Errorf("acquired without a route template: route %q key %q; want no route and the path-scoped key", ev.Route, ev.Key)
+	}
+	x.Finish(200, nil)
+	next(EventCompleted)
+
 	if inProgress != 0 {
 		t.Errorf("acquired - ended = %d after every execution ended, want 0", inProgress)
 	}
