@@ -41,6 +41,11 @@ func (c requireChange) String() string {
 // prints the tags and rewrites: no file, commit or tag changes.
 func release(o releaseOptions) error {
 	v := o.Version
+	root, err := filepath.Abs(o.Root)
+	if err != nil {
+		return err
+	}
+	o.Root = root
 	if !semver.IsValid(v) || semver.Canonical(v) != v || strings.Count(v, ".") < 2 {
 		return fmt.Errorf("version %q: want vMAJOR.MINOR.PATCH (e.g. v0.2.0)", v)
 	}
