@@ -9,7 +9,8 @@
 // acquire on absent, in-progress, completed and lapsed records; exactly one
 // winner among racing goroutines; owner-only complete, release and extend;
 // lease and retention expiry (with real time, in tenths of a second);
-// cancelled contexts; binary bodies and multi-value headers; defensive copies.
+// cancelled contexts; binary bodies and multi-value headers; defensive copies;
+// the optional [idem.Extender] and [idem.Inspector] when the store has them.
 package storetest
 
 import (
@@ -61,6 +62,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"BinaryRoundTrip", testBinaryRoundTrip},
 		{"LargeBody", testLargeBody},
 		{"DefensiveCopies", testDefensiveCopies},
+		{"Inspector", testInspector},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
