@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -282,6 +283,9 @@ func (x *Execution) Finish(status int, header http.Header) {
 	if transient(err) { // a blip: try once more before the client gets its answer
 		err = x.complete(resp)
 	}
+	if errors.Is(err, ErrNotOwner) && x.landed(resp) {
+		err = nil // an attempt whose reply was lost or late did store it
+	}
 	if transient(err) && x.e.cfg.completionRetry > 0 && x.e.retryInBackground(x, resp, ev) {
 		return
 	}
@@ -341,7 +345,7 @@ func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool 
 				return
 			case <-t.C:
 			}
-			if err = x.complete(resp); errors.Is(err, ErrNotOwner) && x.landed() {
+			if err = x.complete(resp); errors.Is(err, ErrNotOwner) && x.landed(resp) {
 				err = nil // an earlier attempt that timed out reached the store after all
 			}
 			if !transient(err) {
@@ -401,12 +405,23 @@ func (e *Engine) releaseLater(ctx context.Context, key, token string) {
 	}()
 }
 
-// landed reports whether the key holds this execution's completed record.
-func (x *Execution) landed() bool {
+// landed reports whether the key holds this execution's completed record,
+// resp: after [ErrNotOwner] from Complete, an earlier attempt whose reply
+// was lost (connection cut, reply later than the store timeout, or a
+// client-side retry of a command that had run) may have stored it. Stores
+// that drop the token on completion are matched by fingerprint and
+// response, so that a takeover's completion is not taken for this one.
+func (x *Execution) landed(resp *Response) bool {
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	defer cancel()
 	rec, found, err := x.e.store.Get(ctx, x.key)
-	return err == nil && found && rec.State == StateCompleted && rec.Fingerprint == x.fp && (rec.Token == "" || rec.Token == x.token)
+	if err != nil || !found || rec.State != StateCompleted || rec.Fingerprint != x.fp || rec.Response == nil {
+		return false
+	}
+	if rec.Token != "" {
+		return rec.Token == x.token
+	}
+	return rec.Response.Status == resp.Status && bytes.Equal(rec.Response.Body, resp.Body)
 }
 
 // Close stops the background completion retries (see [WithCompletionRetry])
