@@ -59,8 +59,10 @@ type Engine struct {
 
 	mu        sync.Mutex // guards closed and wg.Add
 	closed    bool
-	wg        sync.WaitGroup // background completion retries
-	closing   chan struct{}
+	wg        sync.WaitGroup // background completion retries and releases
+	draining  chan struct{}  // closed by Close: background releases try now
+	drainOnce sync.Once
+	closing   chan struct{} // closed when Close's ctx is done: background work stops
 	closeOnce sync.Once
 }
 
@@ -80,7 +82,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), tokenPrefix: rand.Text() + "."}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), draining: make(chan struct{}), tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	if l, ok := store.(LocalStore); ok {
 		e.local = l.Local()
@@ -365,9 +367,11 @@ const maxReleasers = 256
 // releaseLater releases the lease token may hold on key, in the background:
 // after a failed acquire (which may still land in a store that stalled) or a
 // failed release. It tries at storeTimeout, then twice as late each time,
-// until a release succeeds or a lease has passed, so a stalled store leaves
-// no key stuck at 409 for a whole lease. Tokens are unique, so releasing a
-// lease that never existed is harmless. Close stops it.
+// until the store answers (released, or ErrNotOwner: no lease of token's is
+// left, because the failed call never landed or did its work) or a lease
+// has passed, so a stalled store leaves no key stuck at 409 for a whole
+// lease. Tokens are unique, so releasing a lease that never existed is
+// harmless. Close makes it try once at once, then stop.
 func (e *Engine) releaseLater(ctx context.Context, key, token string) {
 	if e.local || e.releasers.Add(1) > maxReleasers {
 		e.releasers.Add(-1)
@@ -387,10 +391,14 @@ func (e *Engine) releaseLater(ctx context.Context, key, token string) {
 		waited := time.Duration(0)
 		for pause := e.cfg.storeTimeout; waited < e.cfg.lease; pause *= 2 {
 			t := time.NewTimer(pause)
+			last := false
 			select {
 			case <-e.closing:
 				t.Stop()
 				return
+			case <-e.draining: // Close: one last try now, no more waiting
+				t.Stop()
+				last = true
 			case <-t.C:
 			}
 			waited += pause
@@ -399,6 +407,8 @@ func (e *Engine) releaseLater(ctx context.Context, key, token string) {
 			cancel()
 			if err == nil {
 				e.emit(ctx, Event{Kind: EventReleased, Key: key})
+			}
+			if err == nil || errors.Is(err, ErrNotOwner) || last {
 				return
 			}
 		}
@@ -425,15 +435,18 @@ func (x *Execution) landed(resp *Response) bool {
 }
 
 // Close stops the background completion retries (see [WithCompletionRetry])
-// and the releases of leases a failed store call may have left: it waits for
-// them until ctx is done, then abandons them, leaving their keys in progress
-// until their leases lapse. Call it after the server has shut
-// down; Begin still works after Close, without background retries. It
-// returns ctx.Err() if retries were abandoned.
+// and the releases of leases a failed store call may have left. Pending
+// releases are tried once at once; completion retries go on. Close waits
+// only for that work, and returns nil as soon as none is left (at once
+// when there was none), or abandons it when ctx is done, leaving its keys
+// in progress until their leases lapse, and returns ctx.Err(). Call it
+// after the server has shut down; Begin still works after Close, without
+// background work.
 func (e *Engine) Close(ctx context.Context) error {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
+	e.drainOnce.Do(func() { close(e.draining) })
 	done := make(chan struct{})
 	go func() { e.wg.Wait(); close(done) }()
 	select {
