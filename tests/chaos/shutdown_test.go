@@ -71,4 +71,3 @@ func TestShutdownAfterStoreFailure(t *testing.T) {
 		t.Errorf("a graceful stop after one failed store call abandoned work:\n%s", l)
 	}
 }
-
