@@ -22,6 +22,14 @@ func ContextWithInfo(ctx context.Context, info Info) context.Context {
 	return context.WithValue(ctx, infoKey{}, &info)
 }
 
+// InfoKey returns the context key under which [ContextWithInfo] and
+// [Execution.WithInfo] store what [InfoFromContext] reads. Adapters of
+// frameworks whose request context answers Value from a store of its own
+// (Fiber v3: Ctx.Value reads the request's Locals, not Ctx.Context()) copy
+// ctx.Value(InfoKey()) there, so that InfoFromContext works on the
+// framework's context too.
+func InfoKey() any { return infoKey{} }
+
 // InfoFromContext returns the Info set by an adapter, ok = false when the
 // request was not handled by idem (method not covered, or fail-open).
 func InfoFromContext(ctx context.Context) (info Info, ok bool) {

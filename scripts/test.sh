@@ -18,7 +18,7 @@ echo "=== benchmarks compile and run once (-benchtime=1x; make bench runs them f
 (cd benchmarks && go test -run '^$' -bench . -benchtime=1x -timeout 5m ./...) || status=1
 
 echo "=== published modules build on their own (GOWORK=off)"
-for dir in core stores/* adapters/*; do
+for dir in core stores/* adapters/* observability/* cmd/*; do
   [ -f "$dir/go.mod" ] || continue
   (cd "$dir" && GOWORK=off go build ./...) || { echo "GOWORK=off build failed in $dir"; status=1; }
 done
