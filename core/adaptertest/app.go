@@ -28,6 +28,7 @@ const PrincipalHeader = "X-Test-Principal"
 //	bytes=N   answer N bytes of application/octet-stream, byte i = i mod 251, NUL included
 //	stream=1  write a first chunk, flush, wait for [App.Release], then write the rest
 //	panicafter=1  write the whole answer, flush it, then panic (post-processing failing after the work)
+//	override=1  set X-Outer: handler, replacing the outer middleware's line (see [OuterHeaders])
 //
 // A JSON answer carries the execution number and the SHA-256 of the request
 // body the handler read, and the headers Location, Set-Cookie, two X-Multi
@@ -75,6 +76,9 @@ func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Set-Cookie", "session=secret")
 	h.Add("X-Multi", "a, b")
 	h.Add("X-Multi", "c")
+	if q.Get("override") == "1" {
+		h.Set("X-Outer", "handler")
+	}
 	if size, err := strconv.Atoi(q.Get("bytes")); err == nil {
 		h.Set("Content-Type", "application/octet-stream")
 		w.WriteHeader(status)
