@@ -220,6 +220,8 @@ type Execution struct {
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
+	renewFailed atomic.Bool // a failed renewal was logged
+
 	mu       sync.Mutex
 	timer    *time.Timer
 	finished bool // Finish or Fail was called
@@ -544,7 +546,13 @@ func (x *Execution) renew() {
 		return
 	}
 	if err != nil {
-		x.e.emitErr(x.ctx, x.ev, EventStoreError, err, "idem: lease renewal failed; retrying")
+		if x.renewFailed.Swap(true) { // logged once per execution; every failure is an event
+			ev := x.event(EventStoreError)
+			ev.Err = err
+			x.e.emit(x.ctx, ev)
+		} else {
+			x.e.emitErr(x.ctx, x.ev, EventStoreError, err, "idem: lease renewal failed; retrying (further failures of this execution are reported as events only)")
+		}
 	}
 	x.mu.Lock()
 	if !x.done {
