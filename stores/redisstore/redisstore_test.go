@@ -618,14 +618,14 @@ func TestCorruptRecords(t *testing.T) {
 	for _, k := range []string{badState, badResp} {
 		c.Expire(ctxT(t), prefix+k, time.Minute)
 	}
-	if _, _, err := s.Acquire(ctxT(t), str, "t", "fp", time.Minute); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
-		t.Fatalf("Acquire on a string key = %v; want a wrapped WRONGTYPE error", err)
+	if _, _, err := s.Acquire(ctxT(t), str, "t", "fp", time.Minute); !errors.Is(err, idem.ErrCorrupt) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("Acquire on a string key = %v; want ErrCorrupt wrapping WRONGTYPE", err)
 	}
-	for _, k := range []string{badState, badResp} {
-		if _, _, err := s.Acquire(ctxT(t), k, "t", "fp", time.Minute); !errors.Is(err, redisstore.ErrCorrupt) {
+	for _, k := range []string{str, badState, badResp} {
+		if _, _, err := s.Acquire(ctxT(t), k, "t", "fp", time.Minute); !errors.Is(err, redisstore.ErrCorrupt) || !errors.Is(err, idem.ErrCorrupt) {
 			t.Fatalf("Acquire on a corrupt record = %v; want ErrCorrupt", err)
 		}
-		if _, _, err := s.Get(ctxT(t), k); !errors.Is(err, redisstore.ErrCorrupt) {
+		if _, _, err := s.Get(ctxT(t), k); !errors.Is(err, redisstore.ErrCorrupt) || !errors.Is(err, idem.ErrCorrupt) {
 			t.Fatalf("Get on a corrupt record = %v; want ErrCorrupt", err)
 		}
 	}
