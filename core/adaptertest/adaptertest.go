@@ -707,19 +707,27 @@ func (s *suite) testStreaming(t *testing.T) {
 }
 
 func (s *suite) testLeaseRenewal(t *testing.T) {
-	app, base := s.serve(t, nil, idem.WithLease(300*time.Millisecond))
+	const lease = 600 * time.Millisecond
+	app, base := s.serve(t, nil, idem.WithLease(lease), idem.WithStoreTimeout(lease/4))
+	slow := call{path: "/a?hold=1", body: `{}`, keys: []string{"slow"}}
 	done := make(chan result, 1)
 	go func() {
-		r, err := s.send(base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}})
+		r, err := s.send(base, slow)
 		if err != nil {
 			t.Errorf("slow request: %v", err)
 		}
 		done <- r
 	}()
-	time.Sleep(800 * time.Millisecond) // well past one lease: only renewal keeps it
-	wantProblem(t, s.do(t, base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}}), 409, "in-progress")
+	for deadline := time.Now().Add(10 * time.Second); app.Executions() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow handler did not start within 10s")
+		}
+	}
+	time.Sleep(2 * lease) // the lease would have lapsed twice: only renewal keeps it
+	wantProblem(t, s.do(t, base, slow), 409, "in-progress")
+	app.Release()
 	first := <-done
-	r := s.do(t, base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}})
+	r := s.do(t, base, slow)
 	if first.status != 201 || r.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(r.body, first.body) {
 		t.Fatalf("after the slow handler: %d then %d; want 201 and its replay", first.status, r.status)
 	}
