@@ -182,7 +182,9 @@ func TestReturnedErrors(t *testing.T) {
 	if err := <-outerErrs; err == nil || !strings.Contains(err.Error(), "card declined") {
 		t.Fatalf("outer middleware saw %v, want the handler's error", err)
 	}
-	<-outerErrs // the replay
+	if err := <-outerErrs; err != nil {
+		t.Fatalf("outer middleware saw %v on the replay, want nil", err)
+	}
 
 	for i := 0; i < 2; i++ {
 		got := post(t, base+"/plain-error", "k", `{}`)
