@@ -142,6 +142,7 @@ func Run(t *testing.T, cfg Config) {
 		{"StoredHeadersAllowlist", s.testStoredHeaders},
 		{"Skip", s.testSkip},
 		{"UnmatchedRoutePassesThrough", s.testUnmatched},
+		{"TransactionalUnitInHandlerContext", s.testTransactionalUnit},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, tt.fn)
@@ -631,6 +632,63 @@ func (s *flakyStore) Complete(ctx context.Context, key, token string, resp *idem
 		return errDown
 	}
 	return s.Store.Complete(ctx, key, token, resp, retention)
+}
+
+// txStore makes a store Transactional with units that remember how the
+// engine ended them.
+type txStore struct{ idem.Store }
+
+func (s txStore) Unit(key, token string) idem.Unit {
+	return &txUnit{s: s.Store, key: key, token: token}
+}
+
+type txUnit struct {
+	s          idem.Store
+	key, token string
+	ended      atomic.Pointer[string]
+}
+
+func (u *txUnit) Complete(ctx context.Context, resp *idem.Response, retention time.Duration) error {
+	end := "complete"
+	u.ended.Store(&end)
+	return u.s.Complete(ctx, u.key, u.token, resp, retention)
+}
+
+func (u *txUnit) Release(ctx context.Context) error {
+	end := "release"
+	u.ended.Store(&end)
+	return u.s.Release(ctx, u.key, u.token)
+}
+
+// testTransactionalUnit checks that the adapter binds the execution's
+// [idem.Unit] into the handler's context (Execution.WithInfo), where
+// stores such as pgstore find the handler's transaction, and that the
+// engine ends the execution through that Unit: completed when stored,
+// released after a panic or a 5xx.
+func (s *suite) testTransactionalUnit(t *testing.T) {
+	app, base := s.serve(t, txStore{s.cfg.NewStore(t)})
+	for _, c := range []struct{ path, key, want string }{
+		{"/a", "tx-stored", "complete"},
+		{"/a?panic=1", "tx-panic", "release"},
+		{"/a?status=503", "tx-5xx", "release"},
+	} {
+		s.do(t, base, call{path: c.path, body: `{}`, keys: []string{c.key}})
+		if app.lastInfo.Load() == nil {
+			t.Skip("the mounted App's request context carries no idem.Info (e.g. Fiber v2's net/http adaptor drops the user context); " +
+				"the Unit rides on the same context value as Info, which the adapter's own tests check")
+		}
+		ref := app.lastUnit.Load()
+		if ref == nil || ref.u == nil {
+			t.Fatalf("%s: the handler's context carries no idem.Unit; bind it with Execution.WithInfo", c.path)
+		}
+		u, ok := ref.u.(*txUnit)
+		if !ok {
+			t.Fatalf("%s: the handler's Unit is a %T, not the store's", c.path, ref.u)
+		}
+		if end := u.ended.Load(); end == nil || *end != c.want {
+			t.Fatalf("%s: the engine ended the unit with %v; want %s", c.path, end, c.want)
+		}
+	}
 }
 
 // smallStore is a store whose records hold at most 2000 body bytes, like

@@ -39,7 +39,10 @@ type App struct {
 	release    chan struct{}
 	once       sync.Once
 	lastInfo   atomic.Pointer[idem.Info]
+	lastUnit   atomic.Pointer[unitRef] // the Unit in the last handler's context (Transactional stores)
 }
+
+type unitRef struct{ u idem.Unit }
 
 // NewApp returns an App with zero executions.
 func NewApp() *App { return &App{release: make(chan struct{})} }
@@ -56,6 +59,7 @@ func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if info, ok := idem.InfoFromContext(r.Context()); ok {
 		a.lastInfo.Store(&info)
 	}
+	a.lastUnit.Store(&unitRef{idem.UnitFromContext(r.Context())})
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		http.Error(w, "read body: "+err.Error(), http.StatusInternalServerError)
