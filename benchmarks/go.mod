@@ -15,7 +15,9 @@ require (
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
+	github.com/idemkit/idem/stores/pgstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.4
 	github.com/labstack/echo/v5 v5.4.4
 	github.com/redis/go-redis/v9 v9.23.0
@@ -49,6 +51,9 @@ require (
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/influxdata/tdigest v0.0.1 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
@@ -97,5 +102,6 @@ replace (
 	github.com/idemkit/idem/core => ../core
 	github.com/idemkit/idem/stores/memstore => ../stores/memstore
 	github.com/idemkit/idem/stores/mongostore => ../stores/mongostore
+	github.com/idemkit/idem/stores/pgstore => ../stores/pgstore
 	github.com/idemkit/idem/stores/redisstore => ../stores/redisstore
 )

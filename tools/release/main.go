@@ -8,6 +8,7 @@ import (
 )
 
 const usage = `usage (from the repository root, or -root DIR):
+  go run ./tools/release modules                  the published modules' folders, one a line
   go run ./tools/release licenses                 every published module has a LICENSE pkg.go.dev accepts
   go run ./tools/release graph                    module graph of a user's module importing each published module
   go run ./tools/release tag [--dry-run] [--skip-tests] vX.Y.Z
@@ -41,6 +42,12 @@ func mainErr(args []string) error {
 		pos = append(pos, fs.Arg(0))
 	}
 	switch args[0] {
+	case "modules":
+		mods, err := publishedModules(*root)
+		for _, m := range mods {
+			fmt.Println(m.Dir)
+		}
+		return err
 	case "licenses":
 		report, err := checkLicenses(*root)
 		fmt.Println(strings.Join(report, "\n"))

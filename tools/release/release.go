@@ -31,8 +31,9 @@ func (c requireChange) String() string {
 	return fmt.Sprintf("%s: %s %s => %s", c.GoMod, c.Path, c.From, c.To)
 }
 
-// release tags every published module at o.Version: it checks the version
-// and that no such tag exists, checks a clean work tree, runs make test,
+// release tags every published module at o.Version: it checks the version,
+// that no such tag exists and that CHANGELOG.md has its section (a warning
+// in a dry run), checks a clean work tree, runs make test,
 // rewrites every in-repo requirement (in every go.mod, examples and tests
 // included) to o.Version, verifies each published module in a copy of HEAD
 // carrying those rewrites (see verify), then commits the rewrites and creates
@@ -74,6 +75,12 @@ func release(o releaseOptions) error {
 		return err
 	} else if status != "" {
 		return fmt.Errorf("the work tree is not clean (commit or stash first):\n%s", status)
+	}
+	if err := checkChangelog(o.Root, v); err != nil {
+		if !o.DryRun {
+			return err
+		}
+		fmt.Fprintf(o.Out, "warning: %v\n", err)
 	}
 	if o.SkipTests {
 		fmt.Fprintln(o.Out, "make test: skipped (--skip-tests)")
@@ -135,6 +142,22 @@ func release(o releaseOptions) error {
 	return nil
 }
 
+// checkChangelog fails unless CHANGELOG.md at root has a section for
+// version v ("## [X.Y.Z]", Keep a Changelog).
+func checkChangelog(root, v string) error {
+	data, err := os.ReadFile(filepath.Join(root, "CHANGELOG.md"))
+	if err != nil {
+		return fmt.Errorf("CHANGELOG.md: %w", err)
+	}
+	heading := "## [" + strings.TrimPrefix(v, "v") + "]"
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, heading) {
+			return nil
+		}
+	}
+	return fmt.Errorf("CHANGELOG.md has no %q section: move the [Unreleased] entries under it first", heading)
+}
+
 // rewriteRequires sets every requirement on a module of this repository,
 // in every go.mod under root, to version v (with go mod edit, which keeps
 // the file's layout) and returns what it changed.
@@ -150,7 +173,7 @@ func rewriteRequires(root, v string) ([]requireChange, error) {
 		if err != nil {
 			return nil, err
 		}
-		f, err := modfile.ParseLax(gomod, data, nil)
+		f, err := modfile.Parse(gomod, data, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -211,6 +234,37 @@ func verify(root string, mods []module, v string, out io.Writer) error {
 			return fmt.Errorf("verify %s from a user's module: %w", m.Dir, err)
 		}
 		fmt.Fprintf(out, "verified %s: builds on its own and as %s@%s from a user's module\n", m.Dir, m.Path, v)
+		if warn, err := installWarning(dir); err != nil {
+			return err
+		} else if warn != "" {
+			fmt.Fprintf(out, "warning: %s: %s\n", m.Dir, warn)
+		}
 	}
 	return nil
+}
+
+// installWarning returns a warning when the module in dir has a main
+// package and replace directives: `go install path@version` refuses such a
+// module, so users could not install its command from the tag.
+func installWarning(dir string) (string, error) {
+	out, err := goRun(dir, "list", "-f", "{{if eq .Name \"main\"}}{{.ImportPath}}{{end}}", "./...")
+	if err != nil {
+		return "", err
+	}
+	mains := lines(out)
+	if len(mains) == 0 {
+		return "", nil
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	if err != nil {
+		return "", err
+	}
+	f, err := modfile.Parse("go.mod", data, nil)
+	if err != nil {
+		return "", err
+	}
+	if len(f.Replace) == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("go install %s@VERSION will refuse it: its go.mod has %d replace directives", mains[0], len(f.Replace)), nil
 }

@@ -137,7 +137,10 @@ func TestReleaseTags(t *testing.T) {
 	dir := fakeRepo(t)
 	var out strings.Builder
 	// make test of the fake repository: a Makefile whose test target passes
-	writeFiles(t, dir, map[string]string{"Makefile": "test:\n\t@echo fake make test\n"})
+	writeFiles(t, dir, map[string]string{
+		"Makefile":     "test:\n\t@echo fake make test\n",
+		"CHANGELOG.md": "# Changelog\n\n## [Unreleased]\n\n## [0.3.0] - 2026-12-01\n",
+	})
 	git(t, dir, "add", ".")
 	git(t, dir, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "--quiet", "-m", "make")
 	t.Setenv("GIT_AUTHOR_NAME", "t")
@@ -186,6 +189,7 @@ func TestReleaseRefuses(t *testing.T) {
 		{"short version", releaseOptions{Version: "v0.2", DryRun: true, SkipTests: true}, "want vMAJOR.MINOR.PATCH"},
 		{"major 2", releaseOptions{Version: "v2.0.0", DryRun: true, SkipTests: true}, "/v2 module paths"},
 		{"skip tests for real", releaseOptions{Version: "v0.2.0", SkipTests: true}, "only with --dry-run"},
+		{"no changelog section", releaseOptions{Version: "v0.2.0"}, "CHANGELOG.md"},
 	} {
 		tc.o.Root, tc.o.Out = dir, &out
 		if err := release(tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -196,5 +200,26 @@ func TestReleaseRefuses(t *testing.T) {
 	err := release(releaseOptions{Root: dir, Version: "v0.2.0", DryRun: true, SkipTests: true, Out: &out})
 	if err == nil || !strings.Contains(err.Error(), "not clean") || !strings.Contains(err.Error(), "core/new.go") {
 		t.Errorf("dirty tree: %v", err)
+	}
+}
+
+// A command module with replace directives cannot be installed with
+// go install path@version; a library module can keep them.
+func TestInstallWarning(t *testing.T) {
+	dir := fakeRepo(t)
+	writeFiles(t, dir, map[string]string{
+		"cmd/tool/go.mod": "module github.com/idemkit/idem/cmd/tool\n\ngo 1.24\n\nrequire github.com/idemkit/idem/core v0.1.0\n\n" +
+			"replace github.com/idemkit/idem/core => ../../core\n",
+		"cmd/tool/main.go": "package main\n\nimport idem \"github.com/idemkit/idem/core\"\n\nfunc main() { println(idem.V) }\n",
+	})
+	warn, err := installWarning(filepath.Join(dir, "cmd/tool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(warn, "go install github.com/idemkit/idem/cmd/tool@VERSION will refuse it") {
+		t.Errorf("command with replace: %q", warn)
+	}
+	if warn, err := installWarning(filepath.Join(dir, "adapters/a")); err != nil || warn != "" {
+		t.Errorf("library with replace: %q, %v", warn, err)
 	}
 }
