@@ -43,7 +43,8 @@ type Flags struct {
 	// RedisWaitReplicas > 0 makes completions wait for that many Redis
 	// replicas (redisstore.WithWaitReplicas, default WAIT timeout).
 	RedisWaitReplicas int
-	NoIdem            bool // serve without idempotency (the benchmarks' baseline)
+	NoIdem            bool   // serve without idempotency (the benchmarks' baseline)
+	TraceFile         string // spans as JSON lines, see Telemetry
 }
 
 // ParseFlags parses the command line shared by the examples.
@@ -60,6 +61,7 @@ func ParseFlags() Flags {
 	flag.DurationVar(&f.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store operation")
 	flag.IntVar(&f.RedisWaitReplicas, "redis-wait-replicas", 0, "with -store redis: replicas that must acknowledge each completion (Redis WAIT)")
 	flag.BoolVar(&f.NoIdem, "no-idem", false, "serve without idempotency (for benchmarks only)")
+	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
 	flag.Parse()
 	return f
 }
