@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -112,7 +111,7 @@ func testTelemetry(t *testing.T, name, bin, redisServer string) {
 
 	fresh := make(chan int, 1)
 	go func() { code, _ := pay("k1", body, ""); fresh <- code }()
-	waitFor(t, "the fresh request in progress", func() bool { return metric(t, client, p.URL, "idem_execution_active", "") == 1 })
+	waitFor(t, "the fresh request in progress", func() bool { return scrape(t, client, p.URL).Sum("idem_execution_active") == 1 })
 	if code, _ := pay("k1", body, ""); code != http.StatusConflict {
 		t.Errorf("duplicate in progress: %d, want 409", code)
 	}
@@ -135,7 +134,7 @@ func testTelemetry(t *testing.T, name, bin, redisServer string) {
 	}
 
 	want := map[string]float64{"acquired": 1, "completed": 1, "conflict": 1, "replayed": 1, "mismatch": 1, "rejected": 1, "store-error": 1}
-	got := outcomes(t, client, p.URL)
+	got := scrape(t, client, p.URL).Decisions()
 	for outcome, n := range want {
 		if got[outcome] != n {
 			t.Errorf("idem_decisions_total{idem_outcome=%q} = %v, want %v", outcome, got[outcome], n)
@@ -144,10 +143,10 @@ func testTelemetry(t *testing.T, name, bin, redisServer string) {
 	if len(got) != len(want) {
 		t.Errorf("outcomes on /metrics: %v, want exactly %v", got, want)
 	}
-	if n := metric(t, client, p.URL, "idem_handler_duration_seconds_count", ""); n != 1 {
+	if n := scrape(t, client, p.URL).Sum("idem_handler_duration_seconds_count"); n != 1 {
 		t.Errorf("idem_handler_duration_seconds_count = %v, want 1", n)
 	}
-	if n := metric(t, client, p.URL, "idem_execution_active", ""); n != 0 {
+	if n := scrape(t, client, p.URL).Sum("idem_execution_active"); n != 0 {
 		t.Errorf("idem_execution_active = %v after the last execution ended, want 0", n)
 	}
 	p.Stop() // flushes the spans
@@ -203,55 +202,12 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
-// scrape returns the samples of /metrics: name{labels} value per line.
-func scrape(t *testing.T, client *http.Client, base string) []string {
-	resp, err := client.Get(base + "/metrics")
+// scrape returns the samples of /metrics.
+func scrape(t *testing.T, client *http.Client, base string) procs.Metrics {
+	t.Helper()
+	m, err := procs.Scrape(client, base)
 	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
+		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
-	}
-	var samples []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if l != "" && !strings.HasPrefix(l, "#") {
-			samples = append(samples, l)
-		}
-	}
-	return samples
-}
-
-// metric returns the sum of the samples of name whose labels contain label.
-func metric(t *testing.T, client *http.Client, base, name, label string) float64 {
-	sum := 0.0
-	for _, s := range scrape(t, client, base) {
-		if strings.HasPrefix(s, name+"{") && strings.Contains(s, label) {
-			sum += value(t, s)
-		}
-	}
-	return sum
-}
-
-// outcomes returns idem_decisions_total summed by idem_outcome.
-func outcomes(t *testing.T, client *http.Client, base string) map[string]float64 {
-	got := map[string]float64{}
-	for _, s := range scrape(t, client, base) {
-		if !strings.HasPrefix(s, "idem_decisions_total{") {
-			continue
-		}
-		_, rest, _ := strings.Cut(s, `idem_outcome="`)
-		outcome, _, _ := strings.Cut(rest, `"`)
-		got[outcome] += value(t, s)
-	}
-	return got
-}
-
-func value(t *testing.T, sample string) float64 {
-	v, err := strconv.ParseFloat(sample[strings.LastIndexByte(sample, ' ')+1:], 64)
-	if err != nil {
-		t.Fatalf("sample %q: %v", sample, err)
-	}
-	return v
+	return m
 }
