@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -49,7 +50,7 @@ func ParseFlags() Config {
 	var c Config
 	flag.StringVar(&c.Addr, "addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
 	flag.StringVar(&c.Store, "store", "memory", "idempotency store: memory, redis or mongo")
-	flag.StringVar(&c.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
+	flag.StringVar(&c.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
 	flag.StringVar(&c.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo")
 	flag.DurationVar(&c.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated payment provider latency")
 	flag.DurationVar(&c.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
@@ -146,12 +147,10 @@ func OpenStore(c Config) (idem.Store, func(), error) {
 		s := memstore.New()
 		return s, func() { s.Close() }, nil
 	case "redis":
-		opts, err := redis.ParseURL(c.RedisURL)
+		client, err := redisClient(c.RedisURL)
 		if err != nil {
 			return nil, nil, fmt.Errorf("-redis-url: %w", err)
 		}
-		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
-		client := redis.NewClient(opts)
 		var ropts []redisstore.Option
 		if c.RedisWaitReplicas > 0 {
 			ropts = append(ropts, redisstore.WithWaitReplicas(c.RedisWaitReplicas, 0))
@@ -176,4 +175,25 @@ func OpenStore(c Config) (idem.Store, func(), error) {
 		}, nil
 	}
 	return nil, nil, fmt.Errorf("-store %q: want memory, redis or mongo", c.Store)
+}
+
+// redisClient opens a client for u: a Sentinel failover client
+// (redis.NewFailoverClient) when u has a master_name parameter, the
+// sentinels being its host and its addr parameters (go-redis's
+// ParseFailoverURL), else a plain client (ParseURL).
+func redisClient(u string) (*redis.Client, error) {
+	if pu, err := url.Parse(u); err == nil && pu.Query().Has("master_name") {
+		opts, err := redis.ParseFailoverURL(u)
+		if err != nil {
+			return nil, err
+		}
+		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
+		return redis.NewFailoverClient(opts), nil
+	}
+	opts, err := redis.ParseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	opts.ContextTimeoutEnabled = true
+	return redis.NewClient(opts), nil
 }
