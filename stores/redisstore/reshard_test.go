@@ -415,3 +415,120 @@ func reshardUnderLoad(t *testing.T, addrs []string, opts []redisstore.Option) {
 	t.Logf("RESULT slot %d moved %d times under load (MIGRATE moved %d records, %d of them in progress): %d logical requests, %d executed twice, %d lost completions; redirections ASK %d, MOVED %d, TRYAGAIN %d",
 		slot, moves, migrated, inProgress, len(originals), doubles, lost, hook.ask.Load(), hook.moved.Load(), hook.tryAgain.Load())
 }
+
+// TestClusterWaitReplicasDuringMigration completes, under WithWaitReplicas,
+// a record that a migration already moved to the importing master while its
+// slot is still the source master's. The source has a replica, the
+// importing master none: WAIT must be counted where the record was written,
+// on the connection that wrote it (after ASK), so the completion is
+// reported not replicated; a WAIT sent to the source, or on another
+// connection, answers at once that its replica is up to date.
+func TestClusterWaitReplicasDuringMigration(t *testing.T) {
+	t.Parallel()
+	addrs := privateCluster(t)
+	ctx := ctxT(t)
+	var nodes []*clusterNode
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		t.Cleanup(func() { _ = c.Close() })
+		id, err := c.Do(ctx, "cluster", "myid").Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		host, port, _ := strings.Cut(a, ":")
+		nodes = append(nodes, &clusterNode{id: id, host: host, port: port, c: c})
+	}
+	prefix := "idemtest:{" + rand.Text()[:8] + "}:"
+	slot, err := nodes[0].c.ClusterKeySlot(ctx, prefix+"x").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var src, dst *clusterNode
+	for i, n := range nodes {
+		slots, err := n.c.ClusterSlots(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && r.Nodes[0].ID == n.id {
+				src, dst = n, nodes[(i+1)%3]
+			}
+		}
+	}
+	if src == nil {
+		t.Fatalf("slot %d has no owner", slot)
+	}
+
+	// A replica for the source master only.
+	port, err := findPort(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rp, err := startRedis(binary(t, "redis-server"), port, dir, "--cluster-enabled", "yes",
+		"--cluster-config-file", dir+"/nodes.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rp.stop)
+	rc := redis.NewClient(&redis.Options{Addr: rp.addr})
+	t.Cleanup(func() { _ = rc.Close() })
+	if err := rc.ClusterMeet(ctx, src.host, src.port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		nodesText, _ := rc.ClusterNodes(ctx).Result()
+		if strings.Contains(nodesText, src.id) && rc.ClusterReplicate(ctx, src.id).Err() == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica did not learn of %s: %s", src.id, nodesText)
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		info, _ := src.c.Info(ctx, "replication").Result()
+		if strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica of the source master not online: %s", info)
+		}
+	}
+
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	s := redisstore.New(c, redisstore.WithPrefix(prefix), redisstore.WithWaitReplicas(1, 200*time.Millisecond))
+	resp := &idem.Response{Status: 201, Body: []byte("ok")}
+	// Before the migration: the source's replica acknowledges.
+	k0, k1 := "k0", "k1"
+	for _, k := range []string{k0, k1} {
+		if _, ok, err := s.Acquire(ctx, k, "tok-"+k, "fp", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire %s = %v, %v", k, ok, err)
+		}
+	}
+	if err := s.Complete(ctx, k0, "tok-"+k0, resp, time.Hour); err != nil {
+		t.Fatalf("Complete on the source with its replica up: %v", err)
+	}
+
+	// Migrate k1, in progress, to dst; the slot stays the source's.
+	do := func(n *clusterNode, args ...any) {
+		t.Helper()
+		if err := n.c.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+	}
+	do(dst, "cluster", "setslot", slot, "importing", src.id)
+	do(src, "cluster", "setslot", slot, "migrating", dst.id)
+	do(src, "migrate", dst.host, dst.port, "", 0, 5000, "keys", prefix+k1)
+	err = s.Complete(ctx, k1, "tok-"+k1, resp, time.Hour)
+	if !errors.Is(err, redisstore.ErrNotReplicated) {
+		t.Fatalf("Complete of a record moved to a master without replicas = %v; want ErrNotReplicated", err)
+	}
+	do(src, "migrate", dst.host, dst.port, "", 0, 5000, "keys", prefix+k0)
+	for _, n := range nodes {
+		do(n, "cluster", "setslot", slot, "node", dst.id)
+	}
+	if rec, found, err := s.Get(ctx, k1); err != nil || !found || rec.State != idem.StateCompleted || string(rec.Response.Body) != "ok" {
+		t.Fatalf("Get after the migration = %+v, %v, %v; want completed", rec, found, err)
+	}
+}
