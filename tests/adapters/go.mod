@@ -7,7 +7,9 @@ require (
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/idemkit/idem/adapters/idemecho v0.1.0
+	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
 	github.com/idemkit/idem/adapters/idemfiber v0.1.0
+	github.com/idemkit/idem/adapters/idemfiberv3 v0.1.0
 	github.com/idemkit/idem/adapters/idemgin v0.1.0
 	github.com/idemkit/idem/adapters/idemhttp v0.1.0
 	github.com/idemkit/idem/core v0.1.0
@@ -37,6 +39,8 @@ require (
 	github.com/go-playground/validator/v10 v10.30.1 // indirect
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
+	github.com/gofiber/schema v1.7.0 // indirect
+	github.com/gofiber/utils/v2 v2.0.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
 	github.com/idemkit/idem/adapters/idemfiberv3 v0.1.0
@@ -51,9 +55,11 @@ require (
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect
 	github.com/pelletier/go-toml/v2 v2.2.4 // indirect
+	github.com/philhofer/fwd v1.2.0 // indirect
 	github.com/quic-go/qpack v0.6.0 // indirect
 	github.com/quic-go/quic-go v0.59.1 // indirect
 	github.com/rivo/uniseg v0.2.0 // indirect
+	github.com/tinylib/msgp v1.6.3 // indirect
 	github.com/twitchyliquid64/golang-asm v0.15.1 // indirect
 	github.com/ugorji/go/codec v1.3.1 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
@@ -71,7 +77,9 @@ require (
 
 replace (
 	github.com/idemkit/idem/adapters/idemecho => ../../adapters/idemecho
+	github.com/idemkit/idem/adapters/idemechov5 => ../../adapters/idemechov5
 	github.com/idemkit/idem/adapters/idemfiber => ../../adapters/idemfiber
+	github.com/idemkit/idem/adapters/idemfiberv3 => ../../adapters/idemfiberv3
 	github.com/idemkit/idem/adapters/idemgin => ../../adapters/idemgin
 	github.com/idemkit/idem/adapters/idemhttp => ../../adapters/idemhttp
 	github.com/idemkit/idem/core => ../../core
