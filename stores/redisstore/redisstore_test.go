@@ -330,7 +330,7 @@ func post(client *http.Client, url, key, body string) (answer, error) {
 	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/problem+json") {
 		var p idem.Problem
 		if err := json.Unmarshal(b, &p); err != nil {
-			return answer{}, fmt.Errorf("problem body %q: %v", b, err)
+			return answer{}, fmt.Errorf("problem body %q: %w", b, err)
 		}
 		a.problem = p.Type
 	}
