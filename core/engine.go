@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,19 @@ func New(store Store, opts ...Option) (*Engine, error) {
 
 // Header returns the canonical name of the idempotency key header.
 func (e *Engine) Header() string { return e.cfg.header }
+
+// MustHaveScope panics, naming the fix, when an adapter is built without a
+// scope function (has is false) for an engine without [WithGlobalScope]:
+// every covered request would be answered 401 "no-principal". option names
+// the adapter's scope option, e.g. "idemgin.WithScope". Adapters call it in
+// their constructor, refusing misuse when the app is built (as
+// http.ServeMux.Handle panics on a nil handler) rather than per request.
+func (e *Engine) MustHaveScope(has bool, option string) {
+	if !has && !e.cfg.globalScope {
+		panic("idem: middleware built without a scope function: pass " + option +
+			"(fn) returning the authenticated principal (mount it after authentication), or build the engine with idem.WithGlobalScope() if the service has no principals")
+	}
+}
 
 // Covers reports whether requests with this method need an idempotency key.
 // Adapters call it first so that other requests pass through untouched.
@@ -260,6 +274,7 @@ type Execution struct {
 	unit     Unit          // the execution's transaction (Transactional stores), set by WithInfo
 	fp       string
 	header   http.Header // stored header lines, from SnapshotHeader or Finish
+	outer    http.Header // header lines present when the execution began (OuterHeader)
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
@@ -281,13 +296,25 @@ func (x *Execution) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// OuterHeader tells x the response header lines present when the execution
+// began: middleware outside idem set them for this exchange (CORS, request
+// ids, rate limits), so they are not stored, and a replay carries what that
+// middleware sets for the new exchange instead. A line the handler changed
+// is stored with the handler's values. Adapters call it right after Begin,
+// before the handler runs; h is copied.
+func (x *Execution) OuterHeader(h http.Header) {
+	if len(h) > 0 {
+		x.outer = h.Clone()
+	}
+}
+
 // SnapshotHeader records the response header as it is when the status is
 // sent: later changes never reach the client, so they are not replayed
 // either. Adapters call it once, when the header is written; Finish takes
 // the header at its own call otherwise.
 func (x *Execution) SnapshotHeader(h http.Header) {
 	if x.header == nil {
-		x.header = x.e.storedHeader(h)
+		x.header = x.e.storedHeader(h, x.outer)
 	}
 }
 
@@ -314,7 +341,7 @@ func (x *Execution) Finish(status int, header http.Header) {
 		return
 	}
 	if x.header == nil {
-		x.header = x.e.storedHeader(header)
+		x.header = x.e.storedHeader(header, x.outer)
 	}
 	resp := &Response{Status: status, Header: x.header, Body: x.body}
 	if x.unreplayable || len(x.body) > x.e.cfg.maxResponseBytes {
@@ -658,14 +685,17 @@ func (x *Execution) ended(ev Event, op StoreOp, d time.Duration) Event {
 	return ev
 }
 
-// storedHeader returns the header lines worth replaying. The value slices
-// are shared with h: the store copies what it keeps.
-func (e *Engine) storedHeader(h http.Header) http.Header {
+// storedHeader returns the header lines worth replaying: those the handler
+// set (lines of outer it left unchanged belong to the outer exchange), minus
+// the unstored names, and only allowlisted ones under [WithStoredHeaders].
+// The value slices are shared with h: the store copies what it keeps.
+func (e *Engine) storedHeader(h, outer http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if !e.cfg.unstored[k] && len(v) > 0 {
-			out[k] = v
+		if len(v) == 0 || e.cfg.unstored[k] || e.cfg.stored != nil && !e.cfg.stored[k] || slices.Equal(outer[k], v) && outer[k] != nil {
+			continue
 		}
+		out[k] = v
 	}
 	return out
 }

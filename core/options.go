@@ -42,6 +42,7 @@ type config struct {
 	failOpen         bool
 	globalScope      bool
 	unstored         map[string]bool
+	stored           map[string]bool // allowlist; nil means every name not unstored
 	logger           *slog.Logger
 	onEvent          func(context.Context, Event)
 }
@@ -189,11 +190,29 @@ func WithGlobalScope() Option { return func(c *config) { c.globalScope = true } 
 // WithUnstoredHeaders adds response header names that are neither stored nor
 // replayed. Optional. Always excluded: Set-Cookie, Date, Content-Length
 // (recomputed), Idempotent-Replayed and the hop-by-hop headers of RFC 9110
-// section 7.6.1.
+// section 7.6.1, and any line already on the response when idem began that
+// the handler left unchanged (set by middleware outside idem for this
+// exchange: CORS, request ids; a replay carries what that middleware sets
+// for the new exchange).
 func WithUnstoredHeaders(names ...string) Option {
 	return func(c *config) {
 		for _, n := range names {
 			c.unstored[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+}
+
+// WithStoredHeaders stores and replays only the response header names given
+// (an allowlist, like the KeepResponseHeaders of Fiber's idempotency
+// middleware); the exclusions of [WithUnstoredHeaders] still apply. Calls
+// add up. Optional. Default is every name not excluded.
+func WithStoredHeaders(names ...string) Option {
+	return func(c *config) {
+		if c.stored == nil {
+			c.stored = make(map[string]bool, len(names))
+		}
+		for _, n := range names {
+			c.stored[http.CanonicalHeaderKey(n)] = true
 		}
 	}
 }
