@@ -39,6 +39,7 @@ const (
 	fieldFingerprint = "fingerprint"
 	fieldExpiresAt   = "expiresAt"
 	fieldResponse    = "response"
+	fieldGen         = "gen"
 )
 
 // Values of the state field. Records hold 1 or 2; claims (see claim) 3 or 4.
@@ -63,8 +64,8 @@ const claimKeep = time.Minute
 // after it.
 const deleteLease = time.Minute
 
-// claimSep separates a record's key from the token of the version a claim
-// ends in the claim's _id. Tokens never contain it.
+// claimSep separates a record's key from the generation of the version a
+// claim ends in the claim's _id. Generations never contain it.
 const claimSep = "~"
 
 // docOverhead is a generous bound on the bytes of a record other than the
@@ -133,10 +134,31 @@ type record struct {
 	ID          string        `bson:"_id"`
 	State       int32         `bson:"state"`
 	Token       string        `bson:"token"`
+	Gen         string        `bson:"gen,omitempty"` // random, new with each owner
 	Fingerprint string        `bson:"fingerprint"`
 	ExpiresAt   bson.DateTime `bson:"expiresAt"`
 	Response    []byte        `bson:"response,omitempty"`
 }
+
+// version names the version of the record a claim ends: its generation,
+// or its token for a record written before generations were.
+func (d *record) version() string {
+	if d.Gen != "" {
+		return d.Gen
+	}
+	return d.Token
+}
+
+// genIs matches the generation gen; "" matches a record without one.
+func genIs(gen string) bson.D {
+	if gen == "" {
+		return bson.D{{Key: "$exists", Value: false}}
+	}
+	return bson.D{{Key: "$eq", Value: gen}}
+}
+
+// newGen returns a fresh generation.
+func newGen() string { return rand.Text() }
 
 // toRecord converts a stored document to the record the engine sees.
 func (d *record) toRecord() (idem.Record, error) {
@@ -179,25 +201,26 @@ func owned(key, token string, now time.Time) bson.D {
 var acquireOpts = options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)
 
 // claim is the document that decides who ends one version of a record. Its
-// _id is the record's key, claimSep and the token of the version it ends
-// (claimID): the unique _id index admits one insert of it, so of all the
-// requests taking over one expired record exactly one wins, on every
+// _id is the record's key, claimSep and the generation of the version it
+// ends (claimID): the unique _id index admits one insert of it, so of all
+// the requests taking over one expired record exactly one wins, on every
 // MongoDB-wire server, including those whose conditional updates are not
 // atomic (FerretDB). It holds the successor the winner grants itself (its
-// token, fingerprint and lease end) so that losers can answer from it
-// before the winner has rewritten the record.
+// token, generation, fingerprint and lease end) so that losers can answer
+// from it before the winner has rewritten the record.
 type claim struct {
 	ID          string        `bson:"_id"`
 	State       int32         `bson:"state"` // stateClaimed or stateDeleting
 	Token       string        `bson:"token"`
+	Gen         string        `bson:"gen"`
 	Fingerprint string        `bson:"fingerprint"`
 	Lease       bson.DateTime `bson:"lease"`     // end of the successor's first lease
 	ExpiresAt   bson.DateTime `bson:"expiresAt"` // the claim's own expiry, for the TTL index and Purge
 }
 
-func claimID(key, token string) string { return key + claimSep + token }
+func claimID(key, version string) string { return key + claimSep + version }
 
-// insertClaim tries to end the version of key held by ended, granting c.
+// insertClaim tries to end the version ended of key, granting c.
 // It reports whether this call won; a loser gets the winner's claim, or
 // nil when the claim vanished meanwhile (purged).
 func (s *Store) insertClaim(ctx context.Context, key, ended string, c claim) (won bool, winner *claim, err error) {
@@ -233,6 +256,7 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	if lease <= 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
 	}
+	gen := newGen()
 attempts:
 	for range maxAcquireAttempts {
 		now, err := s.now(ctx)
@@ -242,6 +266,7 @@ attempts:
 		fresh := bson.D{
 			{Key: fieldState, Value: stateInProgress},
 			{Key: fieldToken, Value: token},
+			{Key: fieldGen, Value: gen},
 			{Key: fieldFingerprint, Value: fingerprint},
 			{Key: fieldExpiresAt, Value: date(now.Add(lease))},
 		}
@@ -266,23 +291,24 @@ attempts:
 		// A claim already taken names its successor: answer from it while
 		// its lease runs, else claim the successor's version in turn (its
 		// winner never rewrote the record, or did and lapsed meanwhile).
-		ended := old.Token
+		ended := old.version()
 		for range maxAcquireAttempts {
 			won, w, err := s.insertClaim(ctx, key, ended, claim{
-				State: stateClaimed, Token: token, Fingerprint: fingerprint,
+				State: stateClaimed, Token: token, Gen: gen, Fingerprint: fingerprint,
 				Lease: date(now.Add(lease)), ExpiresAt: date(now.Add(lease + claimKeep)),
 			})
 			if err != nil {
 				return idem.Record{}, false, err
 			}
 			switch {
-			case won || w != nil && w.Token == token:
+			case won || w != nil && w.Gen == gen: // won now, or in an earlier attempt
 				res, err := s.coll.UpdateOne(ctx,
 					bson.D{
 						{Key: "_id", Value: key},
 						{Key: fieldToken, Value: old.Token},
 						{Key: fieldState, Value: old.State},
 						{Key: fieldExpiresAt, Value: old.ExpiresAt},
+						{Key: fieldGen, Value: genIs(old.Gen)},
 					},
 					bson.D{
 						{Key: "$set", Value: fresh},
@@ -300,7 +326,7 @@ attempts:
 			case w.Lease > date(now):
 				return idem.Record{State: idem.StateInProgress, Token: w.Token, Fingerprint: w.Fingerprint}, false, nil
 			}
-			ended = w.Token
+			ended = w.Gen
 		}
 	}
 	return idem.Record{}, false, fmt.Errorf("mongostore: acquire %.16s: %w", key, ErrContention)
@@ -343,11 +369,12 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	return nil
 }
 
-// Release implements [idem.Store.Release] in two round trips: the insert of
-// a claim ending token's version (so that no takeover of it can win while
-// the record is deleted), then a delete of the in-progress record token
-// holds; when there is nothing to delete, a third withdraws the claim.
-// Errors: ctx's error, [idem.ErrNotOwner], server errors wrapped.
+// Release implements [idem.Store.Release] in three round trips: a find of
+// the record (one when token does not hold it), the insert of a claim
+// ending its version (so that no takeover of it can win while the record
+// is deleted), then a delete of the in-progress record token holds; when
+// that finds nothing, a fourth withdraws the claim. Errors: ctx's error,
+// [idem.ErrNotOwner], server errors wrapped.
 func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -356,8 +383,18 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err != nil {
 		return err
 	}
-	won, w, err := s.insertClaim(ctx, key, token, claim{
-		State: stateDeleting, Token: rand.Text(),
+	var d record
+	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}, releaseOpts).Decode(&d)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return idem.ErrNotOwner
+	case err != nil:
+		return fmt.Errorf("mongostore: release: %w", err)
+	case d.Token != token || d.State != stateInProgress || d.ExpiresAt <= date(now):
+		return idem.ErrNotOwner
+	}
+	won, w, err := s.insertClaim(ctx, key, d.version(), claim{
+		State: stateDeleting, Gen: newGen(),
 		Lease: date(now.Add(deleteLease)), ExpiresAt: date(now.Add(deleteLease + claimKeep)),
 	})
 	if err != nil {
@@ -367,13 +404,13 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return idem.ErrNotOwner // taken over
 	}
 	// Won, or an earlier Release of token claimed and its delete failed.
-	res, err := s.coll.DeleteOne(ctx, owned(key, token, now))
+	res, err := s.coll.DeleteOne(ctx, append(owned(key, token, now), bson.E{Key: fieldGen, Value: genIs(d.Gen)}))
 	if err != nil {
 		return fmt.Errorf("mongostore: release: %w", err)
 	}
 	if res.DeletedCount == 0 {
-		if won { // nothing of token's to delete: take the claim back
-			if _, err := s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: claimID(key, token)}}); err != nil {
+		if won { // nothing left to delete: take the claim back
+			if _, err := s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: claimID(key, d.version())}}); err != nil {
 				return fmt.Errorf("mongostore: release: withdraw claim: %w", err)
 			}
 		}
@@ -381,6 +418,11 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	}
 	return nil
 }
+
+// releaseOpts leaves the response out of Release's read.
+var releaseOpts = options.FindOne().SetProjection(bson.D{
+	{Key: fieldState, Value: 1}, {Key: fieldToken, Value: 1}, {Key: fieldGen, Value: 1}, {Key: fieldExpiresAt, Value: 1},
+})
 
 // Extend implements [idem.Extender] in one round trip: a $set of expiresAt
 // to now+lease on the in-progress record token holds. Errors: ctx's error,
