@@ -25,6 +25,13 @@ var ErrTooLarge = errors.New("idem: response too large for the store")
 // logs a warning.
 var ErrNotDurable = errors.New("idem: response stored but its durability is not confirmed")
 
+// ErrCorrupt is returned (wrapped) by a [Store] method when the key holds a
+// value the store cannot decode: a corrupt record, or a foreign value
+// written under the key by something else. The [Engine] answers such a key
+// with 500 "stored-result-unreadable" (never executing the request again,
+// since the record may be a completed one) until an operator deletes it.
+var ErrCorrupt = errors.New("idem: stored record unreadable")
+
 // ErrInvalidDuration is returned by a [Store] method given a lease or retention
 // that is not > 0.
 var ErrInvalidDuration = errors.New("idem: lease and retention must be > 0")
@@ -100,7 +107,7 @@ type Record struct {
 // else [ErrInvalidDuration]. A method given an already cancelled or expired
 // context returns its error (context.Canceled or context.DeadlineExceeded)
 // without side effects. err is for system failures only (store unreachable,
-// timeout, corrupt record); decisions are reported through return values and
+// timeout; a record it cannot decode wraps [ErrCorrupt]); decisions are reported through return values and
 // [ErrNotOwner]. Returned records and responses are the caller's to keep:
 // stores copy data in and out.
 //
@@ -145,4 +152,41 @@ type Extender interface {
 type LocalStore interface {
 	// Local reports whether the store does no I/O.
 	Local() bool
+}
+
+// Transactional is implemented by stores that can commit a handler's own
+// writes in the same transaction as its completed record (Stripe's "atomic
+// phases"), e.g. a SQL store whose handlers write to the same database:
+// either the writes and the completion both persist, or neither does, even
+// when the process dies or its lease is taken over before the completion.
+//
+// The [Engine] asks for one [Unit] per execution when the adapter binds the
+// handler's context ([Execution.WithInfo]), and then completes or releases
+// through that Unit instead of the Store. Handlers reach their Unit with
+// [UnitFromContext], usually through a store helper (e.g. pgstore.Tx).
+type Transactional interface {
+	// Unit returns the unit of work of the execution that holds token's
+	// lease on key. It must do no I/O: a store opens its transaction
+	// lazily, when the handler first asks for it, so handlers that never
+	// use it cost nothing extra.
+	Unit(key, token string) Unit
+}
+
+// Unit is one execution's transaction in a [Transactional] store. The
+// engine ends it with Complete (possibly called again after an error, as
+// [Store.Complete] is) or Release; handlers must not use the transaction
+// after their handler returned.
+type Unit interface {
+	// Complete is [Store.Complete] for this execution, inside its
+	// transaction: the conditional update (token still holds a live lease)
+	// and the commit of the handler's writes succeed or fail together.
+	// When the lease was lost it rolls the handler's writes back and
+	// returns [ErrNotOwner]. A call after a failed commit returns nil only
+	// if the commit did land (record completed under this token), else
+	// [ErrNotOwner]: the writes are gone and must not be answered for.
+	// [ErrTooLarge] and [ErrInvalidDuration] leave the transaction open.
+	Complete(ctx context.Context, resp *Response, retention time.Duration) error
+	// Release is [Store.Release] for this execution, after rolling back
+	// the handler's writes (which happens even if the release fails).
+	Release(ctx context.Context) error
 }

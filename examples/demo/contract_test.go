@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,11 +25,7 @@ func TestExamples(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := procs.Start(bin, "-store", "memory", "-charge-latency", "150ms")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(p.Stop)
+			p := start(t, bin, "-store", "memory", "-charge-latency", "150ms")
 			d := &demo{url: p.URL, latency: 150 * time.Millisecond, client: &http.Client{Timeout: 10 * time.Second}}
 			t.Run("Scenarios", func(t *testing.T) {
 				for _, r := range d.run() {
@@ -35,10 +33,37 @@ func TestExamples(t *testing.T) {
 						t.Errorf("%s: %d charges (want %d), %d payment ids, statuses %v", r.scenario, r.charges, r.want, r.ids, r.statuses)
 					}
 				}
+				if d.err != nil {
+					t.Error(d.err)
+				}
 			})
 			t.Run("Contract", func(t *testing.T) { testContract(t, d) })
 		})
 	}
+}
+
+// start runs the example bin with args until the test ends; its logs are
+// shown if the test failed.
+func start(t *testing.T, bin string, args ...string) *procs.Proc {
+	t.Helper()
+	logs, err := os.Create(filepath.Join(t.TempDir(), "service.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := procs.Start(bin, logs, args...)
+	if err != nil {
+		logs.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		logs.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logs.Name())
+			t.Logf("service log:\n%s", b)
+		}
+	})
+	return p
 }
 
 type reply struct {
@@ -146,11 +171,7 @@ func TestStoreUnreachableAtStartup(t *testing.T) {
 		}
 		for _, store := range []string{"redis", "mongo"} {
 			t.Run(name+"/"+store, func(t *testing.T) {
-				p, err := procs.Start(bin, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/")
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer p.Stop()
+				p := start(t, bin, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/")
 				d := &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}}
 				if n := d.executions(); n != 0 {
 					t.Fatalf("stats: %d executions", n)

@@ -2,8 +2,10 @@
 // real clients do: double clicks, timeouts and retries, provider failures,
 // reused keys. It builds the example services, starts each on a free
 // loopback port as its own process, plays the scenarios, and prints a table
-// per framework. It exits 1 if any logical payment was charged successfully
-// more than once.
+// per framework, and nothing else: the services' logs go to a file that is
+// shown only on failure. With -store redis its keys live under their own
+// prefix (-redis-prefix, default "idem-demo:"). It exits 1 if any logical
+// payment was charged successfully more than once.
 //
 //	go run ./examples/demo                       # every framework, memory store
 //	go run ./examples/demo -framework gin -store redis
@@ -20,6 +22,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -34,6 +37,7 @@ func main() {
 	framework := flag.String("framework", "all", "nethttp, gin, echo, fiber or all")
 	store := flag.String("store", "memory", "memory, redis or mongo")
 	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
+	redisPrefix := flag.String("redis-prefix", "idem-demo:", "prefix of the demo's Redis keys, apart from any service's")
 	mongoURI := flag.String("mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo")
 	latency := flag.Duration("charge-latency", 300*time.Millisecond, "simulated provider latency")
 	flag.Parse()
@@ -48,27 +52,40 @@ func main() {
 	}
 	dir, err := os.MkdirTemp("", "idem-demo-")
 	if err != nil {
-		fail(err)
+		fail(err, "")
 	}
 	defer os.RemoveAll(dir)
 
 	ok := true
 	for _, name := range names {
-		fmt.Printf("building examples/%s ...\n", name)
 		bin, err := procs.Build(context.Background(), dir, name)
 		if err != nil {
-			fail(err)
+			fail(err, "")
 		}
-		p, err := procs.Start(bin, "-store", *store, "-redis-url", *redisURL, "-mongo-uri", *mongoURI,
-			"-charge-latency", latency.String())
+		// The services' own logs (the recovery middleware's stack traces for
+		// the panic scenario, among others) go to a file, shown on failure.
+		logPath := filepath.Join(dir, name+".log")
+		logs, err := os.Create(logPath)
 		if err != nil {
-			fail(err)
+			fail(err, "")
+		}
+		p, err := procs.Start(bin, logs, "-store", *store, "-redis-url", *redisURL, "-redis-prefix", *redisPrefix,
+			"-mongo-uri", *mongoURI, "-charge-latency", latency.String())
+		if err != nil {
+			fail(err, logPath)
 		}
 		d := &demo{url: p.URL, latency: *latency, client: &http.Client{Timeout: 30 * time.Second}}
 		rows := d.run()
 		p.Stop()
-		fmt.Printf("\n%s, %s store, provider latency %v\n", name, *store, *latency)
-		ok = printTable(rows) && ok
+		logs.Close()
+		if d.err != nil {
+			fail(d.err, logPath)
+		}
+		fmt.Printf("%s, %s store, provider latency %v\n", name, *store, *latency)
+		if !printTable(rows) {
+			ok = false
+			showLogs(logPath)
+		}
 		fmt.Println()
 	}
 	if !ok {
@@ -78,15 +95,30 @@ func main() {
 	fmt.Println("OK: one charge per logical payment")
 }
 
-func fail(err error) {
+// fail reports err and the service log at logPath (if any), and exits 1.
+func fail(err error, logPath string) {
 	fmt.Fprintln(os.Stderr, "demo:", err)
+	showLogs(logPath)
 	os.Exit(1)
+}
+
+// showLogs copies the service log at logPath to stderr.
+func showLogs(logPath string) {
+	if logPath == "" {
+		return
+	}
+	b, err := os.ReadFile(logPath)
+	if err != nil || len(b) == 0 {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "--- service log %s ---\n%s--- end of service log ---\n", filepath.Base(logPath), b)
 }
 
 type demo struct {
 	url     string
 	latency time.Duration
 	client  *http.Client
+	err     error // the first failure to read the service's stats
 }
 
 type row struct {
@@ -130,29 +162,32 @@ func (d *demo) pay(client *http.Client, user, key string, amount int) (answer, e
 	return answer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", id: p.ID}, nil
 }
 
+// executions returns the service's provider executions so far; a failure
+// to read them is kept in d.err.
 func (d *demo) executions() int64 {
 	resp, err := d.client.Get(d.url + "/v1/stats")
-	if err != nil {
-		fail(err)
+	if err == nil {
+		defer resp.Body.Close()
+		var s struct {
+			Executions int64 `json:"executions"`
+		}
+		if err = json.NewDecoder(resp.Body).Decode(&s); err == nil {
+			return s.Executions
+		}
 	}
-	defer resp.Body.Close()
-	var s struct {
-		Executions int64 `json:"executions"`
+	if d.err == nil {
+		d.err = fmt.Errorf("GET /v1/stats: %w", err)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
-		fail(err)
-	}
-	return s.Executions
+	return 0
 }
 
-// scenario runs fn, which sends requests through send, and counts the
-// provider executions it caused.
-func (d *demo) scenario(name string, want int64, note string, fn func(send func(*http.Client, string, string, int) answer)) row {
-	r := row{scenario: name, want: want, note: note, statuses: map[string]int{}}
+// play runs s and counts the answers and the provider executions it caused.
+func (d *demo) play(s scenario) row {
+	r := row{scenario: s.name, want: s.want, note: s.note, statuses: map[string]int{}}
 	var mu sync.Mutex
 	ids := map[string]bool{}
 	before := d.executions()
-	fn(func(c *http.Client, user, key string, amount int) answer {
+	s.play(d, func(c *http.Client, user, key string, amount int) answer {
 		a, err := d.pay(c, user, key, amount)
 		mu.Lock()
 		defer mu.Unlock()
@@ -176,7 +211,7 @@ func (d *demo) scenario(name string, want int64, note string, fn func(send func(
 }
 
 // retry sends until the answer is not 409, as a well-behaved client honouring Retry-After does.
-func retry(send func(*http.Client, string, string, int) answer, c *http.Client, user, key string, amount int) answer {
+func retry(send sender, c *http.Client, user, key string, amount int) answer {
 	for i := 0; ; i++ {
 		a := send(c, user, key, amount)
 		if a.status != http.StatusConflict || i == 50 {
@@ -186,9 +221,20 @@ func retry(send func(*http.Client, string, string, int) answer, c *http.Client, 
 	}
 }
 
-func (d *demo) run() []row {
-	var rows []row
-	rows = append(rows, d.scenario("50 concurrent double-clicks, one key", 1, "", func(send func(*http.Client, string, string, int) answer) {
+// sender sends one payment request and records its answer in the row.
+type sender func(c *http.Client, user, key string, amount int) answer
+
+// scenario is one row of the table: what clients do, and how many provider
+// executions that should cause.
+type scenario struct {
+	name string
+	want int64
+	note string
+	play func(d *demo, send sender)
+}
+
+var scenarios = []scenario{
+	{"50 concurrent double-clicks, one key", 1, "", func(d *demo, send sender) {
 		key := newKey()
 		var wg sync.WaitGroup
 		for range 50 {
@@ -197,39 +243,47 @@ func (d *demo) run() []row {
 		}
 		wg.Wait()
 		retry(send, d.client, "alice", key, 1999) // the client finally reads its result
-	}))
-	rows = append(rows, d.scenario("client times out mid-request, retries", 1, "", func(send func(*http.Client, string, string, int) answer) {
+	}},
+	{"client times out mid-request, retries", 1, "", func(d *demo, send sender) {
 		key := newKey()
 		impatient := &http.Client{Timeout: d.latency / 3}
 		send(impatient, "alice", key, 2500)
 		retry(send, d.client, "alice", key, 2500)
-	}))
-	rows = append(rows, d.scenario("provider 5xx, then retry", 2, "a 5xx is not stored: the retry runs again by design", func(send func(*http.Client, string, string, int) answer) {
+	}},
+	{"provider 5xx, then retry", 2, "a 5xx is not stored: the retry runs again by design", func(d *demo, send sender) {
 		key := newKey()
 		send(d.client, "alice", key, 5000)
 		retry(send, d.client, "alice", key, 5000)
-	}))
-	rows = append(rows, d.scenario("card declined (402), then retry", 1, "a 4xx is stored and replayed", func(send func(*http.Client, string, string, int) answer) {
+	}},
+	{"card declined (402), then retry", 1, "a 4xx is stored and replayed", func(d *demo, send sender) {
 		key := newKey()
 		send(d.client, "alice", key, 4000)
 		retry(send, d.client, "alice", key, 4000)
-	}))
-	rows = append(rows, d.scenario("handler panics (500), then retry", 2, "a panic releases the key: the retry runs again", func(send func(*http.Client, string, string, int) answer) {
+	}},
+	{"handler panics (500), then retry", 2, "a panic releases the key: the retry runs again", func(d *demo, send sender) {
 		key := newKey()
 		send(d.client, "alice", key, 6000)
 		retry(send, d.client, "alice", key, 6000)
-	}))
-	rows = append(rows, d.scenario("key reused with another amount", 1, "422, nothing charged twice", func(send func(*http.Client, string, string, int) answer) {
+	}},
+	{"key reused with another amount", 1, "422, nothing charged twice", func(d *demo, send sender) {
 		key := newKey()
 		send(d.client, "alice", key, 1000)
 		send(d.client, "alice", key, 2000)
 		send(d.client, "alice", key, 1000)
-	}))
-	rows = append(rows, d.scenario("two users, same key", 2, "keys are scoped per user", func(send func(*http.Client, string, string, int) answer) {
+	}},
+	{"two users, same key", 2, "keys are scoped per user", func(d *demo, send sender) {
 		key := newKey()
 		send(d.client, "alice", key, 1500)
 		send(d.client, "bob", key, 1500)
-	}))
+	}},
+}
+
+// run plays every scenario, one after the other.
+func (d *demo) run() []row {
+	rows := make([]row, 0, len(scenarios))
+	for _, s := range scenarios {
+		rows = append(rows, d.play(s))
+	}
 	return rows
 }
 

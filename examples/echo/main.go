@@ -1,7 +1,8 @@
 // Command echo is the payments API on Echo v4 with idem on its mutating
-// routes: authentication first (it sets the principal), then idem, then the
-// handler; Echo's Recover middleware outside. Handlers return errors, which
-// Echo's error handler renders as problems. Run it with
+// routes. run below wires everything, top to bottom: the store, the engine,
+// the authentication that sets the principal, the idem middleware, the
+// routes. Handlers return errors, which Echo's error handler renders as
+// problems. Run it with
 //
 //	go run ./examples/echo -store memory
 //
@@ -16,71 +17,54 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/idemkit/idem/adapters/idemecho"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
-func main() {
-	app.Run(app.ParseFlags(), func(d app.Deps) app.Server { return app.HTTPServer(router(d)) })
-}
+func main() { app.Exit(run(app.ParseFlags())) }
 
-func router(d app.Deps) *echo.Echo {
+func run(flags app.Flags) error {
+	// The store: memory (one process), Redis or MongoDB (several instances).
+	store, closeStore, err := app.OpenStore(flags)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	// The engine: the rules every protected route shares.
+	engine, err := idem.New(store,
+		idem.WithRetention(flags.TTL),
+		idem.WithLease(flags.Lease),
+		idem.WithStoreTimeout(flags.StoreTimeout),
+	)
+	if err != nil {
+		return err
+	}
+
+	// The middleware: keys are scoped by the principal authenticate sets.
+	idempotent := idemecho.New(engine, idemecho.WithScope(func(c echo.Context) string {
+		s, _ := c.Get("user_id").(string)
+		return s
+	}))
+	if flags.NoIdem { // the benchmarks' baseline: the same service, unprotected
+		idempotent = func(next echo.HandlerFunc) echo.HandlerFunc { return next }
+	}
+
+	// The routes: recovery outside everything, then authentication, then
+	// idem, then the handler (Echo runs route middleware in the order given).
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = problem
 	e.Use(middleware.Recover())
-	svc := d.Payments
+	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	e.POST("/v1/payments", api.createPayment, authenticate, idempotent)
+	e.POST("/v1/refunds", api.createRefund, authenticate, idempotent)
+	e.POST("/v1/exports", api.createExport, authenticate, idempotent)
+	e.GET("/v1/payments/:id", api.getPayment)
+	e.GET("/v1/stats", api.stats)
 
-	writes := []echo.MiddlewareFunc{authenticate}
-	if d.Engine != nil {
-		writes = append(writes, idemecho.New(d.Engine, idemecho.WithScope(func(c echo.Context) string {
-			s, _ := c.Get("user_id").(string)
-			return s
-		})))
-	}
-	e.POST("/v1/payments", func(c echo.Context) error {
-		var req payments.ChargeRequest
-		if err := c.Bind(&req); err != nil {
-			return payments.Invalid("body must be JSON: " + err.Error())
-		}
-		p, err := svc.Charge(c.Request().Context(), c.Get("user_id").(string), req)
-		if err != nil {
-			return err
-		}
-		c.Response().Header().Set("Location", "/v1/payments/"+p.ID)
-		return c.JSON(http.StatusCreated, p)
-	}, writes...)
-	e.POST("/v1/refunds", func(c echo.Context) error {
-		var req payments.RefundRequest
-		if err := c.Bind(&req); err != nil {
-			return payments.Invalid("body must be JSON: " + err.Error())
-		}
-		rf, err := svc.Refund(c.Request().Context(), c.Get("user_id").(string), req)
-		if err != nil {
-			return err
-		}
-		return c.JSON(http.StatusCreated, rf)
-	}, writes...)
-	e.POST("/v1/exports", func(c echo.Context) error {
-		var req payments.ExportRequest
-		if err := c.Bind(&req); err != nil {
-			return payments.Invalid("body must be JSON: " + err.Error())
-		}
-		b, err := svc.Export(c.Request().Context(), req)
-		if err != nil {
-			return err
-		}
-		return c.Blob(http.StatusOK, "application/octet-stream", b)
-	}, writes...)
-
-	e.GET("/v1/payments/:id", func(c echo.Context) error {
-		if p, ok := svc.Payment(c.Param("id")); ok {
-			return c.JSON(http.StatusOK, p)
-		}
-		return &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")}
-	})
-	e.GET("/v1/stats", func(c echo.Context) error { return c.JSON(http.StatusOK, svc.Stats()) })
-	return e
+	return app.Serve(flags.Addr, app.HTTPServer(e), engine, api.svc)
 }
 
 // authenticate stands in for real authentication: it trusts X-User-ID.
@@ -94,6 +78,55 @@ func authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		return next(c)
 	}
 }
+
+// handlers are the payment endpoints; they know nothing about idem.
+type handlers struct{ svc *payments.Service }
+
+func (h handlers) createPayment(c echo.Context) error {
+	var req payments.ChargeRequest
+	if err := c.Bind(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	p, err := h.svc.Charge(c.Request().Context(), c.Get("user_id").(string), req)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set("Location", "/v1/payments/"+p.ID)
+	return c.JSON(http.StatusCreated, p)
+}
+
+func (h handlers) createRefund(c echo.Context) error {
+	var req payments.RefundRequest
+	if err := c.Bind(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	rf, err := h.svc.Refund(c.Request().Context(), c.Get("user_id").(string), req)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, rf)
+}
+
+func (h handlers) createExport(c echo.Context) error {
+	var req payments.ExportRequest
+	if err := c.Bind(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	b, err := h.svc.Export(c.Request().Context(), req)
+	if err != nil {
+		return err
+	}
+	return c.Blob(http.StatusOK, "application/octet-stream", b)
+}
+
+func (h handlers) getPayment(c echo.Context) error {
+	if p, ok := h.svc.Payment(c.Param("id")); ok {
+		return c.JSON(http.StatusOK, p)
+	}
+	return &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")}
+}
+
+func (h handlers) stats(c echo.Context) error { return c.JSON(http.StatusOK, h.svc.Stats()) }
 
 // problem is Echo's error handler: every error becomes an RFC 9457 problem.
 func problem(err error, c echo.Context) {

@@ -1,7 +1,8 @@
 // Command fiber is the payments API on Fiber v2 with idem on its mutating
-// routes: authentication first (it sets the principal), then idem, then the
-// handler; Fiber's recover middleware outside. Handlers return errors, which
-// the app's error handler renders as problems. Run it with
+// routes. run below wires everything, top to bottom: the store, the engine,
+// the authentication that sets the principal, the idem middleware, the
+// routes. Handlers return errors, which the app's error handler renders as
+// problems. Run it with
 //
 //	go run ./examples/fiber -store memory
 //
@@ -19,76 +20,60 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/recover"
 
 	"github.com/idemkit/idem/adapters/idemfiber"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
-func main() { app.Run(app.ParseFlags(), func(d app.Deps) app.Server { return server{newApp(d)} }) }
+func main() { app.Exit(run(app.ParseFlags())) }
+
+func run(flags app.Flags) error {
+	// The store: memory (one process), Redis or MongoDB (several instances).
+	store, closeStore, err := app.OpenStore(flags)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	// The engine: the rules every protected route shares.
+	engine, err := idem.New(store,
+		idem.WithRetention(flags.TTL),
+		idem.WithLease(flags.Lease),
+		idem.WithStoreTimeout(flags.StoreTimeout),
+	)
+	if err != nil {
+		return err
+	}
+
+	// The middleware: keys are scoped by the principal authenticate sets.
+	idempotent := idemfiber.New(engine, idemfiber.WithScope(func(c *fiber.Ctx) string {
+		s, _ := c.Locals("user_id").(string)
+		return s
+	}))
+	if flags.NoIdem { // the benchmarks' baseline: the same service, unprotected
+		idempotent = func(c *fiber.Ctx) error { return c.Next() }
+	}
+
+	// The routes: recovery outside everything, then authentication, then
+	// idem, then the handler. idemfiber is mounted on each route: its route
+	// scope is the route it is mounted on.
+	a := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: problem})
+	a.Use(recover.New())
+	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	a.Post("/v1/payments", authenticate, idempotent, api.createPayment)
+	a.Post("/v1/refunds", authenticate, idempotent, api.createRefund)
+	a.Post("/v1/exports", authenticate, idempotent, api.createExport)
+	a.Get("/v1/payments/:id", api.getPayment)
+	a.Get("/v1/stats", api.stats)
+
+	return app.Serve(flags.Addr, server{a}, engine, api.svc)
+}
 
 // server adapts *fiber.App to app.Server.
 type server struct{ *fiber.App }
 
 func (s server) Serve(ln net.Listener) error        { return s.Listener(ln) }
 func (s server) Shutdown(ctx context.Context) error { return s.ShutdownWithContext(ctx) }
-
-func newApp(d app.Deps) *fiber.App {
-	a := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: problem})
-	a.Use(recover.New())
-	svc := d.Payments
-
-	writes := []fiber.Handler{authenticate}
-	if d.Engine != nil {
-		writes = append(writes, idemfiber.New(d.Engine, idemfiber.WithScope(func(c *fiber.Ctx) string {
-			s, _ := c.Locals("user_id").(string)
-			return s
-		})))
-	}
-	route := func(path string, h fiber.Handler) { a.Post(path, append(writes, h)...) }
-	route("/v1/payments", func(c *fiber.Ctx) error {
-		var req payments.ChargeRequest
-		if err := c.BodyParser(&req); err != nil {
-			return payments.Invalid("body must be JSON: " + err.Error())
-		}
-		p, err := svc.Charge(c.UserContext(), c.Locals("user_id").(string), req)
-		if err != nil {
-			return err
-		}
-		c.Location("/v1/payments/" + p.ID)
-		return c.Status(http.StatusCreated).JSON(p)
-	})
-	route("/v1/refunds", func(c *fiber.Ctx) error {
-		var req payments.RefundRequest
-		if err := c.BodyParser(&req); err != nil {
-			return payments.Invalid("body must be JSON: " + err.Error())
-		}
-		rf, err := svc.Refund(c.UserContext(), c.Locals("user_id").(string), req)
-		if err != nil {
-			return err
-		}
-		return c.Status(http.StatusCreated).JSON(rf)
-	})
-	route("/v1/exports", func(c *fiber.Ctx) error {
-		var req payments.ExportRequest
-		if err := c.BodyParser(&req); err != nil {
-			return payments.Invalid("body must be JSON: " + err.Error())
-		}
-		b, err := svc.Export(c.UserContext(), req)
-		if err != nil {
-			return err
-		}
-		c.Set(fiber.HeaderContentType, "application/octet-stream")
-		return c.Send(b)
-	})
-
-	a.Get("/v1/payments/:id", func(c *fiber.Ctx) error {
-		if p, ok := svc.Payment(c.Params("id")); ok {
-			return c.JSON(p)
-		}
-		return &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Params("id")}
-	})
-	a.Get("/v1/stats", func(c *fiber.Ctx) error { return c.JSON(svc.Stats()) })
-	return a
-}
 
 // authenticate stands in for real authentication: it trusts X-User-ID.
 func authenticate(c *fiber.Ctx) error {
@@ -99,6 +84,56 @@ func authenticate(c *fiber.Ctx) error {
 	c.Locals("user_id", strings.Clone(user)) // c.Get aliases a buffer fasthttp reuses for the next request
 	return c.Next()
 }
+
+// handlers are the payment endpoints; they know nothing about idem.
+type handlers struct{ svc *payments.Service }
+
+func (h handlers) createPayment(c *fiber.Ctx) error {
+	var req payments.ChargeRequest
+	if err := c.BodyParser(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	p, err := h.svc.Charge(c.UserContext(), c.Locals("user_id").(string), req)
+	if err != nil {
+		return err
+	}
+	c.Location("/v1/payments/" + p.ID)
+	return c.Status(http.StatusCreated).JSON(p)
+}
+
+func (h handlers) createRefund(c *fiber.Ctx) error {
+	var req payments.RefundRequest
+	if err := c.BodyParser(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	rf, err := h.svc.Refund(c.UserContext(), c.Locals("user_id").(string), req)
+	if err != nil {
+		return err
+	}
+	return c.Status(http.StatusCreated).JSON(rf)
+}
+
+func (h handlers) createExport(c *fiber.Ctx) error {
+	var req payments.ExportRequest
+	if err := c.BodyParser(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	b, err := h.svc.Export(c.UserContext(), req)
+	if err != nil {
+		return err
+	}
+	c.Set(fiber.HeaderContentType, "application/octet-stream")
+	return c.Send(b)
+}
+
+func (h handlers) getPayment(c *fiber.Ctx) error {
+	if p, ok := h.svc.Payment(c.Params("id")); ok {
+		return c.JSON(p)
+	}
+	return &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Params("id")}
+}
+
+func (h handlers) stats(c *fiber.Ctx) error { return c.JSON(h.svc.Stats()) }
 
 // problem is the app's error handler: every error becomes an RFC 9457 problem.
 func problem(c *fiber.Ctx, err error) error {

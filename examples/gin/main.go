@@ -1,6 +1,7 @@
-// Command gin is the payments API on Gin with idem on its mutating routes:
-// authentication first (it sets the principal), then idem, then the handler;
-// gin's recovery outside both. Run it with
+// Command gin is the payments API on Gin with idem on its mutating routes.
+// run below wires everything, top to bottom: the store, the engine, the
+// authentication that sets the principal, the idem middleware, the routes.
+// Run it with
 //
 //	go run ./examples/gin -store memory
 //
@@ -15,77 +16,52 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/idemkit/idem/adapters/idemgin"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
-func main() {
-	app.Run(app.ParseFlags(), func(d app.Deps) app.Server { return app.HTTPServer(router(d)) })
-}
+func main() { app.Exit(run(app.ParseFlags())) }
 
-func router(d app.Deps) *gin.Engine {
+func run(flags app.Flags) error {
+	// The store: memory (one process), Redis or MongoDB (several instances).
+	store, closeStore, err := app.OpenStore(flags)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	// The engine: the rules every protected route shares.
+	engine, err := idem.New(store,
+		idem.WithRetention(flags.TTL),
+		idem.WithLease(flags.Lease),
+		idem.WithStoreTimeout(flags.StoreTimeout),
+	)
+	if err != nil {
+		return err
+	}
+
+	// The middleware: keys are scoped by the principal authenticate sets.
+	idempotent := idemgin.New(engine, idemgin.WithScope(func(c *gin.Context) string {
+		return c.GetString("user_id")
+	}))
+	if flags.NoIdem { // the benchmarks' baseline: the same service, unprotected
+		idempotent = func(c *gin.Context) { c.Next() }
+	}
+
+	// The routes: recovery outside everything, then authentication, then
+	// idem, then the handler.
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
-	r.Use(gin.CustomRecovery(func(c *gin.Context, p any) {
-		slog.Error("panic", "value", p, "path", c.Request.URL.Path)
-		problem(c, &payments.Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"})
-	}))
-	svc := d.Payments
+	r.Use(gin.CustomRecovery(recovered))
+	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	r.POST("/v1/payments", authenticate, idempotent, api.createPayment)
+	r.POST("/v1/refunds", authenticate, idempotent, api.createRefund)
+	r.POST("/v1/exports", authenticate, idempotent, api.createExport)
+	r.GET("/v1/payments/:id", api.getPayment)
+	r.GET("/v1/stats", api.stats)
 
-	writes := r.Group("/v1", authenticate)
-	if d.Engine != nil {
-		writes.Use(idemgin.New(d.Engine, idemgin.WithScope(func(c *gin.Context) string { return c.GetString("user_id") })))
-	}
-	writes.POST("/payments", func(c *gin.Context) {
-		var req payments.ChargeRequest
-		if err := c.ShouldBindJSON(&req); err != nil {
-			problem(c, payments.Invalid("body must be JSON: "+err.Error()))
-			return
-		}
-		p, err := svc.Charge(c.Request.Context(), c.GetString("user_id"), req)
-		if err != nil {
-			problem(c, err)
-			return
-		}
-		c.Header("Location", "/v1/payments/"+p.ID)
-		c.JSON(http.StatusCreated, p)
-	})
-	writes.POST("/refunds", func(c *gin.Context) {
-		var req payments.RefundRequest
-		if err := c.ShouldBindJSON(&req); err != nil {
-			problem(c, payments.Invalid("body must be JSON: "+err.Error()))
-			return
-		}
-		rf, err := svc.Refund(c.Request.Context(), c.GetString("user_id"), req)
-		if err != nil {
-			problem(c, err)
-			return
-		}
-		c.JSON(http.StatusCreated, rf)
-	})
-	writes.POST("/exports", func(c *gin.Context) {
-		var req payments.ExportRequest
-		if err := c.ShouldBindJSON(&req); err != nil {
-			problem(c, payments.Invalid("body must be JSON: "+err.Error()))
-			return
-		}
-		b, err := svc.Export(c.Request.Context(), req)
-		if err != nil {
-			problem(c, err)
-			return
-		}
-		c.Data(http.StatusOK, "application/octet-stream", b)
-	})
-
-	r.GET("/v1/payments/:id", func(c *gin.Context) {
-		if p, ok := svc.Payment(c.Param("id")); ok {
-			c.JSON(http.StatusOK, p)
-			return
-		}
-		problem(c, &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")})
-	})
-	r.GET("/v1/stats", func(c *gin.Context) { c.JSON(http.StatusOK, svc.Stats()) })
-	return r
+	return app.Serve(flags.Addr, app.HTTPServer(r), engine, api.svc)
 }
 
 // authenticate stands in for real authentication: it trusts X-User-ID.
@@ -98,6 +74,69 @@ func authenticate(c *gin.Context) {
 	c.Set("user_id", user)
 }
 
+// recovered answers a panic with a 500 problem; idem has released the key.
+func recovered(c *gin.Context, p any) {
+	slog.Error("panic", "value", p, "path", c.Request.URL.Path)
+	problem(c, &payments.Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"})
+}
+
+// handlers are the payment endpoints; they know nothing about idem.
+type handlers struct{ svc *payments.Service }
+
+func (h handlers) createPayment(c *gin.Context) {
+	var req payments.ChargeRequest
+	if err := c.ShouldBindJSON(&req); err != nil {
+		problem(c, payments.Invalid("body must be JSON: "+err.Error()))
+		return
+	}
+	p, err := h.svc.Charge(c.Request.Context(), c.GetString("user_id"), req)
+	if err != nil {
+		problem(c, err)
+		return
+	}
+	c.Header("Location", "/v1/payments/"+p.ID)
+	c.JSON(http.StatusCreated, p)
+}
+
+func (h handlers) createRefund(c *gin.Context) {
+	var req payments.RefundRequest
+	if err := c.ShouldBindJSON(&req); err != nil {
+		problem(c, payments.Invalid("body must be JSON: "+err.Error()))
+		return
+	}
+	rf, err := h.svc.Refund(c.Request.Context(), c.GetString("user_id"), req)
+	if err != nil {
+		problem(c, err)
+		return
+	}
+	c.JSON(http.StatusCreated, rf)
+}
+
+func (h handlers) createExport(c *gin.Context) {
+	var req payments.ExportRequest
+	if err := c.ShouldBindJSON(&req); err != nil {
+		problem(c, payments.Invalid("body must be JSON: "+err.Error()))
+		return
+	}
+	b, err := h.svc.Export(c.Request.Context(), req)
+	if err != nil {
+		problem(c, err)
+		return
+	}
+	c.Data(http.StatusOK, "application/octet-stream", b)
+}
+
+func (h handlers) getPayment(c *gin.Context) {
+	if p, ok := h.svc.Payment(c.Param("id")); ok {
+		c.JSON(http.StatusOK, p)
+		return
+	}
+	problem(c, &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")})
+}
+
+func (h handlers) stats(c *gin.Context) { c.JSON(http.StatusOK, h.svc.Stats()) }
+
+// problem writes err as an RFC 9457 problem and stops the handler chain.
 func problem(c *gin.Context, err error) {
 	var pe *payments.Error
 	if !errors.As(err, &pe) {

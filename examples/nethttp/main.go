@@ -1,5 +1,7 @@
 // Command nethttp is the payments API on net/http (Go 1.22+ ServeMux
-// patterns) with idem on its mutating routes. Run it with
+// patterns) with idem on its mutating routes. run below wires everything,
+// top to bottom: the store, the engine, the authentication that sets the
+// principal, the idem middleware, the routes. Run it with
 //
 //	go run ./examples/nethttp -store memory
 //
@@ -16,12 +18,48 @@ import (
 	"net/http"
 
 	"github.com/idemkit/idem/adapters/idemhttp"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
-func main() {
-	app.Run(app.ParseFlags(), func(d app.Deps) app.Server { return app.HTTPServer(routes(d)) })
+func main() { app.Exit(run(app.ParseFlags())) }
+
+func run(flags app.Flags) error {
+	// The store: memory (one process), Redis or MongoDB (several instances).
+	store, closeStore, err := app.OpenStore(flags)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	// The engine: the rules every protected route shares.
+	engine, err := idem.New(store,
+		idem.WithRetention(flags.TTL),
+		idem.WithLease(flags.Lease),
+		idem.WithStoreTimeout(flags.StoreTimeout),
+	)
+	if err != nil {
+		return err
+	}
+
+	// The middleware: keys are scoped by the principal authenticate sets.
+	idempotent := idemhttp.New(engine, idemhttp.WithScope(userID))
+	if flags.NoIdem { // the benchmarks' baseline: the same service, unprotected
+		idempotent = func(h http.Handler) http.Handler { return h }
+	}
+
+	// The routes: recovery outside everything, then authentication, then
+	// idem, then the handler.
+	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/payments", authenticate(idempotent(http.HandlerFunc(api.createPayment))))
+	mux.Handle("POST /v1/refunds", authenticate(idempotent(http.HandlerFunc(api.createRefund))))
+	mux.Handle("POST /v1/exports", authenticate(idempotent(http.HandlerFunc(api.createExport))))
+	mux.HandleFunc("GET /v1/payments/{id}", api.getPayment)
+	mux.HandleFunc("GET /v1/stats", api.stats)
+
+	return app.Serve(flags.Addr, app.HTTPServer(recoverer(mux)), engine, api.svc)
 }
 
 type userKey struct{}
@@ -38,9 +76,10 @@ func authenticate(next http.Handler) http.Handler {
 	})
 }
 
+// userID returns the principal authenticate stored.
 func userID(r *http.Request) string { s, _ := r.Context().Value(userKey{}).(string); return s }
 
-// recoverer turns a panic into a 500 problem; the process lives on.
+// recoverer turns a panic into a 500 problem; idem has released the key.
 func recoverer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -53,61 +92,60 @@ func recoverer(next http.Handler) http.Handler {
 	})
 }
 
-func routes(d app.Deps) http.Handler {
-	svc := d.Payments
-	protect := func(h http.HandlerFunc) http.Handler { return authenticate(h) }
-	if d.Engine != nil {
-		idempotent := idemhttp.New(d.Engine, idemhttp.WithScope(userID))
-		protect = func(h http.HandlerFunc) http.Handler { return authenticate(idempotent(h)) } // auth first, then idem
+// handlers are the payment endpoints; they know nothing about idem.
+type handlers struct{ svc *payments.Service }
+
+func (h handlers) createPayment(w http.ResponseWriter, r *http.Request) {
+	var req payments.ChargeRequest
+	if !decode(w, r, &req) {
+		return
 	}
-	mux := http.NewServeMux()
-	mux.Handle("POST /v1/payments", protect(func(w http.ResponseWriter, r *http.Request) {
-		var req payments.ChargeRequest
-		if !decode(w, r, &req) {
-			return
-		}
-		p, err := svc.Charge(r.Context(), userID(r), req)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		w.Header().Set("Location", "/v1/payments/"+p.ID)
-		writeJSON(w, http.StatusCreated, p)
-	}))
-	mux.Handle("POST /v1/refunds", protect(func(w http.ResponseWriter, r *http.Request) {
-		var req payments.RefundRequest
-		if !decode(w, r, &req) {
-			return
-		}
-		rf, err := svc.Refund(r.Context(), userID(r), req)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, rf)
-	}))
-	mux.Handle("POST /v1/exports", protect(func(w http.ResponseWriter, r *http.Request) {
-		var req payments.ExportRequest
-		if !decode(w, r, &req) {
-			return
-		}
-		b, err := svc.Export(r.Context(), req)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		w.Header().Set("Content-Type", "application/octet-stream")
-		_, _ = w.Write(b)
-	}))
-	mux.HandleFunc("GET /v1/payments/{id}", func(w http.ResponseWriter, r *http.Request) {
-		if p, ok := svc.Payment(r.PathValue("id")); ok {
-			writeJSON(w, http.StatusOK, p)
-			return
-		}
-		writeError(w, &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + r.PathValue("id")})
-	})
-	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, svc.Stats()) })
-	return recoverer(mux)
+	p, err := h.svc.Charge(r.Context(), userID(r), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/payments/"+p.ID)
+	writeJSON(w, http.StatusCreated, p)
+}
+
+func (h handlers) createRefund(w http.ResponseWriter, r *http.Request) {
+	var req payments.RefundRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	rf, err := h.svc.Refund(r.Context(), userID(r), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, rf)
+}
+
+func (h handlers) createExport(w http.ResponseWriter, r *http.Request) {
+	var req payments.ExportRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	b, err := h.svc.Export(r.Context(), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	_, _ = w.Write(b)
+}
+
+func (h handlers) getPayment(w http.ResponseWriter, r *http.Request) {
+	if p, ok := h.svc.Payment(r.PathValue("id")); ok {
+		writeJSON(w, http.StatusOK, p)
+		return
+	}
+	writeError(w, &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + r.PathValue("id")})
+}
+
+func (h handlers) stats(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, h.svc.Stats())
 }
 
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
@@ -124,6 +162,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// writeError writes err as an RFC 9457 problem.
 func writeError(w http.ResponseWriter, err error) {
 	var pe *payments.Error
 	if !errors.As(err, &pe) {

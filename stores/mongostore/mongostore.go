@@ -170,10 +170,10 @@ func (d *record) toRecord() (idem.Record, error) {
 		rec.State = idem.StateCompleted
 		rec.Response = new(idem.Response)
 		if err := rec.Response.UnmarshalBinary(d.Response); err != nil {
-			return idem.Record{}, fmt.Errorf("mongostore: corrupt response in record %.16s: %w", d.ID, err)
+			return idem.Record{}, fmt.Errorf("mongostore: %w: response in record %.16s: %w", idem.ErrCorrupt, d.ID, err)
 		}
 	default:
-		return idem.Record{}, fmt.Errorf("mongostore: corrupt record %.16s: state %d", d.ID, d.State)
+		return idem.Record{}, fmt.Errorf("mongostore: %w: record %.16s: state %d", idem.ErrCorrupt, d.ID, d.State)
 	}
 	return rec, nil
 }

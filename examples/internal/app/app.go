@@ -1,6 +1,8 @@
-// Package app is what every example service shares besides its framework
-// wiring: flags, opening the chosen store, the engine, and serving until a
-// signal.
+// Package app holds what the example services share besides their wiring:
+// the command-line flags, opening the store a flag names, and serving until a
+// signal. Each examples/<framework>/main.go builds its own engine, middleware
+// and routes in plain sight; nothing idem-specific is hidden here except
+// which store constructor -store selects.
 package app
 
 import (
@@ -27,83 +29,106 @@ import (
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-// Config holds the flags every example accepts.
-type Config struct {
+// Flags holds the command line every example accepts.
+type Flags struct {
 	Addr          string
 	Store         string // memory, redis or mongo
 	RedisURL      string
+	RedisPrefix   string // redisstore.WithPrefix
 	MongoURI      string
 	ChargeLatency time.Duration
-	TTL           time.Duration
-	Lease         time.Duration
-	NoIdem        bool
-	// StoreTimeout bounds every store operation (idem.WithStoreTimeout).
-	StoreTimeout time.Duration
+	TTL           time.Duration // idem.WithRetention
+	Lease         time.Duration // idem.WithLease
+	StoreTimeout  time.Duration // idem.WithStoreTimeout
 	// RedisWaitReplicas > 0 makes completions wait for that many Redis
 	// replicas (redisstore.WithWaitReplicas, default WAIT timeout).
 	RedisWaitReplicas int
+	NoIdem            bool // serve without idempotency (the benchmarks' baseline)
 }
 
 // ParseFlags parses the command line shared by the examples.
-func ParseFlags() Config {
-	var c Config
-	flag.StringVar(&c.Addr, "addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
-	flag.StringVar(&c.Store, "store", "memory", "idempotency store: memory, redis or mongo")
-	flag.StringVar(&c.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
-	flag.StringVar(&c.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo")
-	flag.DurationVar(&c.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated payment provider latency")
-	flag.DurationVar(&c.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
-	flag.DurationVar(&c.Lease, "lease", idem.DefaultLease, "lease of an in-progress request")
-	flag.BoolVar(&c.NoIdem, "no-idem", false, "serve without idempotency (for benchmarks only)")
-	flag.DurationVar(&c.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store operation")
-	flag.IntVar(&c.RedisWaitReplicas, "redis-wait-replicas", 0, "with -store redis: replicas that must acknowledge each completion (Redis WAIT)")
+func ParseFlags() Flags {
+	var f Flags
+	flag.StringVar(&f.Addr, "addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
+	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis or mongo")
+	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
+	flag.StringVar(&f.RedisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key, for -store redis")
+	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection idempotency)")
+	flag.DurationVar(&f.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated payment provider latency")
+	flag.DurationVar(&f.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
+	flag.DurationVar(&f.Lease, "lease", idem.DefaultLease, "lease of an in-progress request")
+	flag.DurationVar(&f.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store operation")
+	flag.IntVar(&f.RedisWaitReplicas, "redis-wait-replicas", 0, "with -store redis: replicas that must acknowledge each completion (Redis WAIT)")
+	flag.BoolVar(&f.NoIdem, "no-idem", false, "serve without idempotency (for benchmarks only)")
 	flag.Parse()
-	return c
+	return f
 }
 
-// Deps is what a framework's wiring receives.
-type Deps struct {
-	Payments *payments.Service
-	// Engine is nil with -no-idem.
-	Engine *idem.Engine
+// OpenStore opens the store named by f.Store without waiting for its server:
+// the clients connect lazily and reconnect on their own, so a store that is
+// down at start-up makes protected routes answer 503 until it is back. The
+// returned function closes the store and its client.
+func OpenStore(f Flags) (idem.Store, func(), error) {
+	switch f.Store {
+	case "memory":
+		s := memstore.New()
+		return s, func() { s.Close() }, nil
+	case "redis":
+		opts, err := redis.ParseURL(f.RedisURL)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-redis-url: %w", err)
+		}
+		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
+		client := redis.NewClient(opts)
+		ropts := []redisstore.Option{redisstore.WithPrefix(f.RedisPrefix)}
+		if f.RedisWaitReplicas > 0 {
+			ropts = append(ropts, redisstore.WithWaitReplicas(f.RedisWaitReplicas, 0))
+		}
+		return redisstore.New(client, ropts...), func() { client.Close() }, nil
+	case "mongo":
+		client, err := mongo.Connect(options.Client().ApplyURI(f.MongoURI).SetServerSelectionTimeout(2 * time.Second))
+		if err != nil {
+			return nil, nil, fmt.Errorf("-mongo-uri: %w", err)
+		}
+		s := mongostore.New(client.Database("idem").Collection("idempotency"))
+		go func() { // index creation must not block start-up while the server is down
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := s.EnsureIndexes(ctx); err != nil {
+				slog.Warn("mongostore: EnsureIndexes failed", "err", err)
+			}
+		}()
+		return s, func() {
+			s.Close()
+			_ = client.Disconnect(context.Background())
+		}, nil
+	}
+	return nil, nil, fmt.Errorf("-store %q: want memory, redis or mongo", f.Store)
 }
 
-// Server is an HTTP server bound by Run: *http.Server, or a small wrapper
-// around a framework with its own server (Fiber).
+// Server is an HTTP server Serve can run: *http.Server (see HTTPServer), or
+// a small wrapper around a framework with a server of its own (Fiber).
 type Server interface {
 	Serve(net.Listener) error
 	Shutdown(context.Context) error
 }
 
-// Run opens the store, builds the engine and the server with build, prints
-// "listening on http://ADDR" once it accepts connections, and serves until
-// SIGINT or SIGTERM. A store that is unreachable at start-up does not stop
-// the service: protected routes answer 503 until it comes back.
-func Run(c Config, build func(Deps) Server) {
-	if err := run(c, build); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+// HTTPServer wraps an http.Handler for Serve.
+func HTTPServer(h http.Handler) Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 }
 
-func run(c Config, build func(Deps) Server) error {
-	store, closeStore, err := OpenStore(c)
+// Serve listens on addr, prints "listening on http://ADDR" once it accepts
+// connections, and serves srv until SIGINT or SIGTERM. Then it shuts srv
+// down (in-flight requests finish), waits for the completions engine is
+// still retrying after a store error (idem.Engine.Close), all within 5s,
+// and prints "executions N", the provider executions of svc (tests/chaos
+// reads both lines).
+func Serve(addr string, srv Server, engine *idem.Engine, svc *payments.Service) error {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-	deps := Deps{Payments: payments.New(c.ChargeLatency)}
-	if !c.NoIdem {
-		deps.Engine, err = idem.New(store, idem.WithRetention(c.TTL), idem.WithLease(c.Lease), idem.WithStoreTimeout(c.StoreTimeout))
-		if err != nil {
-			return err
-		}
-	}
-	ln, err := net.Listen("tcp", c.Addr)
-	if err != nil {
-		return err
-	}
-	srv := build(deps)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
@@ -122,58 +147,17 @@ func run(c Config, build func(Deps) Server) error {
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	if deps.Engine != nil { // let completions that hit a store error finish retrying
-		if err := deps.Engine.Close(shutdown); err != nil {
-			slog.Warn("idem: completions still retrying were abandoned", "err", err)
-		}
+	if err := engine.Close(shutdown); err != nil {
+		slog.Warn("idem: completions still retrying were abandoned", "err", err)
 	}
-	// The final count, for tests that stop instances and still count every
-	// execution (tests/chaos).
-	fmt.Printf("executions %d\n", deps.Payments.Stats().Executions)
+	fmt.Printf("executions %d\n", svc.Stats().Executions)
 	return nil
 }
 
-// HTTPServer wraps an http.Handler for Run.
-func HTTPServer(h http.Handler) Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-}
-
-// OpenStore opens the store named by c.Store without waiting for its server:
-// the clients connect lazily and reconnect on their own.
-func OpenStore(c Config) (idem.Store, func(), error) {
-	switch c.Store {
-	case "memory":
-		s := memstore.New()
-		return s, func() { s.Close() }, nil
-	case "redis":
-		opts, err := redis.ParseURL(c.RedisURL)
-		if err != nil {
-			return nil, nil, fmt.Errorf("-redis-url: %w", err)
-		}
-		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
-		client := redis.NewClient(opts)
-		var ropts []redisstore.Option
-		if c.RedisWaitReplicas > 0 {
-			ropts = append(ropts, redisstore.WithWaitReplicas(c.RedisWaitReplicas, 0))
-		}
-		return redisstore.New(client, ropts...), func() { client.Close() }, nil
-	case "mongo":
-		client, err := mongo.Connect(options.Client().ApplyURI(c.MongoURI).SetServerSelectionTimeout(2 * time.Second))
-		if err != nil {
-			return nil, nil, fmt.Errorf("-mongo-uri: %w", err)
-		}
-		s := mongostore.New(client.Database("idem").Collection("idempotency"))
-		go func() { // index creation must not block start-up while the server is down
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := s.EnsureIndexes(ctx); err != nil {
-				slog.Warn("mongostore: EnsureIndexes failed", "err", err)
-			}
-		}()
-		return s, func() {
-			s.Close()
-			_ = client.Disconnect(context.Background())
-		}, nil
+// Exit prints err and exits with status 1 if err is not nil.
+func Exit(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	return nil, nil, fmt.Errorf("-store %q: want memory, redis or mongo", c.Store)
 }

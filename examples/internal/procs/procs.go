@@ -7,7 +7,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"os"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,7 +16,7 @@ import (
 )
 
 // Frameworks lists the example services, by directory under examples/.
-var Frameworks = []string{"nethttp", "gin", "echo", "fiber"}
+var Frameworks = []string{"nethttp", "gin", "echo", "echov5", "fiber", "fiberv3"}
 
 // Build compiles examples/<name> into dir and returns the binary's path.
 func Build(ctx context.Context, dir, name string) (string, error) {
@@ -36,13 +36,14 @@ type Proc struct {
 }
 
 // Start runs bin with args plus "-addr 127.0.0.1:0" unless args set -addr,
-// and waits up to 30s for its "listening on" line. Its stderr goes to ours.
-func Start(bin string, args ...string) (*Proc, error) {
+// and waits up to 30s for its "listening on" line. The service's logs (its
+// stderr) go to logs.
+func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 	if !strings.Contains(strings.Join(args, " "), "-addr") {
 		args = append(args, "-addr", "127.0.0.1:0")
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = logs
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package idemfiber_test
+package idemfiberv3_test
 
 import (
 	"bufio"
@@ -18,12 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gofiber/fiber/v2"
-	"github.com/gofiber/fiber/v2/middleware/adaptor"
-	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/gofiber/fiber/v3"
+	"github.com/gofiber/fiber/v3/middleware/recover"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idem/adapters/idemfiber"
+	"github.com/idemkit/idem/adapters/idemfiberv3"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/adaptertest"
 	"github.com/idemkit/idem/stores/memstore"
@@ -34,7 +33,7 @@ func TestMain(m *testing.M) {
 		// fasthttp's process-wide Date header updater, started once.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
 		// fasthttp's worker pool cleaner sees the stop signal only after its
-		// idle-worker sleep (10s) ends; it holds nothing of ours.
+		// idle-worker sleep ends; it holds nothing of ours.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"))
 }
 
@@ -44,13 +43,12 @@ func newStore(t *testing.T) idem.Store {
 	return s
 }
 
-func scope(c *fiber.Ctx) string { return c.Get(adaptertest.PrincipalHeader) }
+func scope(c fiber.Ctx) string { return c.Get(adaptertest.PrincipalHeader) }
 
 func newApp(cfg ...fiber.Config) *fiber.App {
-	c := fiber.Config{DisableStartupMessage: true}
+	var c fiber.Config
 	if len(cfg) > 0 {
 		c = cfg[0]
-		c.DisableStartupMessage = true
 	}
 	c.IdleTimeout = time.Second // Shutdown waits for idle keep-alive connections
 	return fiber.New(c)
@@ -65,7 +63,7 @@ func serve(t *testing.T, app *fiber.App) string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := app.Listener(ln); err != nil {
+		if err := app.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true}); err != nil {
 			t.Errorf("fiber: %v", err)
 		}
 	}()
@@ -78,12 +76,14 @@ func serve(t *testing.T, app *fiber.App) string {
 	return "http://" + ln.Addr().String()
 }
 
+// mount registers the suite's http.Handler directly: Fiber v3 adapts
+// net/http handlers itself (through fasthttpadaptor).
 func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
 	f := newApp()
 	f.Use(recover.New())
-	mw := idemfiber.New(e, idemfiber.WithScope(scope))
-	f.All("/a", mw, adaptor.HTTPHandler(app))
-	f.All("/b", mw, adaptor.HTTPHandler(app))
+	mw := idemfiberv3.New(e, idemfiberv3.WithScope(scope))
+	f.All("/a", mw, app)
+	f.All("/b", mw, app)
 	return serve(t, f)
 }
 
@@ -91,8 +91,8 @@ func TestBehaviour(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Config{
 		Mount:    mount,
 		NewStore: newStore,
-		SkipStreaming: "fiber's adaptor (fasthttpadaptor) buffers an http.Handler's whole response: its Flush is a no-op; " +
-			"native streaming is tested in TestStreaming",
+		SkipStreaming: "Fiber v3 runs an http.Handler through fasthttpadaptor, which buffers its whole response " +
+			"(Flush is a no-op); native streaming (SendStreamWriter) is tested in TestStreaming",
 	})
 }
 
@@ -142,109 +142,133 @@ func post(t *testing.T, url, key, body string) reply {
 
 func replayed(r reply) bool { return r.header.Get(idem.ReplayedHeader) == "true" }
 
-// The handler parses the body after idemfiber took its fingerprint, and
-// sees the scoped key; middleware outside idemfiber sees the replay marker.
-func TestBodyParserAndInfo(t *testing.T) {
-	outer := make(chan idem.Info, 2)
+// v3 trap: Ctx is itself a context.Context whose Value reads Locals, not
+// c.Context(). The handler binds the body after idemfiberv3 took its
+// fingerprint and finds the scoped key both ways; middleware outside
+// idemfiberv3 sees the replay marker both ways.
+func TestBindAndInfo(t *testing.T) {
+	type seen struct{ viaCtx, viaContext idem.Info }
+	outer := make(chan seen, 2)
 	var runs atomic.Int64
 	app := newApp()
-	app.Use(func(c *fiber.Ctx) error {
+	app.Use(func(c fiber.Ctx) error {
 		err := c.Next()
-		info, _ := idem.InfoFromContext(c.UserContext())
-		outer <- info
+		a, _ := idem.InfoFromContext(c)
+		b, _ := idem.InfoFromContext(c.Context())
+		outer <- seen{a, b}
 		return err
 	})
-	app.Post("/pay", idemfiber.New(engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+	app.Post("/pay", idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
 		runs.Add(1)
 		var in struct {
 			Amount int `json:"amount"`
 		}
-		if err := c.BodyParser(&in); err != nil {
+		if err := c.Bind().Body(&in); err != nil {
 			return err
 		}
-		info, _ := idem.InfoFromContext(c.UserContext())
-		return c.Status(201).JSON(fiber.Map{"amount": in.Amount, "key": info.Key})
+		viaCtx, ok1 := idem.InfoFromContext(c)
+		viaContext, ok2 := idem.InfoFromContext(c.Context())
+		if !ok1 || !ok2 || viaCtx != viaContext {
+			return fmt.Errorf("info via c: %+v %v, via c.Context(): %+v %v", viaCtx, ok1, viaContext, ok2)
+		}
+		return c.Status(201).JSON(fiber.Map{"amount": in.Amount, "key": viaCtx.Key})
 	})
 	url := serve(t, app) + "/pay"
 	first := post(t, url, "k1", `{"amount":42}`)
 	second := post(t, url, "k1", `{"amount":42}`)
 	if first.status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}$`).MatchString(first.body) {
-		t.Fatalf("first: %d %s; want the parsed amount and a 64-hex key", first.status, first.body)
+		t.Fatalf("first: %d %s; want the bound amount and a 64-hex key", first.status, first.body)
 	}
 	if second.status != 201 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
 		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
 	}
-	if o1, o2 := <-outer, <-outer; o1.Replayed || len(o1.Key) != 64 || !o2.Replayed {
-		t.Fatalf("outer middleware saw %+v then %+v; want the key, then Replayed", o1, o2)
+	o1, o2 := <-outer, <-outer
+	if o1.viaCtx.Replayed || len(o1.viaCtx.Key) != 64 || o1.viaCtx != o1.viaContext {
+		t.Fatalf("outer middleware saw %+v on the first request; want the key both ways", o1)
+	}
+	if !o2.viaCtx.Replayed || !o2.viaContext.Replayed {
+		t.Fatalf("outer middleware saw %+v on the retry; want Replayed both ways", o2)
 	}
 }
 
 // fasthttp reuses request and response buffers across requests on a
-// connection: everything recorded (events' method and route, header lines,
-// body) must survive later requests that overwrite those buffers.
+// connection, and Fiber's strings alias them unless Immutable is set:
+// everything recorded (events' method and route, header lines, body) must
+// survive later requests that overwrite those buffers, either way.
 func TestBufferReuse(t *testing.T) {
-	var mu sync.Mutex
-	var events []idem.Event
-	hook := idem.WithEventHook(func(_ context.Context, ev idem.Event) {
-		if ev.Kind == idem.EventCompleted {
+	for _, immutable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("immutable=%v", immutable), func(t *testing.T) {
+			var mu sync.Mutex
+			var events []idem.Event
+			hook := idem.WithEventHook(func(_ context.Context, ev idem.Event) {
+				if ev.Kind == idem.EventCompleted {
+					mu.Lock()
+					events = append(events, ev)
+					mu.Unlock()
+				}
+			})
+			app := newApp(fiber.Config{Immutable: immutable})
+			app.Post("/echo/:id", idemfiberv3.New(engine(t, hook), idemfiberv3.WithScope(scope),
+				idemfiberv3.WithRoute(func(c fiber.Ctx) string { return c.Path() })), // aliases the request buffer unless Immutable
+				func(c fiber.Ctx) error {
+					c.Response().Header.Add("X-Echo", c.Params("id"))
+					c.Response().Header.Add("X-Echo", string(c.Body()))
+					return c.Status(201).Send(c.Body())
+				})
+			base := serve(t, app)
+			ids := []string{"aaaa", "bbbb", "cccc", "dddd"}
+			for _, id := range ids { // one keep-alive connection, same-sized requests
+				body := strings.Repeat(id, 50)
+				if got := post(t, base+"/echo/"+id, "key-"+id, body); got.status != 201 || got.body != body {
+					t.Fatalf("%s: %d %q", id, got.status, got.body)
+				}
+			}
+			for _, id := range ids {
+				body := strings.Repeat(id, 50)
+				got := post(t, base+"/echo/"+id, "key-"+id, body)
+				if !replayed(got) || got.body != body || !reflect.DeepEqual(got.header.Values("X-Echo"), []string{id, body}) {
+					t.Fatalf("replay of %s: %q %q", id, got.body, got.header.Values("X-Echo"))
+				}
+			}
 			mu.Lock()
-			events = append(events, ev)
-			mu.Unlock()
-		}
-	})
-	app := newApp()
-	app.Post("/echo/:id", idemfiber.New(engine(t, hook), idemfiber.WithScope(scope),
-		idemfiber.WithRoute(func(c *fiber.Ctx) string { return c.Path() })), // aliases the request buffer
-		func(c *fiber.Ctx) error {
-			c.Response().Header.Add("X-Echo", c.Params("id"))
-			c.Response().Header.Add("X-Echo", string(c.Body()))
-			return c.Status(201).Send(c.Body())
+			defer mu.Unlock()
+			if len(events) != len(ids) {
+				t.Fatalf("%d completed events, want %d", len(events), len(ids))
+			}
+			for i, ev := range events {
+				if ev.Method != "POST" || ev.Route != "/echo/"+ids[i] {
+					t.Fatalf("event %d: %s %s, want POST /echo/%s (aliased a reused buffer)", i, ev.Method, ev.Route, ids[i])
+				}
+			}
 		})
-	base := serve(t, app)
-	ids := []string{"aaaa", "bbbb", "cccc", "dddd"}
-	for _, id := range ids { // one keep-alive connection, same-sized requests
-		body := strings.Repeat(id, 50)
-		if got := post(t, base+"/echo/"+id, "key-"+id, body); got.status != 201 || got.body != body {
-			t.Fatalf("%s: %d %q", id, got.status, got.body)
-		}
-	}
-	for _, id := range ids {
-		body := strings.Repeat(id, 50)
-		got := post(t, base+"/echo/"+id, "key-"+id, body)
-		if !replayed(got) || got.body != body || !reflect.DeepEqual(got.header.Values("X-Echo"), []string{id, body}) {
-			t.Fatalf("replay of %s: %q %q", id, got.body, got.header.Values("X-Echo"))
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(events) != len(ids) {
-		t.Fatalf("%d completed events, want %d", len(events), len(ids))
-	}
-	for i, ev := range events {
-		if ev.Method != "POST" || ev.Route != "/echo/"+ids[i] {
-			t.Fatalf("event %d: %s %s, want POST /echo/%s (aliased a reused buffer)", i, ev.Method, ev.Route, ids[i])
-		}
 	}
 }
 
 // A returned fiber.Error is written by the app's error handler inside the
-// middleware and stored; a plain error becomes a 500 and is released.
+// middleware and stored; a plain error becomes a 500 and is released; a
+// custom error handler's own answer is what is stored.
 func TestReturnedErrors(t *testing.T) {
 	var runs atomic.Int64
-	app := newApp()
-	mw := idemfiber.New(engine(t), idemfiber.WithScope(scope))
-	app.Post("/fiber-error", mw, func(c *fiber.Ctx) error {
+	app := newApp(fiber.Config{ErrorHandler: func(c fiber.Ctx, err error) error {
+		var fe *fiber.Error
+		if errors.As(err, &fe) {
+			return c.Status(fe.Code).JSON(fiber.Map{"error": fe.Message})
+		}
+		return c.Status(500).SendString(err.Error())
+	}})
+	mw := idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope))
+	app.Post("/fiber-error", mw, func(fiber.Ctx) error {
 		runs.Add(1)
 		return fiber.NewError(402, "card declined")
 	})
-	app.Post("/plain-error", mw, func(c *fiber.Ctx) error {
+	app.Post("/plain-error", mw, func(fiber.Ctx) error {
 		runs.Add(1)
 		return errors.New("database gone")
 	})
 	base := serve(t, app)
 	first := post(t, base+"/fiber-error", "k", `{}`)
 	second := post(t, base+"/fiber-error", "k", `{}`)
-	if first.status != 402 || first.body != "card declined" {
+	if first.status != 402 || first.body != `{"error":"card declined"}` {
 		t.Fatalf("fiber.NewError(402): %d %q", first.status, first.body)
 	}
 	if second.status != 402 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
@@ -261,19 +285,19 @@ func TestReturnedErrors(t *testing.T) {
 }
 
 // A panic releases the key and reaches the recover middleware, mounted
-// before or after idemfiber.
+// before or after idemfiberv3.
 func TestPanicRecoveryOrder(t *testing.T) {
 	for _, order := range []string{"recover-before-idem", "recover-after-idem"} {
 		t.Run(order, func(t *testing.T) {
 			var runs atomic.Int64
-			handler := func(c *fiber.Ctx) error {
+			handler := func(c fiber.Ctx) error {
 				if runs.Add(1) <= 2 {
 					panic("boom")
 				}
 				return c.Status(201).SendString("ok")
 			}
 			app := newApp()
-			mw := idemfiber.New(engine(t), idemfiber.WithScope(scope))
+			mw := idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope))
 			if order == "recover-before-idem" {
 				app.Post("/x", recover.New(), mw, handler)
 			} else {
@@ -299,7 +323,7 @@ func TestHeaderLines(t *testing.T) {
 	for _, normalize := range []bool{true, false} {
 		t.Run(fmt.Sprintf("normalize=%v", normalize), func(t *testing.T) {
 			app := newApp(fiber.Config{DisableHeaderNormalizing: !normalize})
-			app.Post("/x", idemfiber.New(engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+			app.Post("/x", idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
 				h := &c.Response().Header
 				h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
 				h.Add("Link", `</c>; rel="last"`)
@@ -329,21 +353,21 @@ func TestHeaderLines(t *testing.T) {
 	}
 }
 
-// A body stream reaches the client before the handler's stream writer ends;
-// it can't be captured, so every retry, during or after the stream, gets
-// 410 response-not-stored with the original status and Location, never a
-// second execution.
+// v3's c.SendStreamWriter streams to the client after the handler returned;
+// the stream can't be captured, so every retry, during or after the stream,
+// gets 410 response-not-stored with the original status and Location,
+// never a second execution.
 func TestStreaming(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	done := func() { once.Do(func() { close(release) }) }
 	var runs atomic.Int64
 	app := newApp()
-	app.Post("/events", idemfiber.New(engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+	app.Post("/events", idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
 		runs.Add(1)
 		c.Set("Content-Type", "text/event-stream")
 		c.Set("Location", "/streams/1")
-		c.Status(200).Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		return c.Status(200).SendStreamWriter(func(w *bufio.Writer) {
 			for i := 1; i <= 3; i++ {
 				if i == 2 {
 					<-release
@@ -352,7 +376,6 @@ func TestStreaming(t *testing.T) {
 				_ = w.Flush()
 			}
 		})
-		return nil
 	})
 	url := serve(t, app) + "/events"
 	t.Cleanup(done) // runs before the app's shutdown, so a failing test doesn't hang
@@ -387,13 +410,13 @@ func TestStreaming(t *testing.T) {
 }
 
 // WithNext lets chosen requests pass through without a key; the default
-// route scope is the route idemfiber is mounted on (its template).
+// route scope is the route idemfiberv3 is mounted on (its template).
 func TestNextAndRoute(t *testing.T) {
 	var runs atomic.Int64
 	app := newApp()
-	mw := idemfiber.New(engine(t), idemfiber.WithScope(scope),
-		idemfiber.WithNext(func(c *fiber.Ctx) bool { return c.Get("X-Webhook") != "" }))
-	app.Post("/items/:id", mw, func(c *fiber.Ctx) error {
+	mw := idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope),
+		idemfiberv3.WithNext(func(c fiber.Ctx) bool { return c.Get("X-Webhook") != "" }))
+	app.Post("/items/:id", mw, func(c fiber.Ctx) error {
 		runs.Add(1)
 		return c.Status(201).SendString(c.Params("id"))
 	})
