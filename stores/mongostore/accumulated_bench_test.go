@@ -111,15 +111,23 @@ func BenchmarkAccumulated(b *testing.B) {
 
 // BenchmarkBurstRecovery sends a burst of concurrent first executions
 // through an engine whose store timeout (2s, the default) the burst
-// exceeds, on a collection of 10^3 records, then measures how long a
-// single request keeps failing: recovery-s is the time from the end of the
-// burst to the first single request executed, 503/op the burst's
-// store-unavailable answers. Run it alone: go test -run '^$' -bench
-// BurstRecovery -benchtime 1x
+// exceeds, on a collection of 10^3 and 10^4 records (bigRecords of them
+// with 1 MiB responses), then measures how long single requests keep
+// failing: recovery-s is the time from the end of the burst to the first
+// single request executed, 503/op the burst's store-unavailable answers.
+// Run it alone: go test -run '^$' -bench BurstRecovery -benchtime 2x
 func BenchmarkBurstRecovery(b *testing.B) {
 	c, _ := shared(b)
-	coll := collection(b, c)
-	seed(b, coll, 1_000, bigRecords)
+	for _, n := range []int{1_000, 10_000} {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			coll := collection(b, c)
+			seed(b, coll, n, bigRecords)
+			burstRecovery(b, coll)
+		})
+	}
+}
+
+func burstRecovery(b *testing.B, coll *mongo.Collection) {
 	e, err := idem.New(mongostore.New(coll), idem.WithLogger(quiet))
 	if err != nil {
 		b.Fatal(err)

@@ -283,3 +283,46 @@ func TestRecordWithoutGeneration(t *testing.T) {
 		t.Fatalf("Get after the release = %v, %v; want absent", found, err)
 	}
 }
+
+// TestRenewalRacingCompletion: the engine keeps renewing a lease while it
+// completes the record. On a server whose updates read and then replace by
+// _id (FerretDB), a renewal reading the in-progress record before the
+// completion and writing after it would put the record back in progress,
+// and a retry would execute again once that lease lapsed. The store runs
+// one owner's Complete, Extend and Release one at a time.
+func TestRenewalRacingCompletion(t *testing.T) {
+	c, _ := shared(t)
+	s := mongostore.New(collection(t, c))
+	ctx := ctxT(t)
+	for i := range 40 {
+		key, tok := storetest.Key(), storetest.Token()
+		if _, ok, err := s.Acquire(ctx, key, tok, "fp", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire = %v, %v", ok, err)
+		}
+		start := make(chan struct{})
+		done := make(chan error, 4)
+		for range 3 {
+			go func() {
+				<-start
+				err := s.Extend(ctx, key, tok, time.Minute)
+				if errors.Is(err, idem.ErrNotOwner) { // completed first
+					err = nil
+				}
+				done <- err
+			}()
+		}
+		go func() {
+			<-start
+			done <- s.Complete(ctx, key, tok, &idem.Response{Status: 201}, time.Hour)
+		}()
+		close(start)
+		for range 4 {
+			if err := <-done; err != nil {
+				t.Fatalf("round %d: %v", i, err)
+			}
+		}
+		if rec, found, err := s.Get(ctx, key); err != nil || !found || rec.State != idem.StateCompleted {
+			t.Fatalf("round %d: record after a completion racing renewals = %+v, %v, %v; want completed", i, rec, found, err)
+		}
+	}
+}

@@ -86,10 +86,58 @@ type Store struct {
 	refresh time.Duration
 	clk     clock
 
+	owners owners // one owner's writes, one at a time
+
 	mu      sync.Mutex
 	closed  bool
 	stop    context.CancelFunc // stops the purger; nil when none runs
 	stopped chan struct{}      // closed when the purger has returned
+}
+
+// owners serialises the writes of one owner (key and token) within a
+// Store: the engine renews a lease while it completes or releases the
+// record, and on a server whose updates read and then replace by _id
+// (FerretDB) a renewal overlapping a completion could write the
+// in-progress record back over the completed one.
+type owners struct {
+	mu sync.Mutex
+	m  map[string]*ownerTurn
+}
+
+type ownerTurn struct {
+	ch      chan struct{} // holds one token while a write runs
+	waiters int           // callers holding or waiting for ch
+}
+
+// lock waits for the turn of key's owner token, or for ctx; the returned
+// function ends the turn.
+func (o *owners) lock(ctx context.Context, key, token string) (func(), error) {
+	id := key + claimSep + token
+	o.mu.Lock()
+	if o.m == nil {
+		o.m = map[string]*ownerTurn{}
+	}
+	t := o.m[id]
+	if t == nil {
+		t = &ownerTurn{ch: make(chan struct{}, 1)}
+		o.m[id] = t
+	}
+	t.waiters++
+	o.mu.Unlock()
+	leave := func() {
+		o.mu.Lock()
+		if t.waiters--; t.waiters == 0 {
+			delete(o.m, id)
+		}
+		o.mu.Unlock()
+	}
+	select {
+	case t.ch <- struct{}{}:
+		return func() { <-t.ch; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return nil, ctx.Err()
+	}
 }
 
 // Option configures a Store.
@@ -334,7 +382,8 @@ attempts:
 
 // Complete implements [idem.Store.Complete] in one round trip: a $set of
 // state, expiresAt and response on the record token holds, keeping its
-// fingerprint. Errors: ctx's error, [idem.ErrInvalidDuration] when
+// fingerprint. It waits for the same owner's Extend or Release in flight in
+// this Store, so that a renewal cannot undo the completion. Errors: ctx's error, [idem.ErrInvalidDuration] when
 // retention <= 0, [idem.ErrNotOwner], [ErrTooLarge] wrapped (nothing
 // written), server errors wrapped.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
@@ -348,6 +397,11 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	if err != nil {
 		return err
 	}
+	unlock, err := s.owners.lock(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	now, err := s.now(ctx)
 	if err != nil {
 		return err
@@ -379,6 +433,11 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	unlock, err := s.owners.lock(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	now, err := s.now(ctx)
 	if err != nil {
 		return err
@@ -435,6 +494,11 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	if lease <= 0 {
 		return idem.ErrInvalidDuration
 	}
+	unlock, err := s.owners.lock(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	now, err := s.now(ctx)
 	if err != nil {
 		return err
