@@ -383,9 +383,9 @@ attempts:
 // Complete implements [idem.Store.Complete] in one round trip: a $set of
 // state, expiresAt and response on the record token holds, keeping its
 // fingerprint. It waits for the same owner's Extend or Release in flight in
-// this Store, so that a renewal cannot undo the completion. Errors: ctx's error, [idem.ErrInvalidDuration] when
-// retention <= 0, [idem.ErrNotOwner], [ErrTooLarge] wrapped (nothing
-// written), server errors wrapped.
+// this Store, so that a renewal cannot undo the completion. Errors: ctx's
+// error, [idem.ErrInvalidDuration] when retention <= 0, [idem.ErrNotOwner],
+// [ErrTooLarge] wrapped (nothing written), server errors wrapped.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
