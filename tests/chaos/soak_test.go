@@ -84,11 +84,6 @@ func soak(t *testing.T, be backend, dur time.Duration) {
 		urls[i] = s.URL // restarts keep the port
 	}
 
-	if be.racyTakeover != "" {
-		// A SIGKILL leaves leases to lapse, and concurrent retries then race
-		// for the takeover: on this server two of them can both win.
-		t.Logf("%s: SIGTERM only: %s", be.name, be.racyTakeover)
-	}
 	var st soakStats
 	var finals atomic.Int64 // executions of finished incarnations
 	deadline := time.Now().Add(dur)
@@ -103,7 +98,7 @@ func soak(t *testing.T, be backend, dur time.Duration) {
 			case <-time.After(1500*time.Millisecond + rand.N(1500*time.Millisecond)):
 			}
 			s := insts[rand.N(len(insts))]
-			if (st.restarts.Load() == 1 || rand.N(10) < 3) && be.racyTakeover == "" { // the second restart is always a crash
+			if st.restarts.Load() == 1 || rand.N(10) < 3 { // the second restart is always a crash
 				n, err := statsOf(s.URL) // a lower bound: what runs after this is lost with the process
 				if err != nil {
 					t.Errorf("stats before SIGKILL: %v", err)
