@@ -21,8 +21,8 @@ func init() {
 	}})
 }
 
-// fiberDriver drives a Fiber app through app.Handler() with one reused
-// *fasthttp.RequestCtx: no network, no app.Test.
+// fiberDriver drives a Fiber app (v2 or v3) through app.Handler() with one
+// reused *fasthttp.RequestCtx: no network, no app.Test.
 type fiberDriver struct {
 	h   fasthttp.RequestHandler
 	ctx *fasthttp.RequestCtx
@@ -49,12 +49,14 @@ func newFiberApp(mw ...fiber.Handler) *fiber.App {
 	return app
 }
 
-func newFiberDriver(app *fiber.App) *fiberDriver {
+func newFiberDriver(app *fiber.App) *fiberDriver { return newFasthttpDriver(app.Handler()) }
+
+func newFasthttpDriver(h fasthttp.RequestHandler) *fiberDriver {
 	ctx := new(fasthttp.RequestCtx)
 	ctx.Init(new(fasthttp.Request), nil, nil)
 	ctx.Request.Header.Set("Content-Type", "application/json")
 	ctx.Request.Header.Set("X-User-Id", principal)
-	return &fiberDriver{h: app.Handler(), ctx: ctx}
+	return &fiberDriver{h: h, ctx: ctx}
 }
 
 func (d *fiberDriver) do(method, key string) int {
@@ -87,8 +89,11 @@ func newFiberBuiltin() driver {
 // (middleware/idempotency, default in-memory storage and lock, header
 // Idempotency-Key, 36-character keys) on the same app as
 // BenchmarkMiddleware/fw=fiber: the peer idem is compared with.
-func BenchmarkFiberBuiltin(b *testing.B) {
-	builtin := newFiberBuiltin
+func BenchmarkFiberBuiltin(b *testing.B) { benchBuiltin(b, newFiberBuiltin) }
+
+// benchBuiltin measures a framework's own idempotency middleware on the
+// fresh and replay paths, as BenchmarkMiddleware measures idem.
+func benchBuiltin(b *testing.B, builtin func() driver) {
 	b.Run("path=fresh", func(b *testing.B) {
 		d := builtin()
 		b.ReportAllocs()

@@ -44,6 +44,7 @@ var storeCases = []storeCase{
 	{name: "memory", open: openMem},
 	{name: "redis", open: openRedis},
 	{name: "mongo", open: openMongo},
+	{name: "postgres", open: openPostgres},
 }
 
 func openMem(tb testing.TB) (idem.Store, *atomic.Int64) {

@@ -12,6 +12,8 @@ type Info struct {
 	// Replayed is true when the response is a stored one being replayed
 	// (seen by middleware outside idem; handlers run only when it is false).
 	Replayed bool
+
+	unit Unit // set by Execution.WithInfo for Transactional stores
 }
 
 // ContextWithInfo returns ctx carrying info. Adapters call it; a client can't
@@ -19,6 +21,14 @@ type Info struct {
 func ContextWithInfo(ctx context.Context, info Info) context.Context {
 	return context.WithValue(ctx, infoKey{}, &info)
 }
+
+// InfoKey returns the context key under which [ContextWithInfo] and
+// [Execution.WithInfo] store what [InfoFromContext] reads. Adapters of
+// frameworks whose request context answers Value from a store of its own
+// (Fiber v3: Ctx.Value reads the request's Locals, not Ctx.Context()) copy
+// ctx.Value(InfoKey()) there, so that InfoFromContext works on the
+// framework's context too.
+func InfoKey() any { return infoKey{} }
 
 // InfoFromContext returns the Info set by an adapter, ok = false when the
 // request was not handled by idem (method not covered, or fail-open).
@@ -28,4 +38,15 @@ func InfoFromContext(ctx context.Context) (info Info, ok bool) {
 		return Info{}, false
 	}
 	return *p, true
+}
+
+// UnitFromContext returns the [Unit] of the execution whose handler ctx
+// belongs to, or nil when the store is not [Transactional] or the request
+// is not an execution (not covered, replayed, fail-open). Stores wrap it
+// in a typed helper (e.g. pgstore.Tx).
+func UnitFromContext(ctx context.Context) Unit {
+	if p, ok := ctx.Value(infoKey{}).(*Info); ok {
+		return p.unit
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -49,7 +50,8 @@ type Request struct {
 type Engine struct {
 	store    Store
 	extender Extender
-	local    bool // the store does no I/O: no timeout contexts
+	tx       Transactional // nil unless the store offers transactional completion
+	local    bool          // the store does no I/O: no timeout contexts
 	cfg      config
 
 	tokenPrefix string
@@ -59,8 +61,10 @@ type Engine struct {
 
 	mu        sync.Mutex // guards closed and wg.Add
 	closed    bool
-	wg        sync.WaitGroup // background completion retries
-	closing   chan struct{}
+	wg        sync.WaitGroup // background completion retries and releases
+	draining  chan struct{}  // closed by Close: background releases try now
+	drainOnce sync.Once
+	closing   chan struct{} // closed when Close's ctx is done: background work stops
 	closeOnce sync.Once
 }
 
@@ -80,8 +84,9 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), tokenPrefix: rand.Text() + "."}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), draining: make(chan struct{}), tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
+	e.tx, _ = store.(Transactional)
 	if l, ok := store.(LocalStore); ok {
 		e.local = l.Local()
 	}
@@ -152,25 +157,28 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	}
 	scoped := ScopedKey(req.Principal, req.Method, route, key)
 	token := e.newToken()
-	ev := Event{Key: scoped, Method: req.Method, Route: route}
+	ev := Event{Key: scoped, Method: req.Method, Route: req.Route} // the template only: a path may be unbounded
 	fp := Fingerprint(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
 	var deadline time.Time
 	if e.cfg.wait > 0 {
 		deadline = time.Now().Add(e.cfg.wait)
 	}
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
+		start := time.Now()
 		rec, acquired, err := e.acquire(ctx, scoped, token, fp)
+		now := time.Now()
+		ev.Op, ev.StoreDuration = OpAcquire, now.Sub(start)
 		switch {
 		case err != nil:
 			e.emitErr(ctx, ev, EventStoreError, err, "idem: acquire failed")
-			e.releaseLater(ctx, scoped, token) // the acquire may still land: don't leave a lease nobody owns
+			e.releaseLater(ctx, ev, token) // the acquire may still land: don't leave a lease nobody owns
 			if e.cfg.failOpen {
 				e.cfg.logger.ErrorContext(ctx, "idem: store failed, running handler unprotected (fail-open)", "key", scoped[:16])
 				return nil, nil
 			}
 			return nil, e.problems.unavailable
 		case acquired:
-			x := &Execution{e: e, ctx: context.WithoutCancel(ctx), key: scoped, token: token, fp: fp, ev: ev}
+			x := &Execution{e: e, ctx: context.WithoutCancel(ctx), key: scoped, token: token, fp: fp, ev: ev, started: now}
 			e.emit(ctx, x.event(EventAcquired))
 			x.startRenewal()
 			return x, nil
@@ -219,16 +227,21 @@ func sleep(ctx context.Context, d time.Duration) error {
 // safe for concurrent use, except that lease renewal runs on its own until
 // Finish or Fail.
 type Execution struct {
-	e      *Engine
-	ctx    context.Context // detached from the request: completion survives a client hang-up
-	key    string
-	token  string
-	ev     Event
-	body   []byte
-	info   Info // what WithInfo puts in the handler's context
-	fp     string
-	header http.Header // stored header lines, from SnapshotHeader or Finish
-	outer  http.Header // header lines present when the execution began (OuterHeader)
+	e     *Engine
+	ctx   context.Context // detached from the request: completion survives a client hang-up
+	key   string
+	token string
+	ev    Event
+	body  []byte
+
+	started  time.Time     // when the lease was acquired
+	handler  time.Duration // how long the handler ran, set by finishing
+	storeDur time.Duration // how long the last Complete took
+	info     Info          // what WithInfo puts in the handler's context
+	unit     Unit          // the execution's transaction (Transactional stores), set by WithInfo
+	fp       string
+	header   http.Header // stored header lines, from SnapshotHeader or Finish
+	outer    http.Header // header lines present when the execution began (OuterHeader)
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
@@ -309,6 +322,9 @@ func (x *Execution) Finish(status int, header http.Header) {
 	if transient(err) { // a blip: try once more before the client gets its answer
 		err = x.complete(resp)
 	}
+	if errors.Is(err, ErrNotOwner) && x.landed(resp) {
+		err = nil // an attempt whose reply was lost or late did store it
+	}
 	if transient(err) && x.e.cfg.completionRetry > 0 && x.e.retryInBackground(x, resp, ev) {
 		return
 	}
@@ -317,6 +333,7 @@ func (x *Execution) Finish(status int, header http.Header) {
 }
 
 func (x *Execution) reportCompletion(ev Event, err error) {
+	ev = x.ended(ev, OpComplete, x.storeDur)
 	switch {
 	case errors.Is(err, ErrNotOwner):
 		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before completion; the response was not stored")
@@ -335,11 +352,21 @@ func transient(err error) bool {
 }
 
 func (x *Execution) complete(resp *Response) error {
+	start := time.Now()
+	defer func() { x.storeDur = time.Since(start) }()
 	if x.e.local {
-		return x.e.store.Complete(x.ctx, x.key, x.token, resp, x.e.cfg.retention)
+		return x.storeComplete(x.ctx, resp)
 	}
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	defer cancel()
+	return x.storeComplete(ctx, resp)
+}
+
+// storeComplete completes through x's Unit when it has one, else the Store.
+func (x *Execution) storeComplete(ctx context.Context, resp *Response) error {
+	if x.unit != nil {
+		return x.unit.Complete(ctx, resp, x.e.cfg.retention)
+	}
 	return x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
 }
 
@@ -368,7 +395,7 @@ func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool 
 				return
 			case <-t.C:
 			}
-			if err = x.complete(resp); errors.Is(err, ErrNotOwner) && x.landed() {
+			if err = x.complete(resp); errors.Is(err, ErrNotOwner) && x.landed(resp) {
 				err = nil // an earlier attempt that timed out reached the store after all
 			}
 			if !transient(err) {
@@ -385,13 +412,15 @@ func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool 
 // their leases to lapse.
 const maxReleasers = 256
 
-// releaseLater releases the lease token may hold on key, in the background:
+// releaseLater releases the lease token may hold on ev.Key, in the background:
 // after a failed acquire (which may still land in a store that stalled) or a
 // failed release. It tries at storeTimeout, then twice as late each time,
-// until a release succeeds or a lease has passed, so a stalled store leaves
-// no key stuck at 409 for a whole lease. Tokens are unique, so releasing a
-// lease that never existed is harmless. Close stops it.
-func (e *Engine) releaseLater(ctx context.Context, key, token string) {
+// until the store answers (released, or ErrNotOwner: no lease of token's is
+// left, because the failed call never landed or did its work) or a lease
+// has passed, so a stalled store leaves no key stuck at 409 for a whole
+// lease. Tokens are unique, so releasing a lease that never existed is
+// harmless. Close makes it try once at once, then stop.
+func (e *Engine) releaseLater(ctx context.Context, ev Event, token string) {
 	if e.local || e.releasers.Add(1) > maxReleasers {
 		e.releasers.Add(-1)
 		return
@@ -410,42 +439,63 @@ func (e *Engine) releaseLater(ctx context.Context, key, token string) {
 		waited := time.Duration(0)
 		for pause := e.cfg.storeTimeout; waited < e.cfg.lease; pause *= 2 {
 			t := time.NewTimer(pause)
+			last := false
 			select {
 			case <-e.closing:
 				t.Stop()
 				return
+			case <-e.draining: // Close: one last try now, no more waiting
+				t.Stop()
+				last = true
 			case <-t.C:
 			}
 			waited += pause
+			start := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, e.cfg.storeTimeout)
-			err := e.store.Release(rctx, key, token)
+			err := e.store.Release(rctx, ev.Key, token)
 			cancel()
 			if err == nil {
-				e.emit(ctx, Event{Kind: EventReleased, Key: key})
+				e.emit(ctx, Event{Kind: EventReleased, Key: ev.Key, Method: ev.Method, Route: ev.Route, Op: OpRelease, StoreDuration: time.Since(start)})
+			}
+			if err == nil || errors.Is(err, ErrNotOwner) || last {
 				return
 			}
 		}
 	}()
 }
 
-// landed reports whether the key holds this execution's completed record.
-func (x *Execution) landed() bool {
+// landed reports whether the key holds this execution's completed record,
+// resp: after [ErrNotOwner] from Complete, an earlier attempt whose reply
+// was lost (connection cut, reply later than the store timeout, or a
+// client-side retry of a command that had run) may have stored it. Stores
+// that drop the token on completion are matched by fingerprint and
+// response, so that a takeover's completion is not taken for this one.
+func (x *Execution) landed(resp *Response) bool {
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	defer cancel()
 	rec, found, err := x.e.store.Get(ctx, x.key)
-	return err == nil && found && rec.State == StateCompleted && rec.Fingerprint == x.fp && (rec.Token == "" || rec.Token == x.token)
+	if err != nil || !found || rec.State != StateCompleted || rec.Fingerprint != x.fp || rec.Response == nil {
+		return false
+	}
+	if rec.Token != "" {
+		return rec.Token == x.token
+	}
+	return rec.Response.Status == resp.Status && bytes.Equal(rec.Response.Body, resp.Body)
 }
 
 // Close stops the background completion retries (see [WithCompletionRetry])
-// and the releases of leases a failed store call may have left: it waits for
-// them until ctx is done, then abandons them, leaving their keys in progress
-// until their leases lapse. Call it after the server has shut
-// down; Begin still works after Close, without background retries. It
-// returns ctx.Err() if retries were abandoned.
+// and the releases of leases a failed store call may have left. Pending
+// releases are tried once at once; completion retries go on. Close waits
+// only for that work, and returns nil as soon as none is left (at once
+// when there was none), or abandons it when ctx is done, leaving its keys
+// in progress until their leases lapse, and returns ctx.Err(). Call it
+// after the server has shut down; Begin still works after Close, without
+// background work.
 func (e *Engine) Close(ctx context.Context) error {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
+	e.drainOnce.Do(func() { close(e.draining) })
 	done := make(chan struct{})
 	go func() { e.wg.Wait(); close(done) }()
 	select {
@@ -506,16 +556,25 @@ func (e *Engine) acquire(ctx context.Context, key, token, fp string) (Record, bo
 }
 
 func (x *Execution) release() {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
-	defer cancel()
-	switch err := x.e.store.Release(ctx, x.key, x.token); {
+	var err error
+	if x.unit != nil {
+		err = x.unit.Release(ctx)
+	} else {
+		err = x.e.store.Release(ctx, x.key, x.token)
+	}
+	cancel()
+	ev := x.ended(x.ev, OpRelease, time.Since(start))
+	switch {
 	case errors.Is(err, ErrNotOwner):
-		x.e.emitErr(x.ctx, x.ev, EventLeaseLost, err, "idem: lease lost before release")
+		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before release")
 	case err != nil:
-		x.e.emitErr(x.ctx, x.ev, EventStoreError, err, "idem: release failed; retrying in the background")
-		x.e.releaseLater(x.ctx, x.key, x.token)
+		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: release failed; retrying in the background")
+		x.e.releaseLater(x.ctx, x.ev, x.token)
 	default:
-		x.e.emit(x.ctx, x.event(EventReleased))
+		ev.Kind = EventReleased
+		x.e.emit(x.ctx, ev)
 	}
 }
 
@@ -533,17 +592,19 @@ func (x *Execution) renew() {
 	ctx, cancel := context.WithTimeout(x.ctx, min(x.e.cfg.storeTimeout, every)) // a slow renewal must not outlast the lease
 	err := x.e.extender.Extend(ctx, x.key, x.token, x.e.cfg.lease)
 	cancel()
+	ev := x.ev
+	ev.Op, ev.StoreDuration = OpExtend, time.Since(start)
 	if errors.Is(err, ErrNotOwner) {
 		x.mu.Lock()
 		finished := x.finished
 		x.mu.Unlock()
 		if !finished { // after Finish or Fail, the record is legitimately no longer ours
-			x.e.emitErr(x.ctx, x.ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
+			x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
 		}
 		return
 	}
 	if err != nil {
-		x.e.emitErr(x.ctx, x.ev, EventStoreError, err, "idem: lease renewal failed; retrying")
+		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: lease renewal failed; retrying")
 	}
 	x.mu.Lock()
 	if !x.done {
@@ -552,8 +613,10 @@ func (x *Execution) renew() {
 	x.mu.Unlock()
 }
 
-// finishing marks the handler as done; renewal continues until stopRenewal.
+// finishing marks the handler as done and measures how long it ran;
+// renewal continues until stopRenewal.
 func (x *Execution) finishing() {
+	x.handler = time.Since(x.started)
 	x.mu.Lock()
 	x.finished = true
 	x.mu.Unlock()
@@ -572,6 +635,13 @@ func (x *Execution) stopRenewal() {
 func (x *Execution) event(k EventKind) Event {
 	ev := x.ev
 	ev.Kind = k
+	return ev
+}
+
+// ended returns ev as the event ending the execution: the store call op
+// that took d, and the handler's duration.
+func (x *Execution) ended(ev Event, op StoreOp, d time.Duration) Event {
+	ev.Op, ev.StoreDuration, ev.HandlerDuration, ev.Ended = op, d, x.handler, true
 	return ev
 }
 

@@ -1,6 +1,9 @@
 package idem
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // EventKind names what the engine did with a request.
 type EventKind uint8
@@ -28,18 +31,63 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event describes one decision or failure of the engine.
+// StoreOp names a [Store] method the engine called.
+type StoreOp uint8
+
+// Store operations, reported in [Event.Op].
+const (
+	OpAcquire  StoreOp = iota + 1 // Store.Acquire
+	OpComplete                    // Store.Complete
+	OpRelease                     // Store.Release
+	OpExtend                      // Extender.Extend (lease renewal)
+)
+
+var opNames = [...]string{"", "acquire", "complete", "release", "extend"}
+
+// String returns the operation's name, e.g. "acquire", or "" for none.
+func (o StoreOp) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return "unknown"
+}
+
+// Event describes one decision or failure of the engine. Its fields carry
+// what a metrics or tracing exporter needs (see observability/idemotel);
+// none carries the raw idempotency key or the principal.
 type Event struct {
 	Kind EventKind
-	// Key is the scoped, hashed key (never the raw idempotency key); empty
-	// for rejected requests.
-	Key    string
+	// Key is the scoped, hashed key (64 hex characters, [ScopedKey], never
+	// the raw idempotency key); empty for rejected requests.
+	Key string
+	// Method is the request's method, e.g. "POST".
 	Method string
-	Route  string
+	// Route is the route template the adapter reported, e.g.
+	// "/v1/payments/:id"; empty when it reported none (the scope then uses
+	// the path, which events leave out: metric labels must stay bounded).
+	Route string
 	// Status is the handler's status, for EventCompleted.
 	Status int
 	// Err is the cause, for EventRejected, EventLeaseLost and EventStoreError.
 	Err error
+	// Op is the store call the event reports: OpAcquire for acquired,
+	// replayed, conflict and mismatch; the failed call for lease-lost and
+	// store-error; OpComplete for completed; OpRelease for released. 0 for
+	// rejected requests, which reach no store.
+	Op StoreOp
+	// StoreDuration is how long that call took, up to the store timeout (the
+	// last attempt when a duplicate waited with [WithWait] or a completion
+	// was retried). 0 when Op is 0. Successful lease renewals report no event.
+	StoreDuration time.Duration
+	// HandlerDuration is how long the handler ran, from the acquisition to
+	// Finish, Fail or Abort; set only when Ended is true.
+	HandlerDuration time.Duration
+	// Ended is true on the one event that ends an execution announced by
+	// EventAcquired: its completion or release (completed, released, or
+	// lease-lost or store-error at completion or release). Events while the
+	// handler runs (lease renewal) and background releases have it false, so
+	// executions in progress = acquired events - ended events.
+	Ended bool
 }
 
 func (e *Engine) emit(ctx context.Context, ev Event) {

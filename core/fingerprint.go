@@ -4,35 +4,31 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"math"
+	"net/url"
 	"slices"
 	"strings"
 )
 
 // Fingerprint returns the request fingerprint: the hex SHA-256 (64 characters)
-// over the method, path, query parameters in any order, media type (lower-cased,
-// spaces removed) and raw body. A reused idempotency key whose fingerprint
-// differs from the stored one is answered with 422 (IETF draft "The
-// Idempotency-Key HTTP Header Field" section 2.7; Stripe compares endpoint and
-// parameters the same way).
+// over the method, path, query parameters, media type (lower-cased, spaces
+// removed) and raw body. A reused idempotency key whose fingerprint differs
+// from the stored one is answered with 422 (IETF draft "The Idempotency-Key
+// HTTP Header Field" section 2.7; Stripe compares endpoint and parameters the
+// same way).
+//
+// The query is compared as a handler reads it, with [url.ParseQuery]
+// semantics: two queries fingerprint alike exactly when they parse to the
+// same names with the same values in the same order. So the order of
+// distinct names, "+" or "%20" for a space, percent-encoding ("%61" or "a"),
+// "a" or "a=" and empty pairs ("a=1&&b=2") don't matter; the order of the
+// values of one name ("a=1&a=2" is not "a=2&a=1") and every decoded byte do.
+// A query ParseQuery rejects (a bad escape, a ";") is compared byte for byte.
 func Fingerprint(method, path, rawQuery, contentType string, body []byte) string {
 	var stack [1024]byte
 	b := appendField(stack[:0], method)
 	b = appendField(b, path)
-	switch {
-	case rawQuery == "":
-		b = binary.AppendUvarint(b, 0)
-	case strings.IndexByte(rawQuery, '&') < 0:
-		b = binary.AppendUvarint(b, 1)
-		b = appendField(b, rawQuery)
-	default:
-		pairs := strings.Split(rawQuery, "&")
-		pairs = slices.DeleteFunc(pairs, func(p string) bool { return p == "" })
-		slices.Sort(pairs)
-		b = binary.AppendUvarint(b, uint64(len(pairs))) // the count keeps the query from spilling into later fields
-		for _, p := range pairs {
-			b = appendField(b, p)
-		}
-	}
+	b = appendQuery(b, rawQuery)
 	b = appendField(b, normalizeMediaType(contentType))
 	if len(b)+len(body) <= cap(stack) { // small request: hash on the stack
 		return hexSum(sha256.Sum256(append(b, body...)))
@@ -43,6 +39,95 @@ func Fingerprint(method, path, rawQuery, contentType string, body []byte) string
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
 	return hexSum(sum)
+}
+
+// queryParam is one name=value pair of a query: name decoded, value raw.
+type queryParam struct{ name, value string }
+
+// rawQueryMark replaces the pair count of a query that does not parse; no
+// query has that many pairs.
+const rawQueryMark = math.MaxUint64
+
+// appendQuery appends the canonical form of rawQuery: the pair count, then
+// each decoded name and value, length-prefixed (the count keeps the query
+// from spilling into later fields), the pairs ordered by name and, within a
+// name, as sent: what url.ParseQuery's ordered url.Values hold. A query
+// that does not parse is appended raw after [rawQueryMark].
+func appendQuery(b []byte, rawQuery string) []byte {
+	var stack [16]queryParam
+	ps := stack[:0]
+	for q := rawQuery; q != ""; {
+		var kv string
+		kv, q, _ = strings.Cut(q, "&")
+		if kv == "" {
+			continue
+		}
+		name, value, _ := strings.Cut(kv, "=")
+		var err error
+		if strings.IndexByte(kv, ';') >= 0 || !validEscapes(value) {
+			return appendField(binary.AppendUvarint(b, rawQueryMark), rawQuery)
+		}
+		if name, err = url.QueryUnescape(name); err != nil {
+			return appendField(binary.AppendUvarint(b, rawQueryMark), rawQuery)
+		}
+		ps = append(ps, queryParam{name, value})
+	}
+	slices.SortStableFunc(ps, func(x, y queryParam) int { return strings.Compare(x.name, y.name) })
+	b = binary.AppendUvarint(b, uint64(len(ps)))
+	for _, p := range ps {
+		b = appendField(b, p.name)
+		b = appendUnescaped(b, p.value)
+	}
+	return b
+}
+
+// validEscapes reports whether every "%" in s starts a two-digit hex escape,
+// the only check url.QueryUnescape makes.
+func validEscapes(s string) bool {
+	for i := strings.IndexByte(s, '%'); i >= 0; i = strings.IndexByte(s, '%') {
+		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			return false
+		}
+		s = s[i+3:]
+	}
+	return true
+}
+
+// appendUnescaped appends s decoded as url.QueryUnescape does ("+" is a
+// space, "%XX" a byte), length-prefixed like appendField, without
+// allocating. s has valid escapes.
+func appendUnescaped(b []byte, s string) []byte {
+	if strings.IndexByte(s, '%') < 0 && strings.IndexByte(s, '+') < 0 {
+		return appendField(b, s)
+	}
+	n := len(s) - 2*strings.Count(s, "%")
+	b = binary.AppendUvarint(b, uint64(n))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%':
+			b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
+			i += 2
+		case '+':
+			b = append(b, ' ')
+		default:
+			b = append(b, c)
+		}
+	}
+	return b
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
 }
 
 // ScopedKey returns the key a [Store] sees: the hex SHA-256 (64 characters) of

@@ -33,9 +33,14 @@ func (e *Engine) BeginHTTP(r *http.Request, route, principal string) (*Execution
 	return x, resp
 }
 
-// WithInfo returns ctx carrying [Info] about x (its scoped key), for the handler.
+// WithInfo returns ctx carrying [Info] about x (its scoped key), for the
+// handler, and, with a [Transactional] store, x's [Unit] (see
+// [UnitFromContext]); the engine then completes or releases through it.
 func (x *Execution) WithInfo(ctx context.Context) context.Context {
-	x.info = Info{Key: x.key}
+	if x.e.tx != nil && x.unit == nil {
+		x.unit = x.e.tx.Unit(x.key, x.token)
+	}
+	x.info = Info{Key: x.key, unit: x.unit}
 	return context.WithValue(ctx, infoKey{}, &x.info) // no allocation beyond the context's
 }
 

@@ -146,3 +146,40 @@ type LocalStore interface {
 	// Local reports whether the store does no I/O.
 	Local() bool
 }
+
+// Transactional is implemented by stores that can commit a handler's own
+// writes in the same transaction as its completed record (Stripe's "atomic
+// phases"), e.g. a SQL store whose handlers write to the same database:
+// either the writes and the completion both persist, or neither does, even
+// when the process dies or its lease is taken over before the completion.
+//
+// The [Engine] asks for one [Unit] per execution when the adapter binds the
+// handler's context ([Execution.WithInfo]), and then completes or releases
+// through that Unit instead of the Store. Handlers reach their Unit with
+// [UnitFromContext], usually through a store helper (e.g. pgstore.Tx).
+type Transactional interface {
+	// Unit returns the unit of work of the execution that holds token's
+	// lease on key. It must do no I/O: a store opens its transaction
+	// lazily, when the handler first asks for it, so handlers that never
+	// use it cost nothing extra.
+	Unit(key, token string) Unit
+}
+
+// Unit is one execution's transaction in a [Transactional] store. The
+// engine ends it with Complete (possibly called again after an error, as
+// [Store.Complete] is) or Release; handlers must not use the transaction
+// after their handler returned.
+type Unit interface {
+	// Complete is [Store.Complete] for this execution, inside its
+	// transaction: the conditional update (token still holds a live lease)
+	// and the commit of the handler's writes succeed or fail together.
+	// When the lease was lost it rolls the handler's writes back and
+	// returns [ErrNotOwner]. A call after a failed commit returns nil only
+	// if the commit did land (record completed under this token), else
+	// [ErrNotOwner]: the writes are gone and must not be answered for.
+	// [ErrTooLarge] and [ErrInvalidDuration] leave the transaction open.
+	Complete(ctx context.Context, resp *Response, retention time.Duration) error
+	// Release is [Store.Release] for this execution, after rolling back
+	// the handler's writes (which happens even if the release fails).
+	Release(ctx context.Context) error
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make lint`: golangci-lint v2 (configuration in .golangci.yml at the root)
-# over every module of the workspace. Installs golangci-lint into .tmp/bin
-# the first time.
+# over every module of the workspace, and actionlint over the GitHub Actions
+# workflows in .github/workflows. Installs both into .tmp/bin the first time.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -18,5 +18,16 @@ for dir in $(go list -m -f '{{.Dir}}'); do
   echo "=== ${dir#"$ROOT"/}"
   (cd "$dir" && "$BIN" run --config "$ROOT/.golangci.yml" ./...) || status=1
 done
+ACTIONLINT_VERSION=v1.7.12 # github.com/rhysd/actionlint
+ACTIONLINT="$ROOT/.tmp/bin/actionlint-$ACTIONLINT_VERSION"
+if [ ! -x "$ACTIONLINT" ]; then
+  echo "lint: installing actionlint $ACTIONLINT_VERSION"
+  mkdir -p "$ROOT/.tmp/bin"
+  (cd "$(mktemp -d)" && GOWORK=off GOFLAGS= GOBIN="$ROOT/.tmp/gobin" go install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION")
+  mv "$ROOT/.tmp/gobin/actionlint" "$ACTIONLINT"
+fi
+echo "=== .github/workflows (actionlint)"
+"$ACTIONLINT" -no-color || status=1
+
 if [ $status -ne 0 ]; then echo "make lint: findings above"; else echo "make lint: clean"; fi
 exit $status

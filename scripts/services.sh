@@ -5,6 +5,9 @@
 #   IDEM_MONGO_URI   a FerretDB test server built from tools/ferretdb and started here,
 #                    unless IDEM_MONGO_URI already points at a server (e.g. a real MongoDB)
 #   IDEM_FERRETDB_BIN the FerretDB binary, for tests that stop and restart their own
+#   IDEM_POSTGRES_URL a PostgreSQL database: postgres://postgres@127.0.0.1:5432/test if
+#                    that server answers, else one started here (installed with apt if
+#                    missing; data in .tmp/postgres, trust auth, database test)
 # Everything started here is stopped by the EXIT trap.
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -53,3 +56,45 @@ if [ -z "${IDEM_MONGO_URI:-}" ]; then
   export IDEM_MONGO_URI
 fi
 echo "services: MongoDB-wire server at $IDEM_MONGO_URI"
+
+# --- PostgreSQL ---
+pg_answers() { # host port: accepts connections
+  if command -v pg_isready >/dev/null; then pg_isready -q -h "$1" -p "$2" -t 2; else (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; fi
+}
+if [ -z "${IDEM_POSTGRES_URL:-}" ]; then
+  if pg_answers 127.0.0.1 5432; then
+    export IDEM_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test
+  else
+    pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+    if [ -z "$pgbin" ]; then
+      echo "services: no PostgreSQL on 127.0.0.1:5432 and none installed; installing it (apt-get install postgresql)" >&2
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) >&2 \
+        || { echo "services: could not install postgresql; start one and set IDEM_POSTGRES_URL" >&2; exit 1; }
+      pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+    fi
+    as_pg=() # initdb and postgres refuse to run as root: run them as the postgres user
+    if [ "$(id -u)" = 0 ]; then
+      id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+      as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups)
+    fi
+    pgdata="$TMP/postgres" pgsock="$TMP/postgres-sock"
+    mkdir -p "$pgsock"
+    [ "$(id -u)" = 0 ] && chown postgres: "$pgsock"
+    if [ ! -f "$pgdata/PG_VERSION" ]; then
+      rm -rf "$pgdata" && mkdir -p "$pgdata" && { [ "$(id -u)" != 0 ] || chown postgres: "$pgdata"; }
+      "${as_pg[@]}" "$pgbin/initdb" -D "$pgdata" -U postgres --auth=trust --no-sync >"$TMP/postgres-initdb.log" 2>&1 \
+        || { echo "services: initdb failed" >&2; cat "$TMP/postgres-initdb.log" >&2; exit 1; }
+    fi
+    port=$(free_port)
+    "${as_pg[@]}" "$pgbin/postgres" -D "$pgdata" -p "$port" -k "$pgsock" -c listen_addresses=127.0.0.1 \
+      -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 >"$TMP/postgres.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do pg_answers 127.0.0.1 "$port" && break; sleep 0.1; done
+    pg_answers 127.0.0.1 "$port" || { echo "services: postgres did not start" >&2; cat "$TMP/postgres.log" >&2; exit 1; }
+    "$pgbin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
+      || "$pgbin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc "CREATE DATABASE test" \
+      || { echo "services: could not create database test" >&2; exit 1; }
+    export IDEM_POSTGRES_URL="postgres://postgres@127.0.0.1:$port/test"
+  fi
+fi
+echo "services: PostgreSQL at $IDEM_POSTGRES_URL"

@@ -8,11 +8,16 @@ import (
 
 	"github.com/idemkit/idem/adapters/idemecho"
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/stores/memstore"
 )
 
+// store is the application's [idem.Store]: memstore.New() for one process
+// (github.com/idemkit/idem/stores/memstore), redisstore or mongostore for
+// several instances. The example leaves it unset so that this module does not
+// require a store module (its tests, on memstore, live in tests/adapters).
+var store idem.Store
+
 func Example() {
-	e, err := idem.New(memstore.New())
+	e, err := idem.New(store)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -6,11 +6,7 @@ require github.com/idemkit/idem/core v0.1.0
 
 replace github.com/idemkit/idem/core => ../../core
 
-require (
-	github.com/idemkit/idem/stores/memstore v0.1.0
-	github.com/labstack/echo/v4 v4.16.0
-	go.uber.org/goleak v1.3.0
-)
+require github.com/labstack/echo/v4 v4.16.0
 
 require (
 	github.com/labstack/gommon v0.5.0 // indirect
@@ -24,5 +20,3 @@ require (
 	golang.org/x/text v0.40.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 )
-
-replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore

@@ -6,11 +6,7 @@ require github.com/idemkit/idem/core v0.1.0
 
 replace github.com/idemkit/idem/core => ../../core
 
-require (
-	github.com/gofiber/fiber/v2 v2.52.15
-	github.com/idemkit/idem/stores/memstore v0.1.0
-	go.uber.org/goleak v1.3.0
-)
+require github.com/gofiber/fiber/v2 v2.52.15
 
 require (
 	github.com/andybalholm/brotli v1.2.7 // indirect
@@ -25,5 +21,3 @@ require (
 	github.com/valyala/tcplisten v1.0.0 // indirect
 	golang.org/x/sys v0.28.0 // indirect
 )
-
-replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore

@@ -6,11 +6,7 @@ require github.com/idemkit/idem/core v0.1.0
 
 replace github.com/idemkit/idem/core => ../../core
 
-require (
-	github.com/gin-gonic/gin v1.12.0
-	github.com/idemkit/idem/stores/memstore v0.1.0
-	go.uber.org/goleak v1.3.0
-)
+require github.com/gin-gonic/gin v1.12.0
 
 require (
 	github.com/bytedance/gopkg v0.1.3 // indirect
@@ -43,5 +39,3 @@ require (
 	golang.org/x/text v0.34.0 // indirect
 	google.golang.org/protobuf v1.36.10 // indirect
 )
-
-replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore

@@ -51,6 +51,11 @@ type Config struct {
 	// mounting of App (an http.Handler) buffers; such adapters must test
 	// their framework's native streaming themselves.
 	SkipStreaming string
+	// Unsupported maps the names of suite checks the adapter does not pass
+	// yet ("OuterHeadersNotReplayed", "Group/ScopeByPrincipalAndRoute") to
+	// the reason; each is reported skipped with it. It is for an adapter
+	// catching up with a newly added check, never for a permanent gap.
+	Unsupported map[string]string
 }
 
 // Where says where Mount mounts the adapter's middleware.
@@ -144,19 +149,34 @@ func Run(t *testing.T, cfg Config) {
 		{"UnmatchedRoutePassesThrough", s.testUnmatched},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, tt.fn)
+		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))
 	}
 	for _, where := range []Where{Group, Global} {
 		m := &suite{cfg: cfg, where: where, client: s.client}
 		t.Run(where.String(), func(t *testing.T) {
-			t.Run("ExecuteThenReplay", m.testExecuteThenReplay)
-			t.Run("ScopeByPrincipalAndRoute", m.testScope)
-			t.Run("UncoveredMethodsPassThrough", m.testPassThrough)
-			t.Run("OuterHeadersNotReplayed", m.testOuterHeaders)
-			t.Run("Skip", m.testSkip)
-			t.Run("UnmatchedRoutePassesThrough", m.testUnmatched)
+			for _, tt := range []struct {
+				name string
+				fn   func(*testing.T)
+			}{
+				{"ExecuteThenReplay", m.testExecuteThenReplay},
+				{"ScopeByPrincipalAndRoute", m.testScope},
+				{"UncoveredMethodsPassThrough", m.testPassThrough},
+				{"OuterHeadersNotReplayed", m.testOuterHeaders},
+				{"Skip", m.testSkip},
+				{"UnmatchedRoutePassesThrough", m.testUnmatched},
+			} {
+				t.Run(tt.name, s.unlessUnsupported(where.String()+"/"+tt.name, tt.fn))
+			}
 		})
 	}
+}
+
+func (s *suite) unlessUnsupported(name string, fn func(*testing.T)) func(*testing.T) {
+	reason, ok := s.cfg.Unsupported[name]
+	if !ok {
+		return fn
+	}
+	return func(t *testing.T) { t.Skip("unsupported by this adapter yet: " + reason) }
 }
 
 // serve mounts a fresh App behind an engine with opts.

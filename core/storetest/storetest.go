@@ -9,7 +9,8 @@
 // acquire on absent, in-progress, completed and lapsed records; exactly one
 // winner among racing goroutines; owner-only complete, release and extend;
 // lease and retention expiry (with real time, in tenths of a second);
-// cancelled contexts; binary bodies and multi-value headers; defensive copies.
+// cancelled contexts; binary bodies and multi-value headers; defensive copies;
+// the optional [idem.Extender] and [idem.Inspector] when the store has them.
 package storetest
 
 import (
@@ -37,23 +38,9 @@ const (
 	retention  = time.Hour
 )
 
-// Options tunes Run for stores with known limits.
-type Options struct {
-	// SkipConcurrentTakeover skips the race between several requests taking
-	// over one lapsed lease, with this reason. Only for test servers known
-	// not to make conditional updates atomic (see mongostore and FerretDB);
-	// never for a production store.
-	SkipConcurrentTakeover string
-}
-
 // Run runs the conformance suite. newStore is called once per subtest and
 // must return a store isolated from the others (e.g. by a random key prefix).
 func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
-	RunWithOptions(t, newStore, Options{})
-}
-
-// RunWithOptions is Run with options.
-func RunWithOptions(t *testing.T, newStore func(t *testing.T) idem.Store, opts Options) {
 	tests := []struct {
 		name string
 		fn   func(*testing.T, idem.Store)
@@ -63,6 +50,7 @@ func RunWithOptions(t *testing.T, newStore func(t *testing.T) idem.Store, opts O
 		{"AcquireCompleted", testAcquireCompleted},
 		{"AcquireLapsedLease", testAcquireLapsedLease},
 		{"RacingAcquireOneWinner", testRacingAcquire},
+		{"RacingTakeoverOneWinner", testRacingTakeover},
 		{"CompleteOwnerOnly", testCompleteOwnerOnly},
 		{"ReleaseOwnerOnly", testReleaseOwnerOnly},
 		{"RetentionExpiry", testRetentionExpiry},
@@ -74,16 +62,11 @@ func RunWithOptions(t *testing.T, newStore func(t *testing.T) idem.Store, opts O
 		{"BinaryRoundTrip", testBinaryRoundTrip},
 		{"LargeBody", testLargeBody},
 		{"DefensiveCopies", testDefensiveCopies},
+		{"Inspector", testInspector},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
 	}
-	t.Run("RacingTakeoverOneWinner", func(t *testing.T) {
-		if opts.SkipConcurrentTakeover != "" {
-			t.Skip(opts.SkipConcurrentTakeover)
-		}
-		testRacingTakeover(t, newStore(t))
-	})
 }
 
 // Key returns a fresh random key shaped like the engine's (64 hex characters).
@@ -268,32 +251,76 @@ func testRacingAcquire(t *testing.T, s idem.Store) {
 	}
 }
 
+// testRacingTakeover races many requests taking over one expired record,
+// for several keys at once and several rounds: a lapsed lease and a
+// completed record past its retention. Exactly one request per key may win,
+// whatever the interleaving; the losers must see the winner's live record,
+// and only the winner may complete. The stores' atomicity is the only
+// thing decided here: the racers start together and wait for nothing.
 func testRacingTakeover(t *testing.T, s idem.Store) {
-	const racers = 32
-	for k := 0; k < 4; k++ {
-		key := Key()
-		mustAcquire(t, s, key, Token(), fingerprint("a"), shortLease)
+	const rounds, keys, racers = 3, 4, 24
+	for round := range rounds {
+		type lapsed struct{ key, owner string }
+		var ks []lapsed
+		for k := range keys {
+			key, owner := Key(), Token()
+			if k%2 == 0 { // in-progress, lease about to lapse
+				mustAcquire(t, s, key, owner, fingerprint("a"), shortLease)
+			} else { // completed, retention about to end
+				mustAcquire(t, s, key, owner, fingerprint("a"), longLease)
+				mustComplete(t, s, key, owner, sampleResponse(), shortLease)
+			}
+			ks = append(ks, lapsed{key, owner})
+		}
 		time.Sleep(shortLease + 200*time.Millisecond)
-		var winners atomic.Int32
+
+		winners := make([][]string, keys)
+		seen := make([][]string, keys) // tokens the losers were shown
+		var mu sync.Mutex
 		var wg sync.WaitGroup
 		start := make(chan struct{})
-		for g := 0; g < racers; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				_, ok, err := s.Acquire(context.Background(), key, Token(), fingerprint("a"), longLease)
-				if err != nil {
-					t.Errorf("racing takeover: %v", err)
-				} else if ok {
-					winners.Add(1)
-				}
-			}()
+		for k, l := range ks {
+			for range racers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tok := Token()
+					<-start
+					rec, ok, err := s.Acquire(context.Background(), l.key, tok, fingerprint("b"), longLease)
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case err != nil:
+						t.Errorf("racing takeover: %v", err)
+					case ok:
+						winners[k] = append(winners[k], tok)
+					case rec.State != idem.StateInProgress || rec.Fingerprint != fingerprint("b"):
+						t.Errorf("losing takeover saw %v with fingerprint %.8s; want the winner's in-progress record", rec.State, rec.Fingerprint)
+					default:
+						seen[k] = append(seen[k], rec.Token)
+					}
+				}()
+			}
 		}
 		close(start)
 		wg.Wait()
-		if n := winners.Load(); n != 1 {
-			t.Fatalf("%d of %d racing takeovers of one lapsed lease won; want exactly 1", n, racers)
+		for k, l := range ks {
+			if len(winners[k]) != 1 {
+				t.Fatalf("round %d key %d: %d of %d racing takeovers of one expired record won; want exactly 1", round, k, len(winners[k]), racers)
+			}
+			w := winners[k][0]
+			for _, tok := range seen[k] {
+				if tok != w {
+					t.Fatalf("round %d key %d: a loser was shown token %.8s; want the winner's %.8s", round, k, tok, w)
+				}
+			}
+			if err := s.Complete(ctx(t), l.key, l.owner, sampleResponse(), retention); !errors.Is(err, idem.ErrNotOwner) {
+				t.Fatalf("Complete by the expired owner after the takeover = %v; want ErrNotOwner", err)
+			}
+			if rec, found := get(t, s, l.key); !found || rec.State != idem.StateInProgress || rec.Token != w {
+				t.Fatalf("Get after the takeovers = %+v, %v; want the winner's in-progress record", rec, found)
+			}
+			mustComplete(t, s, l.key, w, sampleResponse(), retention)
 		}
 	}
 }

@@ -40,15 +40,26 @@ const (
 	fieldResponse    = "response"
 )
 
-// Values of the state field.
+// Values of the state field. Records hold 1 or 2; claims (see claim) 3 or 4.
 const (
 	stateInProgress int32 = 1
 	stateCompleted  int32 = 2
+	stateClaimed    int32 = 3 // a takeover claim: the successor is an in-progress record
+	statePurging    int32 = 4 // a purge claim: the record is being deleted
 )
 
 // maxAcquireAttempts bounds Acquire's retries after a lost takeover or a
-// duplicate-key answer to a racing upsert.
+// duplicate-key answer to a racing upsert, and the claims one attempt
+// follows.
 const maxAcquireAttempts = 4
+
+// claimKeep is how long a claim outlives the lease it grants: long enough
+// for every request that read the record version it ends to find it.
+const claimKeep = time.Minute
+
+// claimSep separates a record's key from the token of the version a claim
+// ends in the claim's _id. Tokens never contain it.
+const claimSep = "~"
 
 // docOverhead is a generous bound on the bytes of a record other than the
 // response: _id, token, fingerprint, state, expiresAt and BSON framing.
@@ -161,8 +172,52 @@ func owned(key, token string, now time.Time) bson.D {
 
 var acquireOpts = options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)
 
-// Acquire implements [idem.Store.Acquire] in one round trip when the key is
-// free or live, two when it takes over an expired record. Errors: ctx's error
+// claim is the document that decides who ends one version of a record. Its
+// _id is the record's key, claimSep and the token of the version it ends
+// (claimID): the unique _id index admits one insert of it, so of all the
+// requests taking over one expired record exactly one wins, on every
+// MongoDB-wire server, including those whose conditional updates are not
+// atomic (FerretDB). It holds the successor the winner grants itself (its
+// token, fingerprint and lease end) so that losers can answer from it
+// before the winner has rewritten the record.
+type claim struct {
+	ID          string        `bson:"_id"`
+	State       int32         `bson:"state"` // stateClaimed or statePurging
+	Token       string        `bson:"token"`
+	Fingerprint string        `bson:"fingerprint"`
+	Lease       bson.DateTime `bson:"lease"`     // end of the successor's first lease
+	ExpiresAt   bson.DateTime `bson:"expiresAt"` // the claim's own expiry, for the TTL index and Purge
+}
+
+func claimID(key, token string) string { return key + claimSep + token }
+
+// insertClaim tries to end the version of key held by ended, granting c.
+// It reports whether this call won; a loser gets the winner's claim, or
+// nil when the claim vanished meanwhile (purged).
+func (s *Store) insertClaim(ctx context.Context, key, ended string, c claim) (won bool, winner *claim, err error) {
+	c.ID = claimID(key, ended)
+	_, err = s.coll.InsertOne(ctx, c)
+	if err == nil {
+		return true, nil, nil
+	}
+	if !mongo.IsDuplicateKeyError(err) {
+		return false, nil, fmt.Errorf("mongostore: claim: %w", err)
+	}
+	var w claim
+	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: c.ID}}).Decode(&w)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return false, nil, nil
+	case err != nil:
+		return false, nil, fmt.Errorf("mongostore: read claim: %w", err)
+	}
+	return false, &w, nil
+}
+
+// Acquire implements [idem.Store.Acquire]: one round trip when the key is
+// free or live (a findAndModify upsert that inserts only when _id is free);
+// three when it takes over an expired record (insert of the claim naming
+// the expired version, then the rewrite of the record). Errors: ctx's error
 // when ctx is done, [idem.ErrInvalidDuration] when lease <= 0, server errors
 // wrapped, [ErrContention] wrapped.
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
@@ -172,6 +227,7 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	if lease <= 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
 	}
+attempts:
 	for range maxAcquireAttempts {
 		now, err := s.now(ctx)
 		if err != nil {
@@ -200,24 +256,46 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 			rec, err := old.toRecord()
 			return rec, false, err
 		}
-		// Expired: take over exactly that version of the record.
-		res, err := s.coll.UpdateOne(ctx,
-			bson.D{
-				{Key: "_id", Value: key},
-				{Key: fieldToken, Value: old.Token},
-				{Key: fieldExpiresAt, Value: old.ExpiresAt},
-			},
-			bson.D{
-				{Key: "$set", Value: fresh},
-				{Key: "$unset", Value: bson.D{{Key: fieldResponse, Value: ""}}},
+		// Expired: claim the version read, then rewrite exactly that version.
+		// A claim already taken names its successor: answer from it while
+		// its lease runs, else claim the successor's version in turn (its
+		// winner never rewrote the record, or did and lapsed meanwhile).
+		ended := old.Token
+		for range maxAcquireAttempts {
+			won, w, err := s.insertClaim(ctx, key, ended, claim{
+				State: stateClaimed, Token: token, Fingerprint: fingerprint,
+				Lease: date(now.Add(lease)), ExpiresAt: date(now.Add(lease + claimKeep)),
 			})
-		if err != nil {
-			return idem.Record{}, false, fmt.Errorf("mongostore: take over expired record: %w", err)
+			if err != nil {
+				return idem.Record{}, false, err
+			}
+			switch {
+			case won || w != nil && w.Token == token:
+				res, err := s.coll.UpdateOne(ctx,
+					bson.D{
+						{Key: "_id", Value: key},
+						{Key: fieldToken, Value: old.Token},
+						{Key: fieldState, Value: old.State},
+						{Key: fieldExpiresAt, Value: old.ExpiresAt},
+					},
+					bson.D{
+						{Key: "$set", Value: fresh},
+						{Key: "$unset", Value: bson.D{{Key: fieldResponse, Value: ""}}},
+					})
+				if err != nil {
+					return idem.Record{}, false, fmt.Errorf("mongostore: take over expired record: %w", err)
+				}
+				if res.MatchedCount == 1 {
+					return idem.Record{}, true, nil
+				}
+				continue attempts // deleted or rewritten meanwhile: look again
+			case w == nil, w.State == statePurging && w.Lease > date(now):
+				continue attempts // purged meanwhile, or being purged: look again
+			case w.Lease > date(now):
+				return idem.Record{State: idem.StateInProgress, Token: w.Token, Fingerprint: w.Fingerprint}, false, nil
+			}
+			ended = w.Token
 		}
-		if res.MatchedCount == 1 {
-			return idem.Record{}, true, nil
-		}
-		// Another request changed the record meanwhile: look again.
 	}
 	return idem.Record{}, false, fmt.Errorf("mongostore: acquire %.16s: %w", key, ErrContention)
 }
@@ -317,16 +395,18 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	if err != nil {
 		return idem.Record{}, false, err
 	}
+	// The filter is _id alone, expiry checked here: FerretDB uses its _id
+	// index only for a filter that is exactly {_id: value}.
 	var d record
-	err = s.coll.FindOne(ctx, bson.D{
-		{Key: "_id", Value: key},
-		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}},
-	}).Decode(&d)
+	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return idem.Record{}, false, nil
 	}
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("mongostore: get: %w", err)
+	}
+	if d.ExpiresAt <= date(now) {
+		return idem.Record{}, false, nil
 	}
 	rec, err := d.toRecord()
 	if err != nil {

@@ -2,6 +2,7 @@ package mongostore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -55,9 +56,19 @@ func (s *Store) EnsureIndexes(ctx context.Context) error {
 	return nil
 }
 
-// Purge deletes the expired records (expiresAt <= server time) in one
-// round trip and returns how many it deleted. Errors: ctx's error, server
-// errors wrapped.
+// purgeLease is how long a purge claim keeps takeovers of the record it
+// deletes away; a purger that dies in between is taken over after it.
+const purgeLease = time.Minute
+
+// Purge deletes the expired records (expiresAt <= server time) and claims,
+// and returns how many records it deleted. A record is deleted only after
+// the insert of a claim on its version (see Acquire), so a purge never
+// deletes a record that a takeover is rewriting, on servers whose deletes
+// are not atomic either (FerretDB deletes by _id what an earlier read
+// matched). It costs four round trips: a find of the expired documents
+// (_id, state and token only), one unordered insert of the purge claims,
+// one delete of the claimed records and one of the expired claims.
+// Errors: ctx's error, server errors wrapped.
 func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -66,11 +77,80 @@ func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	res, err := s.coll.DeleteMany(ctx, bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$lte", Value: date(now)}}}})
+	cur, err := s.coll.Find(ctx, bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$lte", Value: date(now)}}}},
+		options.Find().SetProjection(bson.D{{Key: fieldState, Value: 1}, {Key: fieldToken, Value: 1}}))
 	if err != nil {
 		return 0, fmt.Errorf("mongostore: purge: %w", err)
 	}
-	return res.DeletedCount, nil
+	var expired []record
+	if err := cur.All(ctx, &expired); err != nil {
+		return 0, fmt.Errorf("mongostore: purge: %w", err)
+	}
+	var records, claims []string
+	var docs []any
+	for _, r := range expired {
+		if r.State != stateInProgress && r.State != stateCompleted {
+			claims = append(claims, r.ID)
+			continue
+		}
+		records = append(records, r.ID)
+		docs = append(docs, claim{
+			ID: claimID(r.ID, r.Token), State: statePurging, Token: rand.Text(),
+			Lease: date(now.Add(purgeLease)), ExpiresAt: date(now.Add(purgeLease + claimKeep)),
+		})
+	}
+	if len(docs) > 0 {
+		won, err := s.insertClaims(ctx, records, docs)
+		if err != nil {
+			return 0, err
+		}
+		if len(won) > 0 {
+			// expiresAt again: on MongoDB the TTL monitor may have deleted
+			// a record and a new one taken its _id since the find.
+			res, err := s.coll.DeleteMany(ctx, bson.D{
+				{Key: "_id", Value: bson.D{{Key: "$in", Value: won}}},
+				{Key: fieldExpiresAt, Value: bson.D{{Key: "$lte", Value: date(now)}}},
+			})
+			if err != nil {
+				return 0, fmt.Errorf("mongostore: purge: %w", err)
+			}
+			deleted = res.DeletedCount
+		}
+	}
+	if len(claims) > 0 {
+		if _, err := s.coll.DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: claims}}}}); err != nil {
+			return deleted, fmt.Errorf("mongostore: purge claims: %w", err)
+		}
+	}
+	return deleted, nil
+}
+
+// insertClaims inserts the purge claims docs of the records ids (same
+// order) in one unordered insert and returns the ids whose claim it won;
+// a duplicate _id means a takeover or another purge claimed it first.
+func (s *Store) insertClaims(ctx context.Context, ids []string, docs []any) ([]string, error) {
+	_, err := s.coll.InsertMany(ctx, docs, options.InsertMany().SetOrdered(false))
+	lost := map[int]bool{}
+	var bwe mongo.BulkWriteException
+	switch {
+	case err == nil:
+	case errors.As(err, &bwe) && bwe.WriteConcernError == nil:
+		for _, we := range bwe.WriteErrors {
+			if !mongo.IsDuplicateKeyError(we) {
+				return nil, fmt.Errorf("mongostore: purge claim: %w", err)
+			}
+			lost[we.Index] = true
+		}
+	default:
+		return nil, fmt.Errorf("mongostore: purge claim: %w", err)
+	}
+	won := make([]string, 0, len(ids))
+	for i, id := range ids {
+		if !lost[i] {
+			won = append(won, id)
+		}
+	}
+	return won, nil
 }
 
 // StartPurger starts a goroutine that calls Purge every interval, each call

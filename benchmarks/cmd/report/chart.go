@@ -30,7 +30,7 @@ func chart(r *results, path string) error {
 	if err != nil {
 		return err
 	}
-	const w, h = 30 * vg.Centimeter, 12 * vg.Centimeter
+	const w, h = 36 * vg.Centimeter, 12 * vg.Centimeter
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(110))
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Centimeter, PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 3}
@@ -69,17 +69,20 @@ func overheadPlot(r *results) (*plot.Plot, error) {
 		groups = append(groups, group{label: fw, bare: base + "bare",
 			paths: map[string]string{"fresh": base + "fresh", "replay": base + "replay", "conflict": base + "conflict"}})
 	}
-	if _, ok := r.ns("BenchmarkFiberBuiltin/path=fresh"); ok {
-		if _, ok := r.ns("BenchmarkMiddleware/fw=fiber/path=bare"); ok {
-			groups = append(groups, group{label: "fiber built-in", bare: "BenchmarkMiddleware/fw=fiber/path=bare",
-				paths: map[string]string{"fresh": "BenchmarkFiberBuiltin/path=fresh", "replay": "BenchmarkFiberBuiltin/path=replay"}})
+	for _, pe := range peers {
+		bare := "BenchmarkMiddleware/fw=" + pe.fw + "/path=bare"
+		_, ok1 := r.ns(pe.builtin + "/path=fresh")
+		_, ok2 := r.ns(bare)
+		if ok1 && ok2 {
+			groups = append(groups, group{label: pe.fw + " built-in", bare: bare,
+				paths: map[string]string{"fresh": pe.builtin + "/path=fresh", "replay": pe.builtin + "/path=replay"}})
 		}
 	}
 	var names []string
 	for _, g := range groups {
 		names = append(names, g.label)
 	}
-	width := vg.Points(14)
+	width := vg.Points(11)
 	maxv := 0.0
 	for i, path := range []string{"fresh", "replay", "conflict"} {
 		vals := make(plotter.Values, len(groups))

@@ -165,7 +165,17 @@ type target struct {
 	known          bool
 }
 
-var frameworks = []string{"nethttp", "gin", "echo", "fiber"}
+var frameworks = []string{"nethttp", "gin", "echo", "echov5", "fiber", "fiberv3"}
+
+// peer is a framework's own idempotency middleware idem is compared with:
+// builtin measures it alone, paired alternates it with idem (benchmarks
+// BenchmarkMiddleware/fw=<fw>).
+type peer struct{ fw, label, pkg, builtin, paired string }
+
+var peers = []peer{
+	{fw: "fiber", label: "Fiber v2", pkg: "github.com/gofiber/fiber/v2/middleware/idempotency", builtin: "BenchmarkFiberBuiltin", paired: "BenchmarkFiberPeer"},
+	{fw: "fiberv3", label: "Fiber v3", pkg: "github.com/gofiber/fiber/v3/middleware/idempotency", builtin: "BenchmarkFiberV3Builtin", paired: "BenchmarkFiberV3Peer"},
+}
 
 func writeReport(w io.Writer, r *results, stat, notes string) {
 	var targets []target
@@ -182,7 +192,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 
 	// 1. Middleware
 	p("## 1. Middleware cost per framework (memory store, in-process, no network)\n\n")
-	p("One op is one request through the router (`httptest.NewRecorder` + `ServeHTTP`; Fiber: `app.Handler()` on a reused `*fasthttp.RequestCtx`), handler reading the body and answering 201 with a 67-byte JSON body. ")
+	p("One op is one request through the router (`httptest.NewRecorder` + `ServeHTTP`; Fiber v2 and v3: `app.Handler()` on a reused `*fasthttp.RequestCtx`), handler reading the body and answering 201 with a 67-byte JSON body. ")
 	p("*bare*: no idem; *fresh*: first execution of a new key each op (records accumulate in the store: a fixed op count keeps that equal across cases); *replay*: the same completed key; *conflict*: a key held in progress (409); *passthrough*: GET with idem mounted, compared with *bare GET*.\n\n")
 	p("| framework | bare | fresh (×bare) | replay (×bare) | conflict (×bare) | bare GET | passthrough (×bare GET) |\n|---|---|---|---|---|---|---|\n")
 	for _, fw := range frameworks {
@@ -227,31 +237,33 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 		)
 	}
 
-	// 2. Fiber peer
-	p("\n## 2. The peer: Fiber v2's built-in idempotency middleware\n\n")
-	p("`github.com/gofiber/fiber/v2/middleware/idempotency` with its default in-memory storage and lock (header set to `Idempotency-Key`), same app, same 36-character UUID-shaped keys. It neither scopes keys by principal or route nor fingerprints requests, answers nothing like 409/422, and makes concurrent duplicates wait on a lock; idem does all of that. Ratio = idem ÷ Fiber built-in (< 1.0: idem faster).\n\n")
-	p("*separate* compares the medians of BenchmarkMiddleware/fw=fiber and BenchmarkFiberBuiltin; *paired* (BenchmarkFiberPeer) alternates the two in chunks of 500 requests inside one benchmark, so both see the same machine load: the paired ratio is the headline.\n\n")
-	p("| scenario | idem on Fiber | Fiber built-in | idem ÷ built-in (separate) | paired: idem / built-in per request | **paired ratio** | allocs idem / built-in |\n|---|---|---|---|---|---|---|\n")
-	for _, path := range []string{"fresh", "replay"} {
-		ours, ok1 := r.ns("BenchmarkMiddleware/fw=fiber/path=" + path)
-		theirs, ok2 := r.ns("BenchmarkFiberBuiltin/path=" + path)
-		if !ok1 || !ok2 {
-			continue
+	// 2. Fiber peers
+	p("\n## 2. The peers: Fiber's built-in idempotency middleware (v2 and v3)\n\n")
+	p("`middleware/idempotency` of Fiber v2 and of Fiber v3, each with its default in-memory storage and lock (header set to `Idempotency-Key`), on the same app as idem on that Fiber, same 36-character UUID-shaped keys. Neither scopes keys by principal or route nor fingerprints requests, answers anything like 409/422; both make concurrent duplicates wait on a process-local lock; idem does all of that. Ratio = idem ÷ Fiber built-in (< 1.0: idem faster).\n\n")
+	p("*separate* compares the medians of BenchmarkMiddleware/fw=<fiber> and the built-in's benchmark; *paired* alternates the two in chunks of 500 requests inside one benchmark, so both see the same machine load: the paired ratio is the headline.\n\n")
+	p("| peer | scenario | idem on Fiber | Fiber built-in | idem ÷ built-in (separate) | paired: idem / built-in per request | **paired ratio** | allocs idem / built-in |\n|---|---|---|---|---|---|---|---|\n")
+	for _, pe := range peers {
+		for _, path := range []string{"fresh", "replay"} {
+			ours, ok1 := r.ns("BenchmarkMiddleware/fw=" + pe.fw + "/path=" + path)
+			theirs, ok2 := r.ns(pe.builtin + "/path=" + path)
+			if !ok1 || !ok2 {
+				continue
+			}
+			oa, _ := r.get("BenchmarkMiddleware/fw="+pe.fw+"/path="+path, "allocs/op")
+			ta, _ := r.get(pe.builtin+"/path="+path, "allocs/op")
+			ratio := ours / theirs
+			pairedCell, ratioCell := na, na
+			pn := pe.paired + "/path=" + path
+			if pr, ok := r.get(pn, "idem/builtin"); ok {
+				pi, _ := r.get(pn, "idem-ns/op")
+				pb, _ := r.get(pn, "builtin-ns/op")
+				pairedCell = dur(pi) + " / " + dur(pb)
+				ratioCell = fmt.Sprintf("**%.2f**", pr)
+				ratio = pr
+			}
+			p("| %s (`%s`) | %s | %s | %s | %.2f | %s | %s | %s / %s |\n", pe.label, pe.pkg, path, dur(ours), dur(theirs), ours/theirs, pairedCell, ratioCell, num(oa), num(ta))
+			targets = append(targets, target{what: path + ": idem faster than " + pe.label + "'s built-in middleware (ratio < 1.0)", measured: fmt.Sprintf("%.2f×", ratio), met: ratio < 1, known: true})
 		}
-		oa, _ := r.get("BenchmarkMiddleware/fw=fiber/path="+path, "allocs/op")
-		ta, _ := r.get("BenchmarkFiberBuiltin/path="+path, "allocs/op")
-		ratio := ours / theirs
-		pairedCell, ratioCell := na, na
-		pn := "BenchmarkFiberPeer/path=" + path
-		if pr, ok := r.get(pn, "idem/builtin"); ok {
-			pi, _ := r.get(pn, "idem-ns/op")
-			pb, _ := r.get(pn, "builtin-ns/op")
-			pairedCell = dur(pi) + " / " + dur(pb)
-			ratioCell = fmt.Sprintf("**%.2f**", pr)
-			ratio = pr
-		}
-		p("| %s | %s | %s | %.2f | %s | %s | %s / %s |\n", path, dur(ours), dur(theirs), ours/theirs, pairedCell, ratioCell, num(oa), num(ta))
-		targets = append(targets, target{what: path + ": idem faster than Fiber's built-in middleware (ratio < 1.0)", measured: fmt.Sprintf("%.2f×", ratio), met: ratio < 1, known: true})
 	}
 
 	// 3. Stores
@@ -259,9 +271,9 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	if v, ok := r.config["mongo-server"]; ok {
 		p("The `mongo` rows ran against: **%s**, not a MongoDB server; its latencies say little about MongoDB's.\n\n", v)
 	}
-	p("Shared store benchmarks (store API directly; `hot-key` and `parallel-distinct` use `b.RunParallel`, GOMAXPROCS goroutines). Round trips are counted from the commands the client sent (go-redis hook, MongoDB command monitor).\n\n")
+	p("Shared store benchmarks (store API directly; `hot-key` and `parallel-distinct` use `b.RunParallel`, GOMAXPROCS goroutines). Round trips are counted from the commands the client sent (go-redis hook, MongoDB command monitor, writes of each pgx connection).\n\n")
 	p("| store | op | time/op | allocs/op | round trips/op |\n|---|---|---|---|---|\n")
-	for _, st := range []string{"memory", "redis", "mongo"} {
+	for _, st := range []string{"memory", "redis", "mongo", "postgres"} {
 		for _, op := range []string{"acquire-complete", "replay", "hot-key", "parallel-distinct"} {
 			name := "BenchmarkStore/store=" + st + "/op=" + op
 			v, ok := r.ns(name)
@@ -280,7 +292,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	p("\nThrough the engine (`Begin`, `Write`, `Finish`, no framework), next to the floor of round trips:\n\n")
 	p("| store | path | time/op | allocs/op | round trips/op | floor |\n|---|---|---|---|---|---|\n")
 	floors := map[string]float64{"fresh": 2, "replay": 1, "conflict": 1}
-	for _, st := range []string{"memory", "redis", "mongo"} {
+	for _, st := range []string{"memory", "redis", "mongo", "postgres"} {
 		for _, path := range []string{"fresh", "replay", "conflict"} {
 			name := "BenchmarkEngine/store=" + st + "/path=" + path
 			v, ok := r.ns(name)
@@ -320,6 +332,30 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 			p("Paired (`impl=paired`: the two alternate in chunks of 500 requests over the same 16 goroutines, so both see the same load): idem %s, bare %s per request: throughput ratio idem ÷ bare = **%.2f** (the headline).\n", dur(pi), dur(pb), ratio)
 		}
 		targets = append(targets, target{what: "Redis fresh throughput ≥ 0.9× the bare two-command floor", measured: fmt.Sprintf("%.2f×", ratio), met: ratio >= 0.9, known: true})
+	}
+
+	// 4b. PostgreSQL floor
+	if idemNs, ok := r.ns("BenchmarkPostgresFloor/impl=idem"); ok {
+		if bareNs, ok := r.ns("BenchmarkPostgresFloor/impl=bare-pgx"); ok {
+			p("\n### PostgreSQL versus its own floor\n\n")
+			p("Fresh idempotent requests through the engine on pgstore (acquire `INSERT … ON CONFLICT` with its CTE, conditional completion `UPDATE`) against a bare pgx pool sending two plain statements on a table of the same shape (`INSERT` of a token with its lease, `UPDATE` of the encoded response by primary key), both with `b.RunParallel` at `SetParallelism(8)`, one pool each, PostgreSQL on the same 2 cores.\n\n")
+			p("| | time/op | requests/s | allocs/op | round trips/op |\n|---|---|---|---|---|\n")
+			for _, row := range []struct{ label, name string }{{"idem (pgstore)", "BenchmarkPostgresFloor/impl=idem"}, {"bare pgx", "BenchmarkPostgresFloor/impl=bare-pgx"}} {
+				v, _ := r.ns(row.name)
+				a, _ := r.get(row.name, "allocs/op")
+				rt, _ := r.get(row.name, "roundtrips/op")
+				p("| %s | %s | %.0f | %s | %s |\n", row.label, dur(v), 1e9/v, num(a), num(rt))
+			}
+			ratio := bareNs / idemNs
+			p("\nThroughput ratio idem ÷ bare, separate benchmarks = %.2f.\n", ratio)
+			if pr, ok := r.get("BenchmarkPostgresFloor/impl=paired", "idem/bare"); ok {
+				pi, _ := r.get("BenchmarkPostgresFloor/impl=paired", "idem-ns/op")
+				pb, _ := r.get("BenchmarkPostgresFloor/impl=paired", "bare-ns/op")
+				ratio = 1 / pr
+				p("Paired (alternating chunks over the same goroutines): idem %s, bare %s per request: throughput ratio idem ÷ bare = **%.2f**.\n", dur(pi), dur(pb), ratio)
+			}
+			targets = append(targets, target{what: "PostgreSQL fresh throughput ≥ 0.9× the bare two-statement floor", measured: fmt.Sprintf("%.2f×", ratio), met: ratio >= 0.9, known: true})
+		}
 	}
 
 	// 5. Scale
@@ -378,7 +414,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	p("\n## 7. End to end over loopback\n\n")
 	p("`examples/<fw>` built with `go build`, run as a process with `-charge-latency 0`; vegeta (library, max rate, 16 connections, keep-alive) on the same 2 cores POSTs `/v1/payments`. *fresh*: a new key per request (custom Targeter); *replay*: one key, executed once before the attack. *no-idem* is the same service with `-no-idem`. The load generator and the service share the 2 cores, one case after the other for a second or two each: ratios within about ±20%% of 1.0 are noise here; the Redis rows (an extra process on the same cores, two round trips per request) are not.\n\n")
 	p("| framework | mode | traffic | requests/s | ÷ no-idem | p50 | p99 |\n|---|---|---|---|---|---|---|\n")
-	for _, fw := range []string{"nethttp", "gin", "echo", "fiber"} {
+	for _, fw := range frameworks {
 		for _, mode := range []string{"no-idem", "idem-memory", "idem-redis"} {
 			for _, traffic := range []string{"fresh", "replay"} {
 				name := "BenchmarkE2E/fw=" + fw + "/mode=" + mode + "/traffic=" + traffic
@@ -418,7 +454,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 
 	p("\n## How to reproduce\n\n")
 	p("```sh\nmake bench            # starts Redis and the FerretDB test server if needed; about 5–10 minutes on 2 cores\n")
-	p("# or one part, e.g.:\ncd benchmarks && go test -run '^$' -bench 'Middleware|FiberBuiltin' -benchtime=100000x -count=5 .\n")
+	p("# or one part, e.g.:\ncd benchmarks && go test -run '^$' -bench 'Middleware|Fiber.*Builtin|Fiber.*Peer' -benchtime=100000x -count=5 .\n")
 	p("go test -run '^$' -bench 'Middleware/fw=gin/path=fresh' -benchtime=100000x -cpuprofile cpu.out -memprofile mem.out . && go tool pprof -top cpu.out\n```\n\n")
 	p("`make test` compiles every benchmark and runs each once (`-benchtime=1x`, without `-bench.full`: no 10^6 preload, no end-to-end processes). Raw output: `benchmarks/results/bench.txt`.\n")
 

@@ -1,0 +1,55 @@
+// Package idemfiberv3 is the Fiber v3 (github.com/gofiber/fiber/v3) adapter
+// of idem: a fiber.Handler that runs each request covered by an
+// [idem.Engine] (POST and PATCH by default) at most once per idempotency key
+// and replays the stored response to duplicates. It only translates between
+// Fiber and the engine; every decision (key syntax, scope, status policy,
+// limits) is the engine's. For Fiber v2 use idemfiber; the two modules never
+// pull in each other's Fiber.
+//
+//	e, err := idem.New(store)
+//	app.Post("/v1/payments", auth, idemfiberv3.New(e, idemfiberv3.WithScope(func(c fiber.Ctx) string {
+//		return fiber.Locals[string](c, "user_id")
+//	})), createPayment)
+//
+// Mount it after authentication, so that the scope function can read the
+// principal, and on the route it protects: the default route scope is
+// c.Route().Path (c.FullPath()), which under app.Use and app.Group is the
+// prefix, so keys are then scoped per prefix (the same key sent to two
+// routes under it is answered 422); WithRoute changes that.
+//
+// # What changed from Fiber v2 (idemfiber)
+//
+// Context: fiber.Ctx is an interface and UserContext is gone. A Fiber v3
+// handler finds the scoped key with idem.InfoFromContext(c) (Ctx is a
+// context.Context whose Value reads c.Locals) or
+// idem.InfoFromContext(c.Context()): idemfiberv3 sets both. On a replay,
+// middleware outside idemfiberv3 sees idem.Info{Replayed: true} there.
+// c.Done() is nil in v3 as c.UserContext() was never cancelled in v2: a
+// client hang-up does not cancel the handler, and its answer is recorded.
+//
+// Buffers: as in v2, fasthttp reuses request and response buffers once the
+// handler returns, and Fiber's strings alias them unless the app has
+// Config.Immutable. idemfiberv3 reads fasthttp's buffers directly, whatever
+// Immutable says, and copies every value it keeps (route, keys, recorded
+// header lines, body); c.Method() is now a string of the app's method
+// table, which needs no copy.
+//
+// Errors and panics: unchanged from v2. Fiber turns a returned error into a
+// response only after the chain, so idemfiberv3 calls the app's error
+// handler itself (c.App().ErrorHandler, as Fiber's logger middleware does)
+// and returns nil: a fiber.NewError(402, ...) is stored and replayed as
+// written, a plain error becomes the error handler's 500 and the key is
+// released. A panic releases the key and is re-raised, so the recover
+// middleware answers it whether mounted before or after idemfiberv3;
+// recover mounted after idemfiberv3 returns an error, handled as above.
+//
+// Streaming: v3's c.SendStreamWriter, like c.SendStream and v2's
+// SetBodyStreamWriter, hands fasthttp a body stream it sends after every
+// handler returned, out of the middleware's sight; it can't be wrapped
+// without closing it. It is never held back: idemfiberv3 records it at once
+// as executed but not replayable, like a response above the engine's
+// MaxResponseBytes. A retry, during or after the stream, gets 410
+// "response-not-stored" with the original status and Location, never a
+// second execution and never an empty 200 (a stream with a status the
+// engine releases, 5xx by default, is released instead).
+package idemfiberv3

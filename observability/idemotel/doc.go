@@ -1,0 +1,31 @@
+// Package idemotel reports what an idem [idem.Engine] decides as
+// OpenTelemetry metrics and span data. It is an event hook, named and shaped
+// like the OpenTelemetry Go contrib instrumentations:
+//
+//	hook, err := idemotel.NewEventHook(idemotel.WithMeterProvider(mp))
+//	engine, err := idem.New(store, idem.WithEventHook(hook))
+//
+// Metrics (names and units follow the OpenTelemetry semantic-convention
+// naming rules; the Prometheus exporter shows them as idem_decisions_total,
+// idem_store_operation_duration_seconds, idem_handler_duration_seconds and
+// idem_execution_active):
+//
+//   - idem.decisions (Counter, {decision}): every event, by idem.outcome
+//     (acquired, replayed, conflict, mismatch, rejected, completed, released,
+//     lease-lost, store-error), http.request.method and http.route;
+//   - idem.store.operation.duration (Histogram, s): store calls by
+//     idem.store.operation (acquire, complete, release, extend), with
+//     error.type when the store failed;
+//   - idem.handler.duration (Histogram, s): how long handlers ran, by method,
+//     route and the outcome that ended the execution;
+//   - idem.execution.active (UpDownCounter, {execution}): executions holding
+//     a lease in this process, by method and route.
+//
+// Attributes never carry the raw idempotency key nor the principal; http.route
+// is left out when the adapter reported no route template (the path would be
+// unbounded). On the request's active span, each event sets idem.outcome (the
+// last one reported while the span is open: an executed request ends with
+// completed or released) and idem.scoped_key, the hashed scoped key that
+// stores and idemctl show; lease loss and store errors add the span events
+// idem.lease_lost and idem.store_error.
+package idemotel

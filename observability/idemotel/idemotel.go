@@ -1,0 +1,158 @@
+package idemotel
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// ScopeName is the instrumentation scope of the meter, the module's import path.
+const ScopeName = "github.com/idemkit/idem/observability/idemotel"
+
+// Instrument names (OpenTelemetry semantic-convention naming: dot-separated
+// namespace, counters pluralized by their unit, UpDownCounters not).
+const (
+	DecisionsName       = "idem.decisions"                // Counter, unit {decision}
+	StoreDurationName   = "idem.store.operation.duration" // Histogram, unit s
+	HandlerDurationName = "idem.handler.duration"         // Histogram, unit s
+	ActiveName          = "idem.execution.active"         // UpDownCounter, unit {execution}
+)
+
+// Attribute keys of the idem namespace; method, route and error type use the
+// semantic-convention keys http.request.method, http.route and error.type.
+const (
+	// OutcomeKey is the event kind, e.g. "replayed" ([idem.EventKind.String]).
+	OutcomeKey = attribute.Key("idem.outcome")
+	// ScopedKeyKey is the hashed scoped key, 64 hex characters
+	// ([idem.ScopedKey]); spans only, never metrics (unbounded).
+	ScopedKeyKey = attribute.Key("idem.scoped_key")
+	// StoreOperationKey is the store call: acquire, complete, release or extend.
+	StoreOperationKey = attribute.Key("idem.store.operation")
+)
+
+// Span event names.
+const (
+	LeaseLostEvent  = "idem.lease_lost"
+	StoreErrorEvent = "idem.store_error"
+)
+
+// Bucket boundaries, in seconds: the semantic conventions' advice for
+// http.server.request.duration (handlers) and db.client.operation.duration
+// (store calls).
+var (
+	handlerBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	storeBuckets   = []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10}
+)
+
+// Option configures [NewEventHook].
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	meterProvider metric.MeterProvider
+}
+
+// WithMeterProvider sets the meter provider the instruments are created
+// with. Optional. Default is the global one, otel.GetMeterProvider().
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) { c.meterProvider = mp })
+}
+
+type instruments struct {
+	decisions metric.Int64Counter
+	store     metric.Float64Histogram
+	handler   metric.Float64Histogram
+	active    metric.Int64UpDownCounter
+}
+
+// NewEventHook returns a hook for [idem.WithEventHook] that records every
+// event on the instruments listed in the package documentation and on the
+// span active in the event's context (trace.SpanFromContext: put the
+// tracing middleware, e.g. otelhttp, outside idem). It is safe for
+// concurrent use. It returns an error when an instrument cannot be created.
+func NewEventHook(opts ...Option) (func(context.Context, idem.Event), error) {
+	cfg := config{}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if cfg.meterProvider == nil {
+		cfg.meterProvider = otel.GetMeterProvider()
+	}
+	m := cfg.meterProvider.Meter(ScopeName)
+	var in instruments
+	var err error
+	if in.decisions, err = m.Int64Counter(DecisionsName, metric.WithUnit("{decision}"),
+		metric.WithDescription("Idempotency decisions and execution outcomes, by outcome.")); err != nil {
+		return nil, err
+	}
+	if in.store, err = m.Float64Histogram(StoreDurationName, metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(storeBuckets...),
+		metric.WithDescription("Duration of idempotency store calls, by operation.")); err != nil {
+		return nil, err
+	}
+	if in.handler, err = m.Float64Histogram(HandlerDurationName, metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(handlerBuckets...),
+		metric.WithDescription("Duration of handlers executed under an idempotency key.")); err != nil {
+		return nil, err
+	}
+	if in.active, err = m.Int64UpDownCounter(ActiveName, metric.WithUnit("{execution}"),
+		metric.WithDescription("Executions holding an idempotency lease in this process.")); err != nil {
+		return nil, err
+	}
+	return in.record, nil
+}
+
+func (in *instruments) record(ctx context.Context, ev idem.Event) {
+	outcome := OutcomeKey.String(ev.Kind.String())
+	attrs := make([]attribute.KeyValue, 1, 3)
+	attrs[0] = semconv.HTTPRequestMethodKey.String(ev.Method)
+	if ev.Route != "" {
+		attrs = append(attrs, semconv.HTTPRouteKey.String(ev.Route))
+	}
+	scope := attrs // method and route
+	attrs = append(attrs, outcome)
+	withOutcome := metric.WithAttributes(attrs...)
+	in.decisions.Add(ctx, 1, withOutcome)
+	if ev.Kind == idem.EventAcquired {
+		in.active.Add(ctx, 1, metric.WithAttributes(scope...))
+	}
+	if ev.Ended {
+		in.active.Add(ctx, -1, metric.WithAttributes(scope...))
+		in.handler.Record(ctx, ev.HandlerDuration.Seconds(), withOutcome)
+	}
+	op := StoreOperationKey.String(ev.Op.String())
+	if ev.Op != 0 {
+		if ev.Kind == idem.EventStoreError {
+			in.store.Record(ctx, ev.StoreDuration.Seconds(), metric.WithAttributes(op, semconv.ErrorType(ev.Err)))
+		} else {
+			in.store.Record(ctx, ev.StoreDuration.Seconds(), metric.WithAttributes(op))
+		}
+	}
+
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	if ev.Key != "" {
+		span.SetAttributes(outcome, ScopedKeyKey.String(ev.Key))
+	} else {
+		span.SetAttributes(outcome)
+	}
+	switch ev.Kind {
+	case idem.EventLeaseLost:
+		span.AddEvent(LeaseLostEvent, trace.WithAttributes(op))
+	case idem.EventStoreError:
+		attrs := []attribute.KeyValue{op, semconv.ErrorType(ev.Err)}
+		if ev.Err != nil {
+			attrs = append(attrs, semconv.ExceptionMessage(ev.Err.Error()))
+		}
+		span.AddEvent(StoreErrorEvent, trace.WithAttributes(attrs...))
+	}
+}

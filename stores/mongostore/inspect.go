@@ -1,0 +1,80 @@
+package mongostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+var _ idem.Inspector = (*Store)(nil)
+
+// storedState maps a record state to its value in the state field.
+var storedState = map[idem.State]int32{idem.StateInProgress: stateInProgress, idem.StateCompleted: stateCompleted}
+
+// Inspect implements [idem.Inspector.Inspect] in one round trip (a find
+// with the collection's read preference); the time to live is counted on
+// the server's clock.
+func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.RecordInfo{}, false, err
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return idem.RecordInfo{}, false, err
+	}
+	var d record
+	err = s.coll.FindOne(ctx, live(key, now)).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return idem.RecordInfo{}, false, nil
+	}
+	if err != nil {
+		return idem.RecordInfo{}, false, fmt.Errorf("mongostore: inspect: %w", err)
+	}
+	rec, err := d.toRecord()
+	if err != nil {
+		return idem.RecordInfo{}, false, err
+	}
+	return idem.RecordInfo{Record: rec, TTL: d.ExpiresAt.Time().Sub(now)}, true, nil
+}
+
+// Evict implements [idem.Inspector.Evict] in one round trip: a delete of
+// the live record matching the state, token and fingerprint seen.
+func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	state, ok := storedState[seen.State]
+	if !ok {
+		return idem.ErrRecordChanged
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return err
+	}
+	filter := append(live(key, now),
+		bson.E{Key: fieldState, Value: state},
+		bson.E{Key: fieldToken, Value: seen.Token},
+		bson.E{Key: fieldFingerprint, Value: seen.Fingerprint})
+	res, err := s.coll.DeleteOne(ctx, filter)
+	if err != nil {
+		return fmt.Errorf("mongostore: evict: %w", err)
+	}
+	if res.DeletedCount == 0 {
+		return idem.ErrRecordChanged
+	}
+	return nil
+}
+
+// live matches key's record unless it has expired.
+func live(key string, now time.Time) bson.D {
+	return bson.D{
+		{Key: "_id", Value: key},
+		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}},
+	}
+}

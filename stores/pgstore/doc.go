@@ -1,0 +1,41 @@
+// Package pgstore is an [idem.Store] on PostgreSQL through pgx v5
+// (pgxpool), shared by every instance of a service, with transactional
+// completion: a handler's writes to the same database commit in one
+// transaction with its completed record, or not at all.
+//
+// # Layout
+//
+// One table (default "idem_records", see [WithTable]) with one row per
+// record, primary key on the engine's scoped key, and an index on
+// expires_at for [Store.Purge]. Create it with [Store.EnsureSchema] at
+// startup, or run [Store.SchemaSQL] in a migration.
+//
+// # Atomicity, time and round trips
+//
+// Every transition is one statement: acquire is an INSERT … ON CONFLICT
+// that creates the record, takes over one whose lease lapsed, or returns
+// the live record in the same round trip; complete, release and extend
+// are UPDATE or DELETE statements conditional on the token, the
+// in-progress state and a live lease. Leases and retention are counted
+// by the server's clock (clock_timestamp(), microseconds), never the
+// instance's. A first execution costs 2 round trips (acquire, complete);
+// a replay, a 409 conflict or a 422 mismatch 1.
+//
+// # Transactional completion
+//
+// A handler calls [Tx] with its request context to get the execution's
+// pgx.Tx (begun on first use) and writes through it. The engine runs the
+// completion UPDATE, conditional on the execution still holding its
+// lease, in that transaction and commits it; when the response is not
+// stored (5xx, handler error, panic before a response) or the lease was
+// lost, it rolls the transaction back. So a process that dies after its
+// writes but before its completion leaves neither, and the retry that
+// takes the key over after the lease lapses is the only execution whose
+// writes exist. Side effects outside the database (emails, calls to other
+// services) are not covered. See README.md for the exact guarantee.
+//
+// # Expired rows
+//
+// Reads ignore expired rows; [Store.Purge] deletes them, and
+// [Store.StartPurger] runs it periodically until [Store.Close].
+package pgstore

@@ -1,0 +1,55 @@
+package pgstore_test
+
+import (
+	"context"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/stores/pgstore"
+)
+
+// Example keeps the records in the service's own database and writes each
+// payment through the execution's transaction, so the payment row and the
+// stored response commit together.
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close() // yours: the store borrows the pool and never closes it
+
+	store := pgstore.New(pool, pgstore.WithTable("idem_records"))
+	if err := store.EnsureSchema(ctx); err != nil {
+		log.Print(err) // no server here: the example only shows the calls
+		return
+	}
+	if err := store.StartPurger(time.Hour); err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+
+	engine, err := idem.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = engine // wrap the handlers with an adapter, e.g. idemhttp.New(engine)
+
+	// In a handler the adapter ran:
+	_ = func(w http.ResponseWriter, r *http.Request) {
+		tx, err := pgstore.Tx(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError) // released: retried later
+			return
+		}
+		if _, err := tx.Exec(r.Context(), `INSERT INTO payments (amount) VALUES ($1)`, 4200); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError) // released: the insert is rolled back
+			return
+		}
+		w.WriteHeader(http.StatusCreated) // stored: the insert commits with the record
+	}
+}

@@ -1,0 +1,316 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// DefaultTable is the table used without [WithTable].
+const DefaultTable = "idem_records"
+
+// ErrContention is returned (wrapped) by Acquire when the record changed
+// under it on every attempt (each time a concurrent request created, took
+// over or deleted it between the statement's snapshot and its insert). It is
+// a system failure: the engine answers 503 and executes nothing.
+var ErrContention = errors.New("pgstore: record changed on every acquire attempt")
+
+// ErrTooLarge is returned (wrapped) by Complete when the encoded response
+// exceeds PostgreSQL's 1 GB field limit. Nothing is written and the lease
+// (and the execution's transaction) stay as they were. The engine's
+// WithMaxResponseBytes (1 MiB by default) keeps responses far below it.
+var ErrTooLarge = fmt.Errorf("pgstore: response exceeds PostgreSQL's 1 GB field limit: %w", idem.ErrTooLarge)
+
+// ErrCorrupt is returned (wrapped) when a row holds a state or response this
+// package did not write.
+var ErrCorrupt = errors.New("pgstore: corrupt record")
+
+// Values of the state column.
+const (
+	stateInProgress int16 = 1
+	stateCompleted  int16 = 2
+)
+
+// maxField is PostgreSQL's limit on one field value (1 GB), less room for
+// the varlena header.
+const maxField = 1<<30 - 1024
+
+// maxAcquireAttempts bounds Acquire's retries when a concurrent transition
+// leaves its statement with nothing to return.
+const maxAcquireAttempts = 5
+
+var (
+	_ idem.Store         = (*Store)(nil)
+	_ idem.Extender      = (*Store)(nil)
+	_ idem.Transactional = (*Store)(nil)
+)
+
+// Store is an idem.Store on PostgreSQL, safe for concurrent use. It borrows
+// its pool and never closes it.
+type Store struct {
+	pool   *pgxpool.Pool
+	table  string // quoted, possibly schema-qualified
+	index  string // quoted index name, unqualified
+	logger *slog.Logger
+	q      queries
+
+	mu      sync.Mutex
+	closed  bool
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithTable sets the table holding the records, "table" or "schema.table"
+// (each part quoted as an SQL identifier, so case and any characters are
+// kept as given). Optional. Default is "idem_records" ([DefaultTable]) in
+// the connection's search_path.
+func WithTable(name string) Option {
+	return func(s *Store) {
+		parts := strings.SplitN(name, ".", 2)
+		s.table = pgx.Identifier(parts).Sanitize()
+		s.index = pgx.Identifier{parts[len(parts)-1] + "_expires_at"}.Sanitize()
+	}
+}
+
+// WithLogger sets the logger for the purger's failures. Optional. Default
+// is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.logger = l } }
+
+// New returns a Store keeping its records in a table of pool's database
+// (create it with [Store.EnsureSchema] or the SQL of [Store.SchemaSQL]). It
+// does no I/O; the pool stays the caller's to configure and close. Use the
+// pool of the service's own database so that handlers can write through
+// [Tx] in the same transaction as the completed record.
+func New(pool *pgxpool.Pool, opts ...Option) *Store {
+	s := &Store{pool: pool}
+	WithTable(DefaultTable)(s)
+	for _, o := range opts {
+		o(s)
+	}
+	if s.logger == nil {
+		s.logger = slog.Default()
+	}
+	s.q = newQueries(s.table)
+	return s
+}
+
+// queries are the statements of one table. Times come from the server's
+// clock_timestamp(), never the instance's clock and never now(): now() is
+// frozen at the start of the transaction, and a completion runs at the end
+// of the handler's transaction (the purge alone uses statement_timestamp()). Durations are passed in microseconds.
+type queries struct {
+	acquire, complete, release, extend, get, completedBy, purge string
+}
+
+func newQueries(t string) queries {
+	return queries{
+		// cur is the live record as of the statement's snapshot, unless it
+		// is this token's own in-progress record (a retried acquire). When
+		// there is none, ins creates the record, or takes over an expired
+		// one; the ON CONFLICT condition is re-checked on the latest row
+		// version, so among racing takeovers exactly one wins. No row at
+		// all means a concurrent transition the snapshot did not see: retry.
+		acquire: `WITH cur AS MATERIALIZED (
+  SELECT state, token, fingerprint, response FROM ` + t + `
+  WHERE key = $1::text AND expires_at > clock_timestamp() AND NOT (state = 1 AND token = $2::text)
+), ins AS (
+  INSERT INTO ` + t + ` AS r (key, state, token, fingerprint, response, expires_at)
+  SELECT $1::text, 1, $2::text, $3::text, NULL, clock_timestamp() + $4::float8 * interval '1 microsecond'
+  WHERE NOT EXISTS (SELECT 1 FROM cur)
+  ON CONFLICT (key) DO UPDATE SET state = 1, token = EXCLUDED.token, fingerprint = EXCLUDED.fingerprint,
+    response = NULL, expires_at = EXCLUDED.expires_at
+  WHERE r.expires_at <= clock_timestamp() OR (r.state = 1 AND r.token = EXCLUDED.token)
+  RETURNING 1
+)
+SELECT true, 0::smallint, ''::text, ''::text, NULL::bytea FROM ins
+UNION ALL
+SELECT false, state, token, fingerprint, response FROM cur`,
+		complete: `UPDATE ` + t + ` SET state = 2, response = $3, expires_at = clock_timestamp() + $4::float8 * interval '1 microsecond'
+WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
+		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
+		extend: `UPDATE ` + t + ` SET expires_at = clock_timestamp() + $3::float8 * interval '1 microsecond'
+WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
+		get: `SELECT state, token, fingerprint, response FROM ` + t + ` WHERE key = $1 AND expires_at > clock_timestamp()`,
+		completedBy: `SELECT EXISTS (SELECT 1 FROM ` + t + `
+WHERE key = $1 AND token = $2 AND state = 2 AND expires_at > clock_timestamp())`,
+		// statement_timestamp(), stable within the statement, unlike the
+		// volatile clock_timestamp(), lets the planner scan the expires_at
+		// index. SKIP LOCKED: a row being taken over or completed right now
+		// is left for the next purge instead of blocking this one.
+		purge: `DELETE FROM ` + t + ` WHERE key IN (
+  SELECT key FROM ` + t + ` WHERE expires_at <= statement_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+	}
+}
+
+// micros returns d in microseconds, rounded up (a 1ns lease is 1µs).
+func micros(d time.Duration) float64 {
+	return float64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+func toRecord(state int16, token, fp string, raw []byte) (idem.Record, error) {
+	rec := idem.Record{Token: token, Fingerprint: fp}
+	switch state {
+	case stateInProgress:
+		rec.State = idem.StateInProgress
+	case stateCompleted:
+		rec.State = idem.StateCompleted
+		rec.Response = new(idem.Response)
+		if err := rec.Response.UnmarshalBinary(raw); err != nil {
+			return idem.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+	default:
+		return idem.Record{}, fmt.Errorf("%w: state %d", ErrCorrupt, state)
+	}
+	return rec, nil
+}
+
+func encode(resp *idem.Response) ([]byte, error) {
+	b, err := resp.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: encode response: %w", err)
+	}
+	if len(b) > maxField {
+		return nil, fmt.Errorf("%w (%d bytes)", ErrTooLarge, len(b))
+	}
+	return b, nil
+}
+
+// Acquire implements [idem.Store]: one INSERT … ON CONFLICT statement that
+// creates the record, takes over an expired one, or returns the live one.
+func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
+	if lease <= 0 {
+		return idem.Record{}, false, idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, false, err
+	}
+	for range maxAcquireAttempts {
+		var (
+			acquired bool
+			state    int16
+			tok, fp  string
+			raw      []byte
+		)
+		err := s.pool.QueryRow(ctx, s.q.acquire, key, token, fingerprint, micros(lease)).Scan(&acquired, &state, &tok, &fp, &raw)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // a concurrent transition this statement's snapshot missed
+		case err != nil:
+			return idem.Record{}, false, fmt.Errorf("pgstore: acquire: %w", err)
+		case acquired:
+			return idem.Record{}, true, nil
+		}
+		rec, err := toRecord(state, tok, fp, raw)
+		return rec, false, err
+	}
+	return idem.Record{}, false, ErrContention
+}
+
+// Complete implements [idem.Store]: one conditional UPDATE. The token is
+// kept in the completed row (so a completion whose reply was lost can be
+// recognised).
+func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+	if retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b, err := encode(resp)
+	if err != nil {
+		return err
+	}
+	return s.complete(ctx, s.pool, key, token, b, retention)
+}
+
+// execer is what both the pool and a transaction run statements with.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func (s *Store) complete(ctx context.Context, db execer, key, token string, b []byte, retention time.Duration) error {
+	tag, err := db.Exec(ctx, s.q.complete, key, token, b, micros(retention))
+	if err != nil {
+		return fmt.Errorf("pgstore: complete: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// Release implements [idem.Store]: one conditional DELETE.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, s.q.release, key, token)
+	if err != nil {
+		return fmt.Errorf("pgstore: release: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// Extend implements [idem.Extender]: one conditional UPDATE.
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if lease <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, s.q.extend, key, token, micros(lease))
+	if err != nil {
+		return fmt.Errorf("pgstore: extend: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// Get implements [idem.Store]: one SELECT of the live row.
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, false, err
+	}
+	var (
+		state   int16
+		tok, fp string
+		raw     []byte
+	)
+	err := s.pool.QueryRow(ctx, s.q.get, key).Scan(&state, &tok, &fp, &raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.Record{}, false, nil
+	}
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("pgstore: get: %w", err)
+	}
+	rec, err := toRecord(state, tok, fp, raw)
+	return rec, err == nil, err
+}
+
+// completedBy reports whether key holds a live record completed by token.
+func (s *Store) completedBy(ctx context.Context, key, token string) (bool, error) {
+	var ok bool
+	if err := s.pool.QueryRow(ctx, s.q.completedBy, key, token).Scan(&ok); err != nil {
+		return false, fmt.Errorf("pgstore: check completion: %w", err)
+	}
+	return ok, nil
+}

@@ -1,0 +1,690 @@
+package pgstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
+	"github.com/idemkit/idem/stores/pgstore"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	storetest.Run(t, func(t *testing.T) idem.Store {
+		s, _ := newStore(t, pool)
+		return s
+	})
+}
+
+// countingConn counts the writes a connection sends: pgx flushes each
+// request (e.g. Bind+Execute+Sync of a cached statement) in one write and
+// then waits for the answer, so writes are round trips.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
+}
+
+// countRoundTrips makes pool's connections count their round trips in n,
+// and never ping on acquire (pgxpool pings connections idle for over a
+// second by default, a round trip the test would count at random).
+func countRoundTrips(n *atomic.Int64) func(*pgxpool.Config) {
+	return func(cfg *pgxpool.Config) {
+		d := &net.Dialer{}
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{c, n}, nil
+		}
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		cfg.MinConns = 2
+	}
+}
+
+func request(key, body string) *idem.Request {
+	return &idem.Request{Method: "POST", Path: "/v1/payments", ContentType: "application/json",
+		Keys: []string{key}, Principal: "alice", Body: []byte(body)}
+}
+
+// createPayments creates the application's table next to the records.
+func createPayments(t testing.TB, pool *pgxpool.Pool, table string) string {
+	t.Helper()
+	payments := table + "_payments"
+	if _, err := pool.Exec(ctxT(t), `CREATE TABLE `+payments+` (id bigserial PRIMARY KEY, idem_key text NOT NULL, amount int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return payments
+}
+
+func countRows(t testing.TB, pool *pgxpool.Pool, payments, key string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+payments+` WHERE idem_key = $1`, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int64
+	pool := newPool(t, countRoundTrips(&n))
+	s, table := newStore(t, pool)
+	payments := createPayments(t, pool, table)
+	e, err := idem.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execute := func(key, body string, tx bool) {
+		t.Helper()
+		x, resp := e.Begin(ctxT(t), request(key, body))
+		if x == nil {
+			t.Fatalf("Begin(%s) = %+v; want execution", key, resp)
+		}
+		if tx {
+			ctx := x.WithInfo(ctxT(t))
+			tx, err := pgstore.Tx(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ($1, 1)`, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		x.Write([]byte(`{"id":"pay_1"}`))
+		x.Finish(201, http.Header{"Content-Type": {"application/json"}})
+	}
+	expect := func(what string, want int64, f func()) {
+		t.Helper()
+		n.Store(0)
+		f()
+		if got := n.Load(); got != want {
+			t.Errorf("%s: %d round trips; want %d", what, got, want)
+		} else {
+			t.Logf("%s: %d round trip(s)", what, got)
+		}
+	}
+	// Warm-up: both connections dialled, every statement prepared on each
+	// (pgx caches prepared statements per connection).
+	for i := range 4 {
+		k := fmt.Sprintf("warm-up-%d", i)
+		execute(k, `{"amount":1}`, i%2 == 0)
+		e.Begin(ctxT(t), request(k, `{"amount":1}`))
+		e.Begin(ctxT(t), request(k, `{"amount":2}`))
+		if x, _ := e.Begin(ctxT(t), request(k+"-fail", `{}`)); x != nil {
+			x.Fail()
+		}
+	}
+
+	expect("first execution (Begin+Finish)", 2, func() { execute("k1", `{"amount":100}`, false) })
+	expect("replay", 1, func() {
+		if _, resp := e.Begin(ctxT(t), request("k1", `{"amount":100}`)); resp == nil || resp.Status != 201 || !resp.IsReplay() {
+			t.Fatalf("replay = %+v", resp)
+		}
+	})
+	expect("422 mismatch", 1, func() {
+		if _, resp := e.Begin(ctxT(t), request("k1", `{"amount":999}`)); resp == nil || resp.Status != 422 {
+			t.Fatalf("mismatch = %+v", resp)
+		}
+	})
+	x, _ := e.Begin(ctxT(t), request("k2", `{"amount":5}`))
+	if x == nil {
+		t.Fatal("Begin k2: no execution")
+	}
+	expect("409 conflict", 1, func() {
+		if _, resp := e.Begin(ctxT(t), request("k2", `{"amount":5}`)); resp == nil || resp.Status != 409 {
+			t.Fatalf("conflict = %+v", resp)
+		}
+	})
+	expect("Fail (release)", 1, x.Fail)
+	// acquire, BEGIN, the handler's INSERT, completion UPDATE, COMMIT.
+	expect("transactional execution with one handler write", 5, func() { execute("k3", `{"amount":7}`, true) })
+	if got := countRows(t, pool, payments, "k3"); got != 1 {
+		t.Fatalf("%d payment rows for k3; want 1", got)
+	}
+}
+
+// handler serves POST /v1/payments through e: it inserts the payment row
+// through the execution's transaction, takes delay, and answers 201.
+func handler(t testing.TB, e *idem.Engine, payments string, delay time.Duration, executions *atomic.Int32) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		x, resp := e.Begin(r.Context(), &idem.Request{Method: r.Method, Path: r.URL.Path,
+			ContentType: r.Header.Get("Content-Type"), Keys: r.Header.Values(e.Header()),
+			Principal: r.Header.Get("X-Principal"), Body: body})
+		if resp != nil {
+			resp.Send(w)
+			return
+		}
+		if x == nil {
+			t.Errorf("request passed through unprotected")
+			return
+		}
+		ctx := x.WithInfo(r.Context())
+		n := executions.Add(1)
+		tx, err := pgstore.Tx(ctx)
+		if err == nil {
+			_, err = tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ($1, 4200)`, r.Header.Get("Idempotency-Key"))
+		}
+		if err != nil {
+			t.Errorf("handler write: %v", err)
+			x.Finish(500, nil)
+			w.WriteHeader(500)
+			return
+		}
+		time.Sleep(delay)
+		out := []byte(fmt.Sprintf(`{"id":"pay_%d"}`, n))
+		w.Header().Set("Content-Type", "application/json")
+		x.Write(out)
+		x.Finish(http.StatusCreated, w.Header())
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(out)
+	})
+}
+
+type answer struct {
+	status   int
+	replayed bool
+	body     string
+}
+
+func post(client *http.Client, url, key, body string) (answer, error) {
+	req, err := http.NewRequest("POST", url+"/v1/payments", strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Principal", "alice")
+	res, err := client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return answer{status: res.StatusCode, replayed: res.Header.Get(idem.ReplayedHeader) == "true", body: string(b)}, err
+}
+
+// TestMultiInstance sends 60 concurrent duplicates spread over three
+// instances, each with its own pool and engine on one table: one
+// execution, one payment row, every other answer a replay or a 409.
+func TestMultiInstance(t *testing.T) {
+	t.Parallel()
+	pool0 := newPool(t)
+	_, table := newStore(t, pool0)
+	payments := createPayments(t, pool0, table)
+	var executions atomic.Int32
+	var urls []string
+	for range 3 {
+		e, err := idem.New(pgstore.New(newPool(t), pgstore.WithTable(table)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(handler(t, e, payments, 100*time.Millisecond, &executions))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+
+	const n = 60
+	key, body := "order-"+storetest.Token(), `{"amount":4200,"currency":"EUR"}`
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			time.Sleep(time.Duration(i%6) * 40 * time.Millisecond) // spread over 200ms: some during, some after the execution
+			a, err := post(client, urls[i%3], key, body)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+			answers[i] = a
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	if got := executions.Load(); got != 1 {
+		t.Fatalf("%d executions for %d duplicates over 3 instances; want exactly 1", got, n)
+	}
+	var originals, replays, conflicts int
+	var original string
+	for i, a := range answers {
+		switch {
+		case a.status == 201 && !a.replayed:
+			originals++
+			original = a.body
+		case a.status == 201 && a.replayed:
+			replays++
+		case a.status == 409:
+			conflicts++
+		default:
+			t.Errorf("request %d answered %d %q; want 201, 201 replay or 409", i, a.status, a.body)
+		}
+	}
+	if originals != 1 {
+		t.Fatalf("%d first-execution answers; want 1", originals)
+	}
+	for i, a := range answers {
+		if a.replayed && a.body != original {
+			t.Errorf("replay %d body %q; want the original %q", i, a.body, original)
+		}
+	}
+	if rows := countRows(t, pool0, payments, key); rows != 1 {
+		t.Fatalf("%d payment rows; want 1", rows)
+	}
+	t.Logf("%d duplicates: 1 execution, 1 payment row, %d replays, %d conflicts", n, replays, conflicts)
+}
+
+// proxy forwards TCP connections to PostgreSQL until cut, which closes
+// every connection and stops listening; restore listens again on the same
+// address.
+type proxy struct {
+	t        *testing.T
+	upstream string
+	addr     string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]bool
+	wg    sync.WaitGroup
+}
+
+func newProxy(t *testing.T, upstream string) *proxy {
+	p := &proxy{t: t, upstream: upstream, conns: map[net.Conn]bool{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *proxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", p.upstream)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[u] = true, true
+			p.mu.Unlock()
+			for _, pair := range [][2]net.Conn{{c, u}, {u, c}} {
+				p.wg.Go(func() {
+					_, _ = io.Copy(pair[0], pair[1])
+					pair[0].Close()
+					pair[1].Close()
+				})
+			}
+		}
+	})
+}
+
+func (p *proxy) cut() {
+	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *proxy) restore() {
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.t.Fatalf("listen again on %s: %v", p.addr, err)
+	}
+	p.serve(ln)
+}
+
+// TestOutage cuts every connection to PostgreSQL under a running engine:
+// Begin answers 503 and runs nothing; once the server is reachable again,
+// the same engine and pool execute again, with no restart.
+func TestOutage(t *testing.T) {
+	t.Parallel()
+	direct := newPool(t)
+	_, table := newStore(t, direct)
+	cfg, err := pgxpool.ParseConfig(pgURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port)))
+	pool := newPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host = "127.0.0.1"
+		c.ConnConfig.Port = uint16(p.ln.Addr().(*net.TCPAddr).Port)
+		c.ConnConfig.Fallbacks = nil
+		c.ConnConfig.ConnectTimeout = 500 * time.Millisecond
+	})
+	e, err := idem.New(pgstore.New(pool, pgstore.WithTable(table)), idem.WithStoreTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // stop the background releases of acquires that failed during the outage
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = e.Close(ctx)
+	})
+	executions := 0
+	run := func(key string) *idem.Response {
+		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
+		if x != nil {
+			executions++
+			x.Write([]byte("ok"))
+			x.Finish(201, nil)
+			return &idem.Response{Status: 201}
+		}
+		return resp
+	}
+	if resp := run("before"); resp.Status != 201 {
+		t.Fatalf("before the outage: %d; want 201", resp.Status)
+	}
+
+	p.cut()
+	start := time.Now()
+	resp := run("during")
+	if resp.Status != 503 || resp.Header.Get("Retry-After") == "" || !bytes.Contains(resp.Body, []byte("store-unavailable")) {
+		t.Fatalf("during the outage: %d %s; want 503 store-unavailable problem with Retry-After", resp.Status, resp.Body)
+	}
+	if executions != 1 {
+		t.Fatalf("%d executions; the request during the outage must not execute", executions)
+	}
+	t.Logf("503 after %v", time.Since(start).Round(time.Millisecond))
+
+	p.restore()
+	start = time.Now()
+	for {
+		resp := run("after")
+		if resp.Status == 201 {
+			break
+		}
+		if resp.Status != 503 || time.Since(start) > 10*time.Second {
+			t.Fatalf("after PostgreSQL came back: %d %s; want 201 within 10s", resp.Status, resp.Body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("201 again %v after PostgreSQL came back", time.Since(start).Round(time.Millisecond))
+	if executions != 2 {
+		t.Fatalf("%d executions; want 2 (before, after)", executions)
+	}
+	if resp := run("after"); resp.Status != 201 || !resp.IsReplay() {
+		t.Fatalf("retry after recovery: %d; want 201 replay", resp.Status)
+	}
+}
+
+// TestTransactional checks what the engine does with the execution's
+// transaction: committed with a stored response, rolled back when the
+// key is released (5xx, handler error, panic before a response) or the
+// lease was lost, and closed to the handler once the execution ended.
+func TestTransactional(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s, table := newStore(t, pool)
+	payments := createPayments(t, pool, table)
+	const lease = 300 * time.Millisecond
+	noRenewal := struct { // no Extender: the lease is never renewed
+		idem.Store
+		idem.Transactional
+	}{s, s}
+	e, err := idem.New(noRenewal, idem.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// run executes key, inserting one payment row through Tx, then ends
+	// with end; it returns the handler's transaction.
+	run := func(key string, end func(*idem.Execution)) pgx.Tx {
+		t.Helper()
+		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
+		if x == nil {
+			t.Fatalf("Begin(%s) = %+v; want an execution", key, resp)
+		}
+		ctx := x.WithInfo(ctxT(t))
+		tx, err := pgstore.Tx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, err := pgstore.Tx(ctx); err != nil || again.Conn() != tx.Conn() {
+			t.Fatalf("second Tx = %v, %v; want the same transaction", again, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ($1, 1)`, key); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
+			t.Fatalf("handler's Commit = %v; want ErrEngineEnds", err)
+		}
+		if err := tx.Rollback(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
+			t.Fatalf("handler's Rollback = %v; want ErrEngineEnds", err)
+		}
+		if n := countRows(t, pool, payments, key); n != 0 {
+			t.Fatalf("%s: the uncommitted row is visible outside the transaction (%d)", key, n)
+		}
+		end(x)
+		if _, err := pgstore.Tx(ctx); !errors.Is(err, pgstore.ErrExecutionEnded) {
+			t.Fatalf("Tx after the execution ended = %v; want ErrExecutionEnded", err)
+		}
+		return tx
+	}
+	finish := func(status int) func(*idem.Execution) {
+		return func(x *idem.Execution) { x.Write([]byte("done")); x.Finish(status, nil) }
+	}
+	run("stored", finish(201))
+	run("client-error", finish(400))
+	run("server-error", finish(503))
+	run("handler-error", (*idem.Execution).Fail)
+	run("panic", func(x *idem.Execution) { x.Abort(0, nil) })
+	run("lease-lost", func(x *idem.Execution) {
+		time.Sleep(lease + 100*time.Millisecond)
+		// Another instance takes the lapsed lease over and completes.
+		if _, ok, err := s.Acquire(ctxT(t), idem.ScopedKey("alice", "POST", "/v1/payments", "lease-lost"), "takeover",
+			idem.Fingerprint("POST", "/v1/payments", "", "application/json", []byte(`{"amount":1}`)), time.Minute); err != nil || !ok {
+			t.Fatalf("takeover = %v, %v", ok, err)
+		}
+		x.Finish(201, nil)
+	})
+	for key, want := range map[string]int{"stored": 1, "client-error": 1, "server-error": 0, "handler-error": 0, "panic": 0, "lease-lost": 0} {
+		if n := countRows(t, pool, payments, key); n != want {
+			t.Errorf("%s: %d payment rows; want %d", key, n, want)
+		}
+	}
+	if _, resp := e.Begin(ctxT(t), request("stored", `{"amount":1}`)); resp == nil || !resp.IsReplay() || string(resp.Body) != "done" {
+		t.Fatalf("retry of the stored execution = %+v; want its replay", resp)
+	}
+	for _, k := range []string{"server-error", "handler-error", "panic"} {
+		if x, resp := e.Begin(ctxT(t), request(k, `{"amount":1}`)); x == nil {
+			t.Errorf("retry of %s = %+v; want an execution (the key was released)", k, resp)
+		} else {
+			x.Fail()
+		}
+	}
+	if _, err := pgstore.Tx(ctxT(t)); !errors.Is(err, pgstore.ErrNoExecution) {
+		t.Fatalf("Tx outside an execution = %v; want ErrNoExecution", err)
+	}
+	if st := pool.Stat(); st.AcquiredConns() != 0 {
+		t.Fatalf("%d pool connections still held after every execution ended", st.AcquiredConns())
+	}
+}
+
+// A handler that never asks for its transaction costs no BEGIN: the
+// completion is the plain conditional UPDATE.
+func TestTransactionalUnused(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int64
+	pool := newPool(t, countRoundTrips(&n))
+	s, _ := newStore(t, pool)
+	e, err := idem.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, _ := e.Begin(ctxT(t), request("warm-up", `{}`))
+	x.WithInfo(ctxT(t))
+	x.Finish(201, nil)
+	n.Store(0)
+	x, _ = e.Begin(ctxT(t), request("k", `{}`))
+	x.WithInfo(ctxT(t))
+	x.Finish(201, nil)
+	if got := n.Load(); got != 2 {
+		t.Fatalf("%d round trips for an execution that never used Tx; want 2", got)
+	}
+}
+
+func TestPurge(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s, table := newStore(t, pool)
+	resp := &idem.Response{Status: 201}
+	live, expired := 0, 0
+	for i := range 6 {
+		key, tok := storetest.Key(), storetest.Token()
+		lease := time.Minute
+		if i%2 == 0 {
+			lease = time.Millisecond
+		}
+		if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", lease); err != nil || !ok {
+			t.Fatalf("Acquire = %v, %v", ok, err)
+		}
+		if i == 1 {
+			if err := s.Complete(ctxT(t), key, tok, resp, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%2 == 0 {
+			expired++
+		} else {
+			live++
+		}
+	}
+	time.Sleep(10 * time.Millisecond)
+	n, err := s.Purge(ctxT(t))
+	if err != nil || n != int64(expired) {
+		t.Fatalf("Purge = %d, %v; want %d expired rows deleted", n, err, expired)
+	}
+	var rows int
+	if err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier(strings.Split(table, ".")).Sanitize()).Scan(&rows); err != nil || rows != live {
+		t.Fatalf("%d rows left (%v); want the %d live ones", rows, err, live)
+	}
+
+	// The purge's scan can use the expires_at index (forced here: the
+	// table is too small for the planner to prefer it on its own).
+	conn, err := pool.Acquire(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctxT(t), `SET enable_seqscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	var plan strings.Builder
+	r, err := conn.Query(ctxT(t), `EXPLAIN `+pgstore.PurgeSQL(s), pgstore.PurgeBatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.Next() {
+		var line string
+		_ = r.Scan(&line)
+		plan.WriteString(line + "\n")
+	}
+	r.Close()
+	_, _ = conn.Exec(ctxT(t), `RESET enable_seqscan`)
+	if !strings.Contains(plan.String(), "_expires_at") {
+		t.Fatalf("purge plan does not use the expires_at index:\n%s", plan.String())
+	}
+}
+
+func TestPurger(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s, table := newStore(t, pool)
+	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Millisecond); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	if err := s.StartPurger(0); !errors.Is(err, idem.ErrInvalidDuration) {
+		t.Fatalf("StartPurger(0) = %v", err)
+	}
+	if err := s.StartPurger(200 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartPurger(200 * time.Millisecond); err == nil {
+		t.Fatal("second StartPurger succeeded")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for rows := 1; rows > 0; {
+		// Expired rows are invisible to Get: count them in the table.
+		if err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier(strings.Split(table, ".")).Sanitize()).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if rows > 0 && time.Now().After(deadline) {
+			t.Fatal("the purger did not delete the expired row within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartPurger(time.Second); err == nil {
+		t.Fatal("StartPurger after Close succeeded")
+	}
+	_ = s.Close() // twice is fine; goleak checks the goroutine is gone
+}
+
+// TestEnsureSchemaConcurrent starts several instances at once on a new table.
+func TestEnsureSchemaConcurrent(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	table := newTable(t, pool)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if err := pgstore.New(pool, pgstore.WithTable(table)).EnsureSchema(ctxT(t)); err != nil {
+				t.Errorf("EnsureSchema: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	s := pgstore.New(pool, pgstore.WithTable(table))
+	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire on the ensured table = %v, %v", ok, err)
+	}
+}
