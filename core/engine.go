@@ -59,6 +59,9 @@ type Engine struct {
 	releasers   atomic.Int64 // background releases under way
 	problems    problems
 
+	unreadableMu sync.Mutex
+	unreadable   map[string]struct{} // keys logged as unreadable
+
 	mu        sync.Mutex // guards closed and wg.Add
 	closed    bool
 	wg        sync.WaitGroup // background completion retries and releases
@@ -84,7 +87,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), draining: make(chan struct{}), tokenPrefix: rand.Text() + "."}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
 	if l, ok := store.(LocalStore); ok {
@@ -125,7 +128,8 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //
 // Answers: 400 missing or malformed key, or unreadable body; 401 no principal;
 // 413 body above the limit; 422 key reused with another fingerprint; 409
-// request with this key in progress; 503 store unavailable.
+// request with this key in progress; 503 store unavailable; 500 the key's
+// stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
 func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response) {
 	if !e.cfg.methods[req.Method] {
 		return nil, nil
@@ -169,6 +173,9 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		now := time.Now()
 		ev.Op, ev.StoreDuration = OpAcquire, now.Sub(start)
 		switch {
+		case errors.Is(err, ErrCorrupt):
+			e.reportUnreadable(ctx, ev, err)
+			return nil, e.problems.unreadable
 		case err != nil:
 			e.emitErr(ctx, ev, EventStoreError, err, "idem: acquire failed")
 			e.releaseLater(ctx, ev, token) // the acquire may still land: don't leave a lease nobody owns
@@ -203,6 +210,32 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			return nil, e.problems.inProgress
 		}
 	}
+}
+
+// maxUnreadableLogged bounds the keys remembered as logged unreadable;
+// past it the set starts again (a key may then be logged once more).
+const maxUnreadableLogged = 1024
+
+// reportUnreadable reports a key whose record the store cannot decode: an
+// event every time, a log line (with the whole hashed key, which names the
+// record to delete) once per key, so that clients retrying it don't flood
+// the log.
+func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
+	ev.Kind, ev.Err = EventStoreError, err
+	e.unreadableMu.Lock()
+	_, seen := e.unreadable[ev.Key]
+	if !seen {
+		if len(e.unreadable) >= maxUnreadableLogged {
+			clear(e.unreadable)
+		}
+		e.unreadable[ev.Key] = struct{}{}
+	}
+	e.unreadableMu.Unlock()
+	if !seen {
+		e.cfg.logger.ErrorContext(ctx, "idem: stored record unreadable; answering 500 until it is deleted from the store (README: Clearing an unreadable record)",
+			"key", ev.Key, "method", ev.Method, "route", ev.Route, "err", err)
+	}
+	e.emit(ctx, ev)
 }
 
 // newToken returns a token no other execution of any engine uses: a random
@@ -244,6 +277,8 @@ type Execution struct {
 	outer    http.Header // header lines present when the execution began (OuterHeader)
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
+
+	renewFailed atomic.Bool // a failed renewal was logged
 
 	mu       sync.Mutex
 	timer    *time.Timer
@@ -604,7 +639,12 @@ func (x *Execution) renew() {
 		return
 	}
 	if err != nil {
-		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: lease renewal failed; retrying")
+		if x.renewFailed.Swap(true) { // logged once per execution; every failure is an event
+			ev.Kind, ev.Err = EventStoreError, err
+			x.e.emit(x.ctx, ev)
+		} else {
+			x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: lease renewal failed; retrying (further failures of this execution are reported as events only)")
+		}
 	}
 	x.mu.Lock()
 	if !x.done {

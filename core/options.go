@@ -67,10 +67,18 @@ func defaultConfig() config {
 	}
 }
 
+// leaseFloorFactor: a lease must be at least this many store timeouts (see
+// [WithLease] for the derivation).
+const leaseFloorFactor = 4
+
 func (c *config) validate() error {
 	switch {
 	case c.lease <= 0, c.retention <= 0, c.storeTimeout <= 0, c.retryAfter <= 0:
 		return fmt.Errorf("idem: lease, retention, store timeout and Retry-After must be > 0")
+	case c.lease < leaseFloorFactor*c.storeTimeout:
+		return fmt.Errorf("idem: lease %v is below its floor %v (%d × the store timeout %v): "+
+			"it could lapse before a renewal lands and let a duplicate execute; raise WithLease or lower WithStoreTimeout",
+			c.lease, leaseFloorFactor*c.storeTimeout, leaseFloorFactor, c.storeTimeout)
 	case c.wait < 0 || c.completionRetry < 0:
 		return fmt.Errorf("idem: wait and completion retry must be >= 0")
 	case c.maxBodyBytes <= 0 || c.maxResponseBytes <= 0:
@@ -107,6 +115,17 @@ func WithMethods(methods ...string) Option {
 // request may take it over; it is renewed every lease/3 while the handler runs
 // (stores implementing [Extender]), so it only needs to outlast a crashed
 // process's silence, not the slowest handler. Optional. Default is 30s.
+//
+// It must be at least 4 × the store timeout ([WithStoreTimeout]), else
+// [New] returns an error. Derivation: with store timeout T, the longest gap
+// between two writes of the lease in the store is T (the acquire's reply
+// may take that long, and renewal is timed from it) + lease/3 (the renewal
+// period) + T (the renewal's own round trip). That gap stays below the lease
+// only if lease > 3T; 4T keeps a margin of lease/6 for scheduling delays
+// and clock-rate differences between the process and the store. The same
+// floor applies to stores that do no I/O. Below it a live handler's key can
+// be taken over and executed twice (a 1ms lease lets sequential retries all
+// execute).
 func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
 
 // WithRetention sets how long a completed response is replayed, counted from

@@ -147,6 +147,7 @@ func Run(t *testing.T, cfg Config) {
 		{"StoredHeadersAllowlist", s.testStoredHeaders},
 		{"Skip", s.testSkip},
 		{"UnmatchedRoutePassesThrough", s.testUnmatched},
+		{"TransactionalUnitInHandlerContext", s.testTransactionalUnit},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))
@@ -653,6 +654,63 @@ func (s *flakyStore) Complete(ctx context.Context, key, token string, resp *idem
 	return s.Store.Complete(ctx, key, token, resp, retention)
 }
 
+// txStore makes a store Transactional with units that remember how the
+// engine ended them.
+type txStore struct{ idem.Store }
+
+func (s txStore) Unit(key, token string) idem.Unit {
+	return &txUnit{s: s.Store, key: key, token: token}
+}
+
+type txUnit struct {
+	s          idem.Store
+	key, token string
+	ended      atomic.Pointer[string]
+}
+
+func (u *txUnit) Complete(ctx context.Context, resp *idem.Response, retention time.Duration) error {
+	end := "complete"
+	u.ended.Store(&end)
+	return u.s.Complete(ctx, u.key, u.token, resp, retention)
+}
+
+func (u *txUnit) Release(ctx context.Context) error {
+	end := "release"
+	u.ended.Store(&end)
+	return u.s.Release(ctx, u.key, u.token)
+}
+
+// testTransactionalUnit checks that the adapter binds the execution's
+// [idem.Unit] into the handler's context (Execution.WithInfo), where
+// stores such as pgstore find the handler's transaction, and that the
+// engine ends the execution through that Unit: completed when stored,
+// released after a panic or a 5xx.
+func (s *suite) testTransactionalUnit(t *testing.T) {
+	app, base := s.serve(t, txStore{s.cfg.NewStore(t)})
+	for _, c := range []struct{ path, key, want string }{
+		{"/a", "tx-stored", "complete"},
+		{"/a?panic=1", "tx-panic", "release"},
+		{"/a?status=503", "tx-5xx", "release"},
+	} {
+		s.do(t, base, call{path: c.path, body: `{}`, keys: []string{c.key}})
+		if app.lastInfo.Load() == nil {
+			t.Skip("the mounted App's request context carries no idem.Info (e.g. Fiber v2's net/http adaptor drops the user context); " +
+				"the Unit rides on the same context value as Info, which the adapter's own tests check")
+		}
+		ref := app.lastUnit.Load()
+		if ref == nil || ref.u == nil {
+			t.Fatalf("%s: the handler's context carries no idem.Unit; bind it with Execution.WithInfo", c.path)
+		}
+		u, ok := ref.u.(*txUnit)
+		if !ok {
+			t.Fatalf("%s: the handler's Unit is a %T, not the store's", c.path, ref.u)
+		}
+		if end := u.ended.Load(); end == nil || *end != c.want {
+			t.Fatalf("%s: the engine ended the unit with %v; want %s", c.path, end, c.want)
+		}
+	}
+}
+
 // smallStore is a store whose records hold at most 2000 body bytes, like
 // MongoDB's 16 MiB document limit in miniature.
 type smallStore struct{ idem.Store }
@@ -727,19 +785,27 @@ func (s *suite) testStreaming(t *testing.T) {
 }
 
 func (s *suite) testLeaseRenewal(t *testing.T) {
-	app, base := s.serve(t, nil, idem.WithLease(300*time.Millisecond))
+	const lease = 600 * time.Millisecond
+	app, base := s.serve(t, nil, idem.WithLease(lease), idem.WithStoreTimeout(lease/4))
+	slow := call{path: "/a?hold=1", body: `{}`, keys: []string{"slow"}}
 	done := make(chan result, 1)
 	go func() {
-		r, err := s.send(base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}})
+		r, err := s.send(base, slow)
 		if err != nil {
 			t.Errorf("slow request: %v", err)
 		}
 		done <- r
 	}()
-	time.Sleep(800 * time.Millisecond) // well past one lease: only renewal keeps it
-	wantProblem(t, s.do(t, base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}}), 409, "in-progress")
+	for deadline := time.Now().Add(10 * time.Second); app.Executions() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow handler did not start within 10s")
+		}
+	}
+	time.Sleep(2 * lease) // the lease would have lapsed twice: only renewal keeps it
+	wantProblem(t, s.do(t, base, slow), 409, "in-progress")
+	app.Release()
 	first := <-done
-	r := s.do(t, base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}})
+	r := s.do(t, base, slow)
 	if first.status != 201 || r.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(r.body, first.body) {
 		t.Fatalf("after the slow handler: %d then %d; want 201 and its replay", first.status, r.status)
 	}
