@@ -148,6 +148,8 @@ func Run(t *testing.T, cfg Config) {
 		{"Skip", s.testSkip},
 		{"UnmatchedRoutePassesThrough", s.testUnmatched},
 		{"TransactionalUnitInHandlerContext", s.testTransactionalUnit},
+		{"KeyOptional", s.testKeyOptional},
+		{"ProblemRenderer", s.testProblemRenderer},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))
@@ -892,6 +894,31 @@ func (s *suite) testUnmatched(t *testing.T) {
 		if r.status != 404 || strings.HasPrefix(r.header.Get("Content-Type"), "application/problem+json") {
 			t.Fatalf("POST to a route that does not exist (keys %q): %d %q %s; want the framework's 404", keys, r.status, r.header.Get("Content-Type"), r.body)
 		}
+	}
+	wantExecutions(t, app, 0)
+}
+
+func (s *suite) testKeyOptional(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithKeyOptional())
+	for i := 0; i < 2; i++ {
+		if r := s.do(t, base, call{path: "/a", body: `{}`}); r.status != 201 || r.header.Get(idem.ReplayedHeader) != "" {
+			t.Fatalf("no key under WithKeyOptional, try %d: %d %s; want the handler to run", i, r.status, r.body)
+		}
+	}
+	s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
+	if r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}}); r.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatal("a request with a key was not replayed under WithKeyOptional")
+	}
+	wantExecutions(t, app, 3)
+}
+
+func (s *suite) testProblemRenderer(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithProblemRenderer(func(p idem.Problem) (string, []byte) {
+		return "application/vnd.api+json", []byte(`{"errors":[{"status":"` + itoa(p.Status) + `","code":"` + strings.TrimPrefix(p.Type, idem.ProblemTypeBase) + `"}]}`)
+	}))
+	r := s.do(t, base, call{path: "/a", body: `{}`})
+	if r.status != 400 || r.header.Get("Content-Type") != "application/vnd.api+json" || string(r.body) != `{"errors":[{"status":"400","code":"key-missing"}]}` {
+		t.Fatalf("missing key with a problem renderer: %d %q %s", r.status, r.header.Get("Content-Type"), r.body)
 	}
 	wantExecutions(t, app, 0)
 }
