@@ -179,7 +179,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 // or returns nil when there are none but fasthttp's default Content-Type.
 func outerHeader(c *fiber.Ctx) http.Header {
 	var out http.Header
-	c.Response().Header.VisitAll(func(k, v []byte) {
+	c.Response().Header.VisitAll(func(k, v []byte) { //nolint:staticcheck // VisitAll as above
 		if out == nil {
 			if bytes.Equal(k, contentType) && bytes.Equal(v, defaultContentType) {
 				return
