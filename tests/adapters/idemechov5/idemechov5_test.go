@@ -47,17 +47,50 @@ func recoverer() echo.MiddlewareFunc {
 	return middleware.RecoverWithConfig(middleware.RecoverConfig{DisablePrintStack: true})
 }
 
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
+func mount(t *testing.T, m adaptertest.Mount) string {
 	r := newEcho()
-	r.Use(recoverer())
-	mw := idemechov5.New(e, idemechov5.WithScope(scope))
-	r.Any("/a", echo.WrapHandler(app), mw)
-	r.Any("/b", echo.WrapHandler(app), mw)
-	return serve(t, r)
+	r.Use(recoverer(), outer)
+	mw := idemechov5.New(m.Engine, idemechov5.WithScope(scope),
+		idemechov5.WithSkipper(func(c *echo.Context) bool { return m.Skip(c.Request().URL.Path) }))
+	add := r.Any
+	var perRoute []echo.MiddlewareFunc
+	switch m.Where {
+	case adaptertest.PerRoute:
+		perRoute = []echo.MiddlewareFunc{mw}
+	case adaptertest.Group:
+		add = r.Group("/g", mw).Any
+	case adaptertest.Global:
+		r.Use(mw)
+	}
+	for _, p := range []string{"/a", "/b", "/skipped"} {
+		add(p, echo.WrapHandler(m.App), perRoute...)
+	}
+	url := serve(t, r)
+	if m.Where == adaptertest.Group {
+		url += "/g"
+	}
+	return url
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c *echo.Context) error {
+		for k, v := range adaptertest.OuterHeaders(c.Request().Header.Get("Origin"), c.Request().Header.Get("X-Request-Id")) {
+			c.Response().Header()[k] = v
+		}
+		return next(c)
+	}
 }
 
 func TestBehaviour(t *testing.T) {
-	adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: newStore})
+	const why = "drop-in options of issue 11 not mirrored from idemecho yet"
+	adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: newStore, Unsupported: map[string]string{
+		"OuterHeadersNotReplayed":            why,
+		"Group/OuterHeadersNotReplayed":      why,
+		"Global/OuterHeadersNotReplayed":     why,
+		"Group/UnmatchedRoutePassesThrough":  why,
+		"Global/UnmatchedRoutePassesThrough": why,
+	}})
 }
 
 func serve(t *testing.T, r *echo.Echo) string {
