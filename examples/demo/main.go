@@ -2,12 +2,13 @@
 // real clients do: double clicks, timeouts and retries, provider failures,
 // reused keys. It builds the example services, starts each on a free
 // loopback port as its own process, plays the scenarios, and prints a table
-// per framework, and nothing else: the services' logs go to a file that is
-// shown only on failure. With -store redis its keys live under their own
-// prefix (-redis-prefix, default "idem-demo:"); with -store postgres its
-// tables live in their own schema (-postgres-schema, default idem_demo),
-// and every payment is a row written through its execution's transaction.
-// It exits 1 if any logical payment was charged successfully more than once.
+// per framework with the idem decisions the service counted on its /metrics,
+// and nothing else: the services' logs go to a file that is shown only on
+// failure. With -store redis its keys live under their own prefix
+// (-redis-prefix, default "idem-demo:"); with -store postgres its tables
+// live in their own schema (-postgres-schema, default idem_demo), and every
+// payment is a row written through its execution's transaction. It exits 1
+// if any logical payment was charged successfully more than once.
 //
 //	go run ./examples/demo                       # every framework, memory store
 //	go run ./examples/demo -framework gin -store redis
@@ -81,6 +82,7 @@ func main() {
 		}
 		d := &demo{url: p.URL, latency: *latency, client: &http.Client{Timeout: 30 * time.Second}}
 		rows := d.run()
+		counted, err := procs.Scrape(d.client, p.URL)
 		p.Stop()
 		logs.Close()
 		if d.err != nil {
@@ -91,6 +93,10 @@ func main() {
 			ok = false
 			showLogs(logPath)
 		}
+		if err != nil {
+			fail(fmt.Errorf("metrics: %w", err), logPath)
+		}
+		printDecisions(counted)
 		fmt.Println()
 	}
 	if !ok {
@@ -300,6 +306,19 @@ func (r row) ok() bool {
 		maxIDs = 2
 	}
 	return r.charges == r.want && r.ids <= maxIDs
+}
+
+// printDecisions prints the service's idem_decisions_total counters (its
+// GET /metrics, filled by idemotel) by outcome, in the engine's order.
+func printDecisions(m procs.Metrics) {
+	counts := m.Decisions()
+	var b strings.Builder
+	for _, outcome := range []string{"acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error"} {
+		if n := counts[outcome]; n > 0 {
+			fmt.Fprintf(&b, ", %s %v", outcome, n)
+		}
+	}
+	fmt.Printf("idem decisions on /metrics: %s\n", strings.TrimPrefix(b.String(), ", "))
 }
 
 // printTable prints rows and reports whether every logical payment was

@@ -14,11 +14,13 @@ import (
 	"net/http"
 
 	"github.com/gin-gonic/gin"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemgin"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
+	"github.com/idemkit/idem/observability/idemotel"
 )
 
 func main() { app.Exit(run(app.ParseFlags())) }
@@ -31,11 +33,24 @@ func run(flags app.Flags) error {
 	}
 	defer closeStore()
 
+	// Telemetry: OpenTelemetry metrics served on GET /metrics (Prometheus
+	// text), spans to -trace-file. idemotel turns the engine's events into metrics and span attributes.
+	metrics, stopTelemetry, err := app.Telemetry(flags)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	telemetry, err := idemotel.NewEventHook()
+	if err != nil {
+		return err
+	}
+
 	// The engine: the rules every protected route shares.
 	engine, err := idem.New(store,
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
+		idem.WithEventHook(telemetry),
 	)
 	if err != nil {
 		return err
@@ -67,8 +82,10 @@ func run(flags app.Flags) error {
 	r.POST("/v1/exports", authenticate, idempotent, api.createExport)
 	r.GET("/v1/payments/:id", api.getPayment)
 	r.GET("/v1/stats", api.stats)
+	r.GET("/metrics", gin.WrapH(metrics))
 
-	return app.Serve(flags.Addr, app.HTTPServer(r), engine, api.svc)
+	// Tracing outermost, so that idem finds the request's span in its context.
+	return app.Serve(flags.Addr, app.HTTPServer(otelhttp.NewHandler(r, "payments")), engine, api.svc)
 }
 
 // authenticate stands in for real authentication: it trusts X-User-ID.

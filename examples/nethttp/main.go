@@ -17,10 +17,13 @@ import (
 	"log/slog"
 	"net/http"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
 	"github.com/idemkit/idem/adapters/idemhttp"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
+	"github.com/idemkit/idem/observability/idemotel"
 )
 
 func main() { app.Exit(run(app.ParseFlags())) }
@@ -33,11 +36,25 @@ func run(flags app.Flags) error {
 	}
 	defer closeStore()
 
+	// Telemetry: OpenTelemetry metrics served on GET /metrics (Prometheus
+	// text), spans to -trace-file. idemotel turns the engine's events into
+	// metrics and span attributes.
+	metrics, stopTelemetry, err := app.Telemetry(flags)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	telemetry, err := idemotel.NewEventHook()
+	if err != nil {
+		return err
+	}
+
 	// The engine: the rules every protected route shares.
 	engine, err := idem.New(store,
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
+		idem.WithEventHook(telemetry),
 	)
 	if err != nil {
 		return err
@@ -65,8 +82,10 @@ func run(flags app.Flags) error {
 	mux.Handle("POST /v1/exports", authenticate(idempotent(http.HandlerFunc(api.createExport))))
 	mux.HandleFunc("GET /v1/payments/{id}", api.getPayment)
 	mux.HandleFunc("GET /v1/stats", api.stats)
+	mux.Handle("GET /metrics", metrics)
 
-	return app.Serve(flags.Addr, app.HTTPServer(recoverer(mux)), engine, api.svc)
+	// Tracing outermost, so that idem finds the request's span in its context.
+	return app.Serve(flags.Addr, app.HTTPServer(otelhttp.NewHandler(recoverer(mux), "payments")), engine, api.svc)
 }
 
 type userKey struct{}

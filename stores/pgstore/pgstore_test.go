@@ -465,12 +465,12 @@ func TestTransactional(t *testing.T) {
 	pool := newPool(t)
 	s, table := newStore(t, pool)
 	payments := createPayments(t, pool, table)
-	const lease = 300 * time.Millisecond
+	const lease = 2 * time.Second // long enough for a loaded machine: it is never renewed here
 	noRenewal := struct { // no Extender: the lease is never renewed
 		idem.Store
 		idem.Transactional
 	}{s, s}
-	e, err := idem.New(noRenewal, idem.WithLease(lease))
+	e, err := idem.New(noRenewal, idem.WithLease(lease), idem.WithStoreTimeout(lease/4))
 	if err != nil {
 		t.Fatal(err)
 	}

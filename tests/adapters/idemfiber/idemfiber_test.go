@@ -78,13 +78,37 @@ func serve(t *testing.T, app *fiber.App) string {
 	return "http://" + ln.Addr().String()
 }
 
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
+func mount(t *testing.T, m adaptertest.Mount) string {
 	f := newApp()
-	f.Use(recover.New())
-	mw := idemfiber.New(e, idemfiber.WithScope(scope))
-	f.All("/a", mw, adaptor.HTTPHandler(app))
-	f.All("/b", mw, adaptor.HTTPHandler(app))
-	return serve(t, f)
+	f.Use(recover.New(), outer)
+	mw := idemfiber.New(m.Engine, idemfiber.WithScope(scope),
+		idemfiber.WithNext(func(c *fiber.Ctx) bool { return m.Skip(c.Path()) }))
+	var routes fiber.Router = f
+	var perRoute []fiber.Handler
+	switch m.Where {
+	case adaptertest.PerRoute:
+		perRoute = []fiber.Handler{mw}
+	case adaptertest.Group:
+		routes = f.Group("/g", mw)
+	case adaptertest.Global:
+		f.Use(mw)
+	}
+	for _, p := range []string{"/a", "/b", "/skipped"} {
+		routes.All(p, append(perRoute[:len(perRoute):len(perRoute)], adaptor.HTTPHandler(m.App))...)
+	}
+	url := serve(t, f)
+	if m.Where == adaptertest.Group {
+		url += "/g"
+	}
+	return url
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(c *fiber.Ctx) error {
+	for k, v := range adaptertest.OuterHeaders(c.Get("Origin"), c.Get("X-Request-Id")) {
+		c.Set(k, v[0])
+	}
+	return c.Next()
 }
 
 func TestBehaviour(t *testing.T) {
