@@ -47,13 +47,39 @@ func recoverer() echo.MiddlewareFunc {
 	return middleware.RecoverWithConfig(middleware.RecoverConfig{DisablePrintStack: true})
 }
 
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
+func mount(t *testing.T, m adaptertest.Mount) string {
 	r := newEcho()
-	r.Use(recoverer())
-	mw := idemechov5.New(e, idemechov5.WithScope(scope))
-	r.Any("/a", echo.WrapHandler(app), mw)
-	r.Any("/b", echo.WrapHandler(app), mw)
-	return serve(t, r)
+	r.Use(recoverer(), outer)
+	mw := idemechov5.New(m.Engine, idemechov5.WithScope(scope),
+		idemechov5.WithSkipper(func(c *echo.Context) bool { return m.Skip(c.Request().URL.Path) }))
+	add := r.Any
+	var perRoute []echo.MiddlewareFunc
+	switch m.Where {
+	case adaptertest.PerRoute:
+		perRoute = []echo.MiddlewareFunc{mw}
+	case adaptertest.Group:
+		add = r.Group("/g", mw).Any
+	case adaptertest.Global:
+		r.Use(mw)
+	}
+	for _, p := range []string{"/a", "/b", "/skipped"} {
+		add(p, echo.WrapHandler(m.App), perRoute...)
+	}
+	url := serve(t, r)
+	if m.Where == adaptertest.Group {
+		url += "/g"
+	}
+	return url
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c *echo.Context) error {
+		for k, v := range adaptertest.OuterHeaders(c.Request().Header.Get("Origin"), c.Request().Header.Get("X-Request-Id")) {
+			c.Response().Header()[k] = v
+		}
+		return next(c)
+	}
 }
 
 func TestBehaviour(t *testing.T) {
@@ -147,16 +173,23 @@ func TestBindAndInfo(t *testing.T) {
 }
 
 // A returned echo.HTTPError is written by the error handler inside the
-// middleware and stored; a plain error becomes a 500 and is released. Outer
-// middleware still sees the error; the client gets the body once.
+// middleware and stored; a plain error becomes a 500 and is released. The
+// app's error handler runs once per error (as under v4's idemecho); outer
+// middleware finds the error with HandledError; the client gets the body
+// once.
 func TestReturnedErrors(t *testing.T) {
-	var runs atomic.Int64
-	outerErrs := make(chan error, 10)
+	var runs, handled atomic.Int64
+	outerErrs := make(chan [2]error, 10)
 	r := newEcho()
+	errorHandler := echo.DefaultHTTPErrorHandler(false)
+	r.HTTPErrorHandler = func(c *echo.Context, err error) {
+		handled.Add(1)
+		errorHandler(c, err)
+	}
 	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c *echo.Context) error {
 			err := next(c)
-			outerErrs <- err
+			outerErrs <- [2]error{err, idemechov5.HandledError(c)}
 			return err
 		}
 	})
@@ -179,11 +212,11 @@ func TestReturnedErrors(t *testing.T) {
 	if second.status != 402 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
 		t.Fatalf("retry of a 402: %d %q replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
 	}
-	if err := <-outerErrs; err == nil || !strings.Contains(err.Error(), "card declined") {
-		t.Fatalf("outer middleware saw %v, want the handler's error", err)
+	if e := <-outerErrs; e[0] != nil || e[1] == nil || !strings.Contains(e[1].Error(), "card declined") {
+		t.Fatalf("outer middleware got %v, HandledError %v; want nil and the handler's error", e[0], e[1])
 	}
-	if err := <-outerErrs; err != nil {
-		t.Fatalf("outer middleware saw %v on the replay, want nil", err)
+	if e := <-outerErrs; e[0] != nil || e[1] != nil {
+		t.Fatalf("outer middleware got %v, HandledError %v on the replay; want nil, nil", e[0], e[1])
 	}
 
 	for i := 0; i < 2; i++ {
@@ -194,6 +227,9 @@ func TestReturnedErrors(t *testing.T) {
 	}
 	if runs.Load() != 3 {
 		t.Fatalf("runs = %d, want the plain error to run twice", runs.Load())
+	}
+	if handled.Load() != 3 {
+		t.Fatalf("the app's error handler ran %d times for 3 handler errors; want once each", handled.Load())
 	}
 }
 
