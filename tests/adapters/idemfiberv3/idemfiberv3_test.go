@@ -78,13 +78,37 @@ func serve(t *testing.T, app *fiber.App) string {
 
 // mount registers the suite's http.Handler directly: Fiber v3 adapts
 // net/http handlers itself (through fasthttpadaptor).
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
+func mount(t *testing.T, m adaptertest.Mount) string {
 	f := newApp()
-	f.Use(recover.New())
-	mw := idemfiberv3.New(e, idemfiberv3.WithScope(scope))
-	f.All("/a", mw, app)
-	f.All("/b", mw, app)
-	return serve(t, f)
+	f.Use(recover.New(), outer)
+	mw := idemfiberv3.New(m.Engine, idemfiberv3.WithScope(scope),
+		idemfiberv3.WithNext(func(c fiber.Ctx) bool { return m.Skip(c.Path()) }))
+	var routes fiber.Router = f
+	handlers := []any{m.App}
+	switch m.Where {
+	case adaptertest.PerRoute:
+		handlers = []any{mw, m.App}
+	case adaptertest.Group:
+		routes = f.Group("/g", mw)
+	case adaptertest.Global:
+		f.Use(mw)
+	}
+	for _, p := range []string{"/a", "/b", "/skipped"} {
+		routes.All(p, handlers[0], handlers[1:]...)
+	}
+	url := serve(t, f)
+	if m.Where == adaptertest.Group {
+		url += "/g"
+	}
+	return url
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(c fiber.Ctx) error {
+	for k, v := range adaptertest.OuterHeaders(c.Get("Origin"), c.Get("X-Request-Id")) {
+		c.Set(k, v[0])
+	}
+	return c.Next()
 }
 
 func TestBehaviour(t *testing.T) {
