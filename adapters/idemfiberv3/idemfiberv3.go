@@ -9,6 +9,7 @@ import (
 
 	"github.com/gofiber/fiber/v3"
 	"github.com/gofiber/utils/v2"
+	utilsstrings "github.com/gofiber/utils/v2/strings"
 
 	idem "github.com/idemkit/idem/core"
 )
@@ -196,7 +197,7 @@ func matchedRoute(cache *atomic.Pointer[routeIndex], c fiber.Ctx) *fiber.Route {
 	}
 	path := c.Path()
 	if !idx.cfg.CaseSensitive {
-		path = utils.ToLower(path)
+		path = utilsstrings.ToLower(path)
 	}
 	if !idx.cfg.StrictRouting && len(path) > 1 {
 		path = utils.TrimRight(path, '/')
@@ -240,7 +241,7 @@ func newRouteIndex(app *fiber.App) *routeIndex {
 			if !strings.ContainsAny(r.Path, ":*+\\") {
 				l.static = r.Path
 				if !idx.cfg.CaseSensitive {
-					l.static = utils.ToLower(l.static)
+					l.static = utilsstrings.ToLower(l.static)
 				}
 				if !idx.cfg.StrictRouting && len(l.static) > 1 {
 					l.static = utils.TrimRight(l.static, '/')
