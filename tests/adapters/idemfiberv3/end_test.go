@@ -8,6 +8,7 @@ import (
 	"github.com/gofiber/fiber/v3"
 
 	"github.com/idemkit/idem/adapters/idemfiberv3"
+	"github.com/idemkit/idem/tests/adapters/internal/client"
 )
 
 // v3's c.End() writes the response to the connection and closes it before
@@ -17,7 +18,7 @@ import (
 func TestEnd(t *testing.T) {
 	var runs atomic.Int64
 	app := newApp()
-	app.Post("/end", idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
+	app.Post("/end", idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
 		runs.Add(1)
 		c.Set("Location", "/ended/1")
 		if err := c.Status(201).SendString("ended"); err != nil {
@@ -26,17 +27,17 @@ func TestEnd(t *testing.T) {
 		return c.End()
 	})
 	url := serve(t, app) + "/end"
-	first := post(t, url, "k", `{}`)
+	first := client.Post(t, url, "k", `{}`)
 	deadline := time.Now().Add(10 * time.Second)
-	second := post(t, url, "k", `{}`)
-	for second.status == 409 && time.Now().Before(deadline) {
+	second := client.Post(t, url, "k", `{}`)
+	for second.Status == 409 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
-		second = post(t, url, "k", `{}`)
+		second = client.Post(t, url, "k", `{}`)
 	}
-	if first.status != 201 || first.body != "ended" || replayed(first) {
-		t.Fatalf("first: %d %q replayed=%v", first.status, first.body, replayed(first))
+	if first.Status != 201 || first.Body != "ended" || first.Replayed() {
+		t.Fatalf("first: %d %q replayed=%v", first.Status, first.Body, first.Replayed())
 	}
-	if second.status != 201 || second.body != "ended" || !replayed(second) || second.header.Get("Location") != "/ended/1" || runs.Load() != 1 {
-		t.Fatalf("retry: %d %q replayed=%v Location %q runs=%d", second.status, second.body, replayed(second), second.header.Get("Location"), runs.Load())
+	if second.Status != 201 || second.Body != "ended" || !second.Replayed() || second.Header.Get("Location") != "/ended/1" || runs.Load() != 1 {
+		t.Fatalf("retry: %d %q replayed=%v Location %q runs=%d", second.Status, second.Body, second.Replayed(), second.Header.Get("Location"), runs.Load())
 	}
 }
