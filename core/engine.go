@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,9 @@ type Engine struct {
 	releasers   atomic.Int64 // background releases under way
 	problems    problems
 
+	unreadableMu sync.Mutex
+	unreadable   map[string]struct{} // keys logged as unreadable
+
 	mu        sync.Mutex // guards closed and wg.Add
 	closed    bool
 	wg        sync.WaitGroup // background completion retries and releases
@@ -83,7 +87,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), draining: make(chan struct{}), tokenPrefix: rand.Text() + "."}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
 	if l, ok := store.(LocalStore); ok {
@@ -94,6 +98,19 @@ func New(store Store, opts ...Option) (*Engine, error) {
 
 // Header returns the canonical name of the idempotency key header.
 func (e *Engine) Header() string { return e.cfg.header }
+
+// MustHaveScope panics, naming the fix, when an adapter is built without a
+// scope function (has is false) for an engine without [WithGlobalScope]:
+// every covered request would be answered 401 "no-principal". option names
+// the adapter's scope option, e.g. "idemgin.WithScope". Adapters call it in
+// their constructor, refusing misuse when the app is built (as
+// http.ServeMux.Handle panics on a nil handler) rather than per request.
+func (e *Engine) MustHaveScope(has bool, option string) {
+	if !has && !e.cfg.globalScope {
+		panic("idem: middleware built without a scope function: pass " + option +
+			"(fn) returning the authenticated principal (mount it after authentication), or build the engine with idem.WithGlobalScope() if the service has no principals")
+	}
+}
 
 // Covers reports whether requests with this method need an idempotency key.
 // Adapters call it first so that other requests pass through untouched.
@@ -111,7 +128,8 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //
 // Answers: 400 missing or malformed key, or unreadable body; 401 no principal;
 // 413 body above the limit; 422 key reused with another fingerprint; 409
-// request with this key in progress; 503 store unavailable.
+// request with this key in progress; 503 store unavailable; 500 the key's
+// stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
 func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response) {
 	if !e.cfg.methods[req.Method] {
 		return nil, nil
@@ -155,6 +173,9 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		now := time.Now()
 		ev.Op, ev.StoreDuration = OpAcquire, now.Sub(start)
 		switch {
+		case errors.Is(err, ErrCorrupt):
+			e.reportUnreadable(ctx, ev, err)
+			return nil, e.problems.unreadable
 		case err != nil:
 			e.emitErr(ctx, ev, EventStoreError, err, "idem: acquire failed")
 			e.releaseLater(ctx, ev, token) // the acquire may still land: don't leave a lease nobody owns
@@ -189,6 +210,32 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			return nil, e.problems.inProgress
 		}
 	}
+}
+
+// maxUnreadableLogged bounds the keys remembered as logged unreadable;
+// past it the set starts again (a key may then be logged once more).
+const maxUnreadableLogged = 1024
+
+// reportUnreadable reports a key whose record the store cannot decode: an
+// event every time, a log line (with the whole hashed key, which names the
+// record to delete) once per key, so that clients retrying it don't flood
+// the log.
+func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
+	ev.Kind, ev.Err = EventStoreError, err
+	e.unreadableMu.Lock()
+	_, seen := e.unreadable[ev.Key]
+	if !seen {
+		if len(e.unreadable) >= maxUnreadableLogged {
+			clear(e.unreadable)
+		}
+		e.unreadable[ev.Key] = struct{}{}
+	}
+	e.unreadableMu.Unlock()
+	if !seen {
+		e.cfg.logger.ErrorContext(ctx, "idem: stored record unreadable; answering 500 until it is deleted from the store (README: Clearing an unreadable record)",
+			"key", ev.Key, "method", ev.Method, "route", ev.Route, "err", err)
+	}
+	e.emit(ctx, ev)
 }
 
 // newToken returns a token no other execution of any engine uses: a random
@@ -227,8 +274,11 @@ type Execution struct {
 	unit     Unit          // the execution's transaction (Transactional stores), set by WithInfo
 	fp       string
 	header   http.Header // stored header lines, from SnapshotHeader or Finish
+	outer    http.Header // header lines present when the execution began (OuterHeader)
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
+
+	renewFailed atomic.Bool // a failed renewal was logged
 
 	mu       sync.Mutex
 	timer    *time.Timer
@@ -246,13 +296,25 @@ func (x *Execution) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// OuterHeader tells x the response header lines present when the execution
+// began: middleware outside idem set them for this exchange (CORS, request
+// ids, rate limits), so they are not stored, and a replay carries what that
+// middleware sets for the new exchange instead. A line the handler changed
+// is stored with the handler's values. Adapters call it right after Begin,
+// before the handler runs; h is copied.
+func (x *Execution) OuterHeader(h http.Header) {
+	if len(h) > 0 {
+		x.outer = h.Clone()
+	}
+}
+
 // SnapshotHeader records the response header as it is when the status is
 // sent: later changes never reach the client, so they are not replayed
 // either. Adapters call it once, when the header is written; Finish takes
 // the header at its own call otherwise.
 func (x *Execution) SnapshotHeader(h http.Header) {
 	if x.header == nil {
-		x.header = x.e.storedHeader(h)
+		x.header = x.e.storedHeader(h, x.outer)
 	}
 }
 
@@ -279,7 +341,7 @@ func (x *Execution) Finish(status int, header http.Header) {
 		return
 	}
 	if x.header == nil {
-		x.header = x.e.storedHeader(header)
+		x.header = x.e.storedHeader(header, x.outer)
 	}
 	resp := &Response{Status: status, Header: x.header, Body: x.body}
 	if x.unreplayable || len(x.body) > x.e.cfg.maxResponseBytes {
@@ -577,7 +639,12 @@ func (x *Execution) renew() {
 		return
 	}
 	if err != nil {
-		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: lease renewal failed; retrying")
+		if x.renewFailed.Swap(true) { // logged once per execution; every failure is an event
+			ev.Kind, ev.Err = EventStoreError, err
+			x.e.emit(x.ctx, ev)
+		} else {
+			x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: lease renewal failed; retrying (further failures of this execution are reported as events only)")
+		}
 	}
 	x.mu.Lock()
 	if !x.done {
@@ -618,14 +685,17 @@ func (x *Execution) ended(ev Event, op StoreOp, d time.Duration) Event {
 	return ev
 }
 
-// storedHeader returns the header lines worth replaying. The value slices
-// are shared with h: the store copies what it keeps.
-func (e *Engine) storedHeader(h http.Header) http.Header {
+// storedHeader returns the header lines worth replaying: those the handler
+// set (lines of outer it left unchanged belong to the outer exchange), minus
+// the unstored names, and only allowlisted ones under [WithStoredHeaders].
+// The value slices are shared with h: the store copies what it keeps.
+func (e *Engine) storedHeader(h, outer http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if !e.cfg.unstored[k] && len(v) > 0 {
-			out[k] = v
+		if len(v) == 0 || e.cfg.unstored[k] || e.cfg.stored != nil && !e.cfg.stored[k] || slices.Equal(outer[k], v) && outer[k] != nil {
+			continue
 		}
+		out[k] = v
 	}
 	return out
 }

@@ -42,6 +42,7 @@ type config struct {
 	failOpen         bool
 	globalScope      bool
 	unstored         map[string]bool
+	stored           map[string]bool // allowlist; nil means every name not unstored
 	logger           *slog.Logger
 	onEvent          func(context.Context, Event)
 }
@@ -66,10 +67,18 @@ func defaultConfig() config {
 	}
 }
 
+// leaseFloorFactor: a lease must be at least this many store timeouts (see
+// [WithLease] for the derivation).
+const leaseFloorFactor = 4
+
 func (c *config) validate() error {
 	switch {
 	case c.lease <= 0, c.retention <= 0, c.storeTimeout <= 0, c.retryAfter <= 0:
 		return fmt.Errorf("idem: lease, retention, store timeout and Retry-After must be > 0")
+	case c.lease < leaseFloorFactor*c.storeTimeout:
+		return fmt.Errorf("idem: lease %v is below its floor %v (%d × the store timeout %v): "+
+			"it could lapse before a renewal lands and let a duplicate execute; raise WithLease or lower WithStoreTimeout",
+			c.lease, leaseFloorFactor*c.storeTimeout, leaseFloorFactor, c.storeTimeout)
 	case c.wait < 0 || c.completionRetry < 0:
 		return fmt.Errorf("idem: wait and completion retry must be >= 0")
 	case c.maxBodyBytes <= 0 || c.maxResponseBytes <= 0:
@@ -106,6 +115,17 @@ func WithMethods(methods ...string) Option {
 // request may take it over; it is renewed every lease/3 while the handler runs
 // (stores implementing [Extender]), so it only needs to outlast a crashed
 // process's silence, not the slowest handler. Optional. Default is 30s.
+//
+// It must be at least 4 × the store timeout ([WithStoreTimeout]), else
+// [New] returns an error. Derivation: with store timeout T, the longest gap
+// between two writes of the lease in the store is T (the acquire's reply
+// may take that long, and renewal is timed from it) + lease/3 (the renewal
+// period) + T (the renewal's own round trip). That gap stays below the lease
+// only if lease > 3T; 4T keeps a margin of lease/6 for scheduling delays
+// and clock-rate differences between the process and the store. The same
+// floor applies to stores that do no I/O. Below it a live handler's key can
+// be taken over and executed twice (a 1ms lease lets sequential retries all
+// execute).
 func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
 
 // WithRetention sets how long a completed response is replayed, counted from
@@ -170,11 +190,29 @@ func WithGlobalScope() Option { return func(c *config) { c.globalScope = true } 
 // WithUnstoredHeaders adds response header names that are neither stored nor
 // replayed. Optional. Always excluded: Set-Cookie, Date, Content-Length
 // (recomputed), Idempotent-Replayed and the hop-by-hop headers of RFC 9110
-// section 7.6.1.
+// section 7.6.1, and any line already on the response when idem began that
+// the handler left unchanged (set by middleware outside idem for this
+// exchange: CORS, request ids; a replay carries what that middleware sets
+// for the new exchange).
 func WithUnstoredHeaders(names ...string) Option {
 	return func(c *config) {
 		for _, n := range names {
 			c.unstored[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+}
+
+// WithStoredHeaders stores and replays only the response header names given
+// (an allowlist, like the KeepResponseHeaders of Fiber's idempotency
+// middleware); the exclusions of [WithUnstoredHeaders] still apply. Calls
+// add up. Optional. Default is every name not excluded.
+func WithStoredHeaders(names ...string) Option {
+	return func(c *config) {
+		if c.stored == nil {
+			c.stored = make(map[string]bool, len(names))
+		}
+		for _, n := range names {
+			c.stored[http.CanonicalHeaderKey(n)] = true
 		}
 	}
 }

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 )
@@ -37,5 +38,30 @@ func TestNewValidates(t *testing.T) {
 	}
 	if x, resp := e.Begin(context.Background(), &Request{Method: "GET"}); x != nil || resp != nil {
 		t.Error("GET was not passed through")
+	}
+}
+
+// TestLeaseFloor: a lease too short to be renewed before it lapses is
+// refused with an error naming the floor (4 × the store timeout).
+func TestLeaseFloor(t *testing.T) {
+	for _, tc := range []struct {
+		lease, timeout time.Duration
+		ok             bool
+	}{
+		{DefaultLease, DefaultStoreTimeout, true},
+		{time.Nanosecond, DefaultStoreTimeout, false},
+		{time.Millisecond, DefaultStoreTimeout, false},
+		{8 * time.Second, DefaultStoreTimeout, true},
+		{8*time.Second - 1, DefaultStoreTimeout, false},
+		{time.Second, 250 * time.Millisecond, true},
+		{time.Second, time.Second, false},
+	} {
+		_, err := New(nopStore{}, WithLease(tc.lease), WithStoreTimeout(tc.timeout))
+		if (err == nil) != tc.ok {
+			t.Errorf("lease %v, store timeout %v: err %v, want ok=%v", tc.lease, tc.timeout, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), (4*tc.timeout).String()) {
+			t.Errorf("lease %v: error %q does not name the floor %v", tc.lease, err, 4*tc.timeout)
+		}
 	}
 }

@@ -37,7 +37,7 @@ func (p Problem) Response() *Response {
 // problems are the engine's fixed answers, built once.
 type problems struct {
 	missing, malformed, tooLong, conflictingKeys, noPrincipal,
-	badBody, tooLarge, mismatch, inProgress, unavailable *Response
+	badBody, tooLarge, mismatch, inProgress, unavailable, unreadable *Response
 }
 
 func newProblems(retryAfter time.Duration) problems {
@@ -67,6 +67,8 @@ func newProblems(retryAfter time.Duration) problems {
 			"A request with this Idempotency-Key is still being processed. Retry after the Retry-After delay to get its result.")),
 		unavailable: withRetry(p("store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable,
 			"The idempotency store could not be reached, so the request was not executed. It is safe to retry with the same key.")),
+		unreadable: p("stored-result-unreadable", "Stored result unreadable", http.StatusInternalServerError,
+			"A request with this Idempotency-Key was recorded, but its stored result cannot be read, so it is neither replayed nor executed again. Retrying will not help until the service operator clears the record."),
 	}
 }
 

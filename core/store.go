@@ -25,6 +25,13 @@ var ErrTooLarge = errors.New("idem: response too large for the store")
 // logs a warning.
 var ErrNotDurable = errors.New("idem: response stored but its durability is not confirmed")
 
+// ErrCorrupt is returned (wrapped) by a [Store] method when the key holds a
+// value the store cannot decode: a corrupt record, or a foreign value
+// written under the key by something else. The [Engine] answers such a key
+// with 500 "stored-result-unreadable" (never executing the request again,
+// since the record may be a completed one) until an operator deletes it.
+var ErrCorrupt = errors.New("idem: stored record unreadable")
+
 // ErrInvalidDuration is returned by a [Store] method given a lease or retention
 // that is not > 0.
 var ErrInvalidDuration = errors.New("idem: lease and retention must be > 0")
@@ -100,7 +107,7 @@ type Record struct {
 // else [ErrInvalidDuration]. A method given an already cancelled or expired
 // context returns its error (context.Canceled or context.DeadlineExceeded)
 // without side effects. err is for system failures only (store unreachable,
-// timeout, corrupt record); decisions are reported through return values and
+// timeout; a record it cannot decode wraps [ErrCorrupt]); decisions are reported through return values and
 // [ErrNotOwner]. Returned records and responses are the caller's to keep:
 // stores copy data in and out.
 //

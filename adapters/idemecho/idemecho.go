@@ -16,18 +16,25 @@
 // idem.InfoFromContext(c.Request().Context()); on a replay, middleware outside
 // idemecho sees idem.Info{Replayed: true} there.
 //
+// Mount it per route, on a group or with e.Use: requests no route matched
+// (Echo's 404 and 405, a group's catch-all) pass through untouched, and
+// WithSkipper exempts routes such as webhooks. Response header lines set
+// before idemecho runs (CORS, request ids) belong to each exchange and are
+// never stored or replayed.
+//
 // What is recorded is what the client got: c.Response().Status, the response
 // header lines and every body byte written. Echo turns a handler's returned
 // error into a response only after the middleware chain, so idemecho calls
 // the app's error handler itself (c.Error(err)) before recording: an
 // echo.NewHTTPError(402, ...) is stored and replayed as written, a plain
 // error becomes the error handler's 500 and the key is released. The error
-// is then still returned, as Echo's RequestLogger (HandleError) does, so
-// outer middleware can log it; Echo's default error handler ignores it
-// because the response is committed (custom error handlers must check
-// c.Response().Committed too). If the error handler writes nothing, the
-// key is released. A panic releases the key and is re-raised, so
-// middleware.Recover answers it whether mounted before or after idemecho.
+// is then handled, so idemecho returns nil, as Echo's Logger middleware
+// does after calling c.Error: the app's HTTPErrorHandler (and the error
+// reporter in it) runs once per error. Outer middleware reads the error
+// with HandledError. If the error handler writes nothing, the key is
+// released and the error is returned for the outer chain to answer. A panic
+// releases the key and is re-raised, so middleware.Recover answers it
+// whether mounted before or after idemecho.
 //
 // Streaming (c.Response().Flush(), text/event-stream) is passed straight
 // through to the client, never held back; the bytes are also captured, so a
@@ -38,6 +45,9 @@
 package idemecho
 
 import (
+	"reflect"
+	"sync"
+
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
@@ -66,12 +76,25 @@ func WithScope(fn func(echo.Context) string) Option { return func(c *config) { c
 func WithRoute(fn func(echo.Context) string) Option { return func(c *config) { c.route = fn } }
 
 // WithSkipper sets a function that, returning true, lets a request pass
-// through untouched (Echo's Skipper idiom). Optional. Default is
-// middleware.DefaultSkipper (skip nothing); methods the engine does not
-// cover always pass through.
+// through untouched, e.g. a webhook in a protected group (Echo's Skipper
+// idiom). Optional. Default is middleware.DefaultSkipper (skip nothing);
+// methods the engine does not cover and requests no route matched always
+// pass through.
 func WithSkipper(s middleware.Skipper) Option { return func(c *config) { c.skipper = s } }
 
-// New returns Echo middleware enforcing idempotency keys with e.
+// handledErrorKey is the echo.Context key of HandledError.
+const handledErrorKey = "idemecho.handled-error"
+
+// HandledError returns the error a handler returned that idemecho passed
+// to the app's error handler (and therefore did not return), or nil: for
+// outer middleware that logs errors.
+func HandledError(c echo.Context) error {
+	err, _ := c.Get(handledErrorKey).(error)
+	return err
+}
+
+// New returns Echo middleware enforcing idempotency keys with e. It panics
+// without WithScope unless e has idem.WithGlobalScope.
 func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 	cfg := config{skipper: middleware.DefaultSkipper, route: func(c echo.Context) string {
 		if p := c.Path(); p != "" {
@@ -82,10 +105,12 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	e.MustHaveScope(cfg.scope != nil, "idemecho.WithScope")
+	var routes routeSets
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			r := c.Request()
-			if !e.Covers(r.Method) || cfg.skipper(c) {
+			if !e.Covers(r.Method) || !routes.matched(c) || cfg.skipper(c) {
 				return next(c)
 			}
 			principal := ""
@@ -105,6 +130,7 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			}
 			c.SetRequest(r.WithContext(x.WithInfo(r.Context())))
 			res := c.Response()
+			x.OuterHeader(res.Header())
 			w := res.Writer
 			res.Writer = x.NewCaptureWriter(w)
 			defer func() {
@@ -119,15 +145,65 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 				}
 			}()
 			err := next(c)
-			if err != nil {
-				c.Error(err) // write the error response now, so it is recorded
-			}
-			if err != nil && !res.Committed {
-				x.Fail() // an error without a response
-			} else {
+			if err == nil {
 				x.Finish(res.Status, res.Header())
+				return nil
 			}
-			return err
+			c.Error(err) // write the error response now, so it is recorded
+			if !res.Committed {
+				x.Fail() // an error without a response
+				return err
+			}
+			x.Finish(res.Status, res.Header())
+			c.Set(handledErrorKey, err)
+			return nil // handled: the app's error handler runs once
 		}
 	}
+}
+
+// routeKey is a route as Echo registers it.
+type routeKey struct{ method, path string }
+
+// routeSets caches, per Echo instance, the routes of all its routers.
+type routeSets struct{ m sync.Map } // *echo.Echo → map[routeKey]bool
+
+var (
+	notFound         = reflect.ValueOf(echo.NotFoundHandler).Pointer()
+	methodNotAllowed = reflect.ValueOf(echo.MethodNotAllowedHandler).Pointer()
+)
+
+// matched reports whether Echo's router matched a route for the request's
+// method: false only on evidence of a miss (Echo's 404 or 405 handler, or a
+// RouteNotFound route such as the catch-all Echo adds for group
+// middleware), so an unknown case stays protected.
+func (rs *routeSets) matched(c echo.Context) bool {
+	e := c.Echo()
+	method, path := c.Request().Method, c.Path()
+	v, ok := rs.m.Load(e)
+	if ok && v.(map[routeKey]bool)[routeKey{method, path}] {
+		return true
+	}
+	if h := reflect.ValueOf(c.Handler()).Pointer(); h == notFound || h == methodNotAllowed {
+		return false
+	}
+	if !ok || !v.(map[routeKey]bool)[routeKey{echo.RouteNotFound, path}] {
+		v = rs.load(e) // first request, or routes added since
+	}
+	set := v.(map[routeKey]bool)
+	return set[routeKey{method, path}] || !set[routeKey{echo.RouteNotFound, path}]
+}
+
+func (rs *routeSets) load(e *echo.Echo) map[routeKey]bool {
+	set := make(map[routeKey]bool)
+	add := func(r *echo.Router) {
+		for _, rt := range r.Routes() {
+			set[routeKey{rt.Method, rt.Path}] = true
+		}
+	}
+	add(e.Router())
+	for _, r := range e.Routers() {
+		add(r)
+	}
+	rs.m.Store(e, set)
+	return set
 }

@@ -4,13 +4,10 @@ go 1.25.0
 
 require (
 	github.com/idemkit/idem/core v0.1.0
-	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/labstack/echo/v5 v5.4.4
-	go.uber.org/goleak v1.3.0
 )
 
 require golang.org/x/time v0.15.0 // indirect
 
 replace github.com/idemkit/idem/core => ../../core
 
-replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore

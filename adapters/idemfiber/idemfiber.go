@@ -11,10 +11,14 @@
 //	})), createPayment)
 //
 // Mount it after authentication, so that the scope function can read the
-// principal, and on the route (or group) it protects: the default route
-// scope is c.Route().Path, which under app.Use is the Use prefix, so keys
-// are then scoped per prefix (the same key sent to two routes under it is
-// answered 422); WithRoute changes that. Handlers find the scoped key with
+// principal: per route, on a group (app.Group("/v2", auth, idem)) or with
+// app.Use. Under a group or Use, c.Route() is the middleware's own route,
+// so idemfiber finds the route the request will reach in the app's stack
+// (fiber.RoutePatternMatch, honouring CaseSensitive and StrictRouting) and
+// scopes the key by it; a request no route matches passes through untouched
+// (Fiber's 404 stays). WithNext exempts routes such as webhooks. Response
+// header lines set before idemfiber runs (CORS, request ids) belong to each
+// exchange and are never stored or replayed. Handlers find the scoped key with
 // idem.InfoFromContext(c.UserContext()); on a replay, middleware outside
 // idemfiber sees idem.Info{Replayed: true} there.
 //
@@ -48,6 +52,7 @@ import (
 	"bytes"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/utils"
@@ -60,7 +65,7 @@ type Option func(*config)
 
 type config struct {
 	scope func(*fiber.Ctx) string
-	route func(*fiber.Ctx) string
+	route func(*fiber.Ctx) string // nil: the matched route
 	next  func(*fiber.Ctx) bool
 }
 
@@ -72,31 +77,43 @@ type config struct {
 func WithScope(fn func(*fiber.Ctx) string) Option { return func(c *config) { c.scope = fn } }
 
 // WithRoute sets the function returning the route template of a request,
-// part of the key's scope; its result is copied. Optional. Default is
-// c.Route().Path: the route idemfiber is mounted on, e.g.
-// "/v1/payments/:id", or the prefix under app.Use.
+// part of the key's scope; its result is copied. Optional. Default is the
+// path of the route the request matched, e.g. "/v1/payments/:id", also
+// under a group or app.Use.
 func WithRoute(fn func(*fiber.Ctx) string) Option { return func(c *config) { c.route = fn } }
 
 // WithNext sets a function that, returning true, lets a request pass through
-// untouched (Fiber's Next idiom). Optional. Default is nil (skip nothing);
-// methods the engine does not cover always pass through.
+// untouched, e.g. a webhook in a protected group (Fiber's Next idiom).
+// Optional. Default is nil (skip nothing); methods the engine does not cover
+// and requests no route matches always pass through.
 func WithNext(fn func(*fiber.Ctx) bool) Option { return func(c *config) { c.next = fn } }
 
-// New returns Fiber middleware enforcing idempotency keys with e.
+// New returns Fiber middleware enforcing idempotency keys with e. It panics
+// without WithScope unless e has idem.WithGlobalScope.
 func New(e *idem.Engine, opts ...Option) fiber.Handler {
-	cfg := config{route: func(c *fiber.Ctx) string { return c.Route().Path }}
+	var cfg config
 	for _, o := range opts {
 		o(&cfg)
 	}
+	e.MustHaveScope(cfg.scope != nil, "idemfiber.WithScope")
 	name := []byte(e.Header())
+	var routes atomic.Pointer[routeIndex]
 	return func(c *fiber.Ctx) error {
 		if !e.Covers(c.Method()) || cfg.next != nil && cfg.next(c) {
 			return c.Next()
 		}
+		matched := matchedRoute(&routes, c)
+		if matched == nil { // no route: Fiber's 404 or 405
+			return c.Next()
+		}
+		route := matched.Path
+		if cfg.route != nil {
+			route = cfg.route(c)
+		}
 		rq := c.Request()
 		req := idem.Request{
 			Method: strings.Clone(c.Method()),
-			Route:  strings.Clone(cfg.route(c)),
+			Route:  strings.Clone(route),
 			// Only read during Begin (see idem.Request): no copies needed.
 			Path:        utils.UnsafeString(rq.URI().Path()),
 			RawQuery:    utils.UnsafeString(rq.URI().QueryString()),
@@ -131,6 +148,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			return c.Next()
 		}
 		c.SetUserContext(x.WithInfo(c.UserContext()))
+		x.OuterHeader(outerHeader(c))
 		defer func() {
 			if p := recover(); p != nil {
 				x.Fail()
@@ -153,4 +171,119 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		x.Finish(res.StatusCode(), header)
 		return nil
 	}
+}
+
+// outerHeader copies the response header lines set before the handler ran,
+// or returns nil when there are none but fasthttp's default Content-Type.
+func outerHeader(c *fiber.Ctx) http.Header {
+	var out http.Header
+	c.Response().Header.VisitAll(func(k, v []byte) {
+		if out == nil {
+			if bytes.Equal(k, contentType) && bytes.Equal(v, defaultContentType) {
+				return
+			}
+			out = make(http.Header)
+		}
+		out.Add(string(k), string(v))
+	})
+	return out
+}
+
+var (
+	contentType        = []byte(fiber.HeaderContentType)
+	defaultContentType = []byte("text/plain; charset=utf-8") // fasthttp's
+)
+
+// routeIndex is what idemfiber knows of an app's routes, rebuilt when the
+// app's handler count changes (routes were added).
+type routeIndex struct {
+	app   *fiber.App
+	count uint32
+	pos   map[*fiber.Route]int   // position of every route in its method's stack
+	leaf  map[*fiber.Route]bool  // routes registered for a method (not Use or Group middleware)
+	leafs map[string][]leafRoute // per method, in stack order
+	cfg   fiber.Config
+}
+
+type leafRoute struct {
+	r      *fiber.Route
+	pos    int
+	static string // the normalised path of a route without parameters, else ""
+}
+
+// matchedRoute returns the route c's request reaches: c.Route() when
+// idemfiber is mounted on it, else (under a group or app.Use, whose
+// c.Route() is the middleware's own) the first route registered for the
+// method after the middleware whose pattern matches the path, or nil when
+// none does.
+func matchedRoute(cache *atomic.Pointer[routeIndex], c *fiber.Ctx) *fiber.Route {
+	app, self := c.App(), c.Route()
+	idx := cache.Load()
+	if idx == nil || idx.app != app || idx.count != app.HandlersCount() {
+		idx = newRouteIndex(app)
+		cache.Store(idx)
+	}
+	if idx.leaf[self] {
+		return self
+	}
+	at, ok := idx.pos[self]
+	if !ok { // not in the stack we know (a mounted sub-app?): stay protected, scoped as before
+		return self
+	}
+	path := c.Path()
+	if !idx.cfg.CaseSensitive {
+		path = utils.ToLower(path)
+	}
+	if !idx.cfg.StrictRouting && len(path) > 1 {
+		path = utils.TrimRight(path, '/')
+	}
+	for _, l := range idx.leafs[c.Method()] {
+		if l.pos <= at {
+			continue
+		}
+		if l.static != "" && l.static == path || l.static == "" && fiber.RoutePatternMatch(path, l.r.Path, idx.cfg) {
+			return l.r
+		}
+	}
+	return nil
+}
+
+func newRouteIndex(app *fiber.App) *routeIndex {
+	type key struct {
+		method, path string
+		h            *fiber.Handler
+	}
+	first := func(r *fiber.Route) *fiber.Handler {
+		if len(r.Handlers) == 0 {
+			return nil
+		}
+		return &r.Handlers[0]
+	}
+	leaf := make(map[key]bool)
+	for _, r := range app.GetRoutes(true) { // copies, sharing the handler arrays
+		leaf[key{r.Method, r.Path, first(&r)}] = true
+	}
+	idx := &routeIndex{app: app, count: app.HandlersCount(), cfg: app.Config(),
+		pos: make(map[*fiber.Route]int), leaf: make(map[*fiber.Route]bool), leafs: make(map[string][]leafRoute)}
+	for _, stack := range app.Stack() {
+		for i, r := range stack {
+			idx.pos[r] = i
+			if !leaf[key{r.Method, r.Path, first(r)}] {
+				continue
+			}
+			idx.leaf[r] = true
+			l := leafRoute{r: r, pos: i}
+			if !strings.ContainsAny(r.Path, ":*+\\") {
+				l.static = r.Path
+				if !idx.cfg.CaseSensitive {
+					l.static = utils.ToLower(l.static)
+				}
+				if !idx.cfg.StrictRouting && len(l.static) > 1 {
+					l.static = utils.TrimRight(l.static, '/')
+				}
+			}
+			idx.leafs[r.Method] = append(idx.leafs[r.Method], l)
+		}
+	}
+	return idx
 }

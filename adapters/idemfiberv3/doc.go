@@ -43,6 +43,14 @@
 // middleware answers it whether mounted before or after idemfiberv3;
 // recover mounted after idemfiberv3 returns an error, handled as above.
 //
+// New in v3, c.End() writes the response to the connection and closes it
+// before the chain returns: idemfiberv3 records that response, and a retry
+// gets it replayed. c.Drop() closes the connection without a response, and
+// neither the chain's result nor the response tells idemfiberv3 so: it
+// records the response as it stands (an empty 200) and replays it, so drop
+// requests (abuse, blocked clients) in middleware mounted before
+// idemfiberv3, never in a handler behind it.
+//
 // Streaming: v3's c.SendStreamWriter, like c.SendStream and v2's
 // SetBodyStreamWriter, hands fasthttp a body stream it sends after every
 // handler returned, out of the middleware's sight; it can't be wrapped

@@ -6,8 +6,6 @@ require (
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/gofiber/utils/v2 v2.0.2
 	github.com/idemkit/idem/core v0.1.0
-	github.com/idemkit/idem/stores/memstore v0.1.0
-	go.uber.org/goleak v1.3.0
 )
 
 require (
@@ -29,4 +27,3 @@ require (
 
 replace github.com/idemkit/idem/core => ../../core
 
-replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore

@@ -11,7 +11,10 @@
 //	})), createPayment)
 //
 // Mount it after authentication, so that the scope function can read the
-// principal. Handlers find the scoped key with
+// principal, on routes, a group or the whole engine; WithSkipper exempts
+// routes such as webhooks. Response header lines set before idemgin runs
+// (CORS, request ids) belong to each exchange and are never stored or
+// replayed. Handlers find the scoped key with
 // idem.InfoFromContext(c.Request.Context()); on a replay, middleware outside
 // idemgin sees idem.Info{Replayed: true} there.
 //
@@ -46,6 +49,7 @@ type Option func(*config)
 type config struct {
 	scope func(*gin.Context) string
 	route func(*gin.Context) string
+	skip  func(*gin.Context) bool
 }
 
 // WithScope sets the function returning the authenticated principal of a
@@ -56,26 +60,31 @@ type config struct {
 func WithScope(fn func(*gin.Context) string) Option { return func(c *config) { c.scope = fn } }
 
 // WithRoute sets the function returning the route template of a request,
-// part of the key's scope. Optional. Default is c.FullPath() (the matched
-// route, e.g. "/v1/payments/:id"), else the request path when no route
-// matched.
+// part of the key's scope. Optional. Default is c.FullPath(), the matched
+// route (e.g. "/v1/payments/:id").
 func WithRoute(fn func(*gin.Context) string) Option { return func(c *config) { c.route = fn } }
 
-// New returns Gin middleware enforcing idempotency keys with e. Requests
-// whose method e does not cover pass through untouched.
+// WithSkipper sets a predicate that, returning true, lets a request pass
+// through untouched, e.g. a webhook in a protected group (Gin's Skipper, as
+// in gin.LoggerConfig.Skip; Echo's Skipper, Fiber's Next). Optional. Default
+// is nil (skip nothing); methods the engine does not cover and requests no
+// route matched always pass through.
+func WithSkipper(fn gin.Skipper) Option { return func(c *config) { c.skip = fn } }
+
+// New returns Gin middleware enforcing idempotency keys with e. Mount it on
+// a route, a group or the engine (r.Use): requests whose method e does not
+// cover, that no route matched (c.FullPath() is empty: Gin's 404 and 405
+// keep their status) or that the skipper skips pass through untouched. New
+// panics without WithScope unless e has idem.WithGlobalScope.
 func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
-	cfg := config{route: func(c *gin.Context) string {
-		if p := c.FullPath(); p != "" {
-			return p
-		}
-		return c.Request.URL.Path
-	}}
+	cfg := config{route: (*gin.Context).FullPath}
 	for _, o := range opts {
 		o(&cfg)
 	}
+	e.MustHaveScope(cfg.scope != nil, "idemgin.WithScope")
 	return func(c *gin.Context) {
 		r := c.Request
-		if !e.Covers(r.Method) {
+		if !e.Covers(r.Method) || c.FullPath() == "" || cfg.skip != nil && cfg.skip(c) {
 			c.Next()
 			return
 		}
@@ -98,6 +107,7 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 		}
 		c.Request = r.WithContext(x.WithInfo(r.Context()))
 		w := c.Writer
+		x.OuterHeader(w.Header())
 		c.Writer = &captureWriter{ResponseWriter: w, x: x}
 		defer func() {
 			c.Writer = w

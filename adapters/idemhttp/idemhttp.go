@@ -5,6 +5,13 @@
 //
 //	e, err := idem.New(store)
 //	mux.Handle("POST /v1/payments", idemhttp.New(e, idemhttp.WithScope(userID))(payments))
+//
+// Mount it per route (above), or around a whole *http.ServeMux
+// (idempotent(mux)): it then asks the mux which pattern a request matches,
+// so requests no pattern matches pass through untouched (404 and 405 stay),
+// and WithSkip exempts routes such as webhooks. Response header lines set
+// before idemhttp runs (CORS, request ids) belong to each exchange and are
+// never stored or replayed.
 package idemhttp
 
 import (
@@ -18,8 +25,10 @@ import (
 type Option func(*config)
 
 type config struct {
-	scope func(*http.Request) string
-	route func(*http.Request) string
+	scope       func(*http.Request) string
+	route       func(*http.Request) string
+	customRoute bool
+	skip        func(*http.Request) bool
 }
 
 // WithScope sets the function returning the authenticated principal of a
@@ -34,24 +43,53 @@ func WithScope(fn func(*http.Request) string) Option { return func(c *config) { 
 // ("POST /v1/payments" → "/v1/payments", as Gin, Echo and Fiber name routes),
 // set by http.ServeMux for the handler it routes to (Go 1.23+); the engine
 // falls back to r.URL.Path when it is empty.
-func WithRoute(fn func(*http.Request) string) Option { return func(c *config) { c.route = fn } }
+func WithRoute(fn func(*http.Request) string) Option {
+	return func(c *config) { c.route, c.customRoute = fn, true }
+}
+
+// WithSkip sets a predicate that, returning true, lets a request pass
+// through untouched, e.g. a webhook under a protected prefix (the
+// counterpart of Echo's Skipper and Fiber's Next). Optional. Default is nil
+// (skip nothing); methods the engine does not cover always pass through.
+func WithSkip(fn func(*http.Request) bool) Option { return func(c *config) { c.skip = fn } }
 
 // New returns middleware that runs each request covered by e (POST and
 // PATCH by default) at most once per idempotency key and replays the stored
 // response to duplicates. A panic in next releases the key and is re-raised
-// for the server's or the app's recovery.
+// for the server's or the app's recovery. When next is an *http.ServeMux,
+// requests it would not route to a pattern pass through untouched, and the
+// route scope is the pattern it would pick. New panics without WithScope
+// unless e has idem.WithGlobalScope.
 func New(e *idem.Engine, opts ...Option) func(http.Handler) http.Handler {
 	c := config{route: route}
 	for _, o := range opts {
 		o(&c)
 	}
+	e.MustHaveScope(c.scope != nil, "idemhttp.WithScope")
 	return func(next http.Handler) http.Handler {
+		mux, _ := next.(*http.ServeMux)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !e.Covers(r.Method) || c.skip != nil && c.skip(r) {
+				next.ServeHTTP(w, r)
+				return
+			}
+			rt := ""
+			if mux != nil { // mounted around the router: route as it will
+				_, pattern := mux.Handler(r)
+				if pattern == "" { // no route: 404, 405 or a redirect, none of idem's business
+					next.ServeHTTP(w, r)
+					return
+				}
+				rt = trimMethod(pattern)
+			}
+			if mux == nil || c.customRoute {
+				rt = c.route(r)
+			}
 			principal := ""
-			if c.scope != nil && e.Covers(r.Method) {
+			if c.scope != nil {
 				principal = c.scope(r)
 			}
-			x, resp := e.BeginHTTP(r, c.route(r), principal)
+			x, resp := e.BeginHTTP(r, rt, principal)
 			if resp != nil {
 				resp.Send(w)
 				return
@@ -60,6 +98,7 @@ func New(e *idem.Engine, opts ...Option) func(http.Handler) http.Handler {
 				next.ServeHTTP(w, r)
 				return
 			}
+			x.OuterHeader(w.Header())
 			cw := x.NewCaptureWriter(w)
 			defer func() {
 				if p := recover(); p != nil {
@@ -73,9 +112,12 @@ func New(e *idem.Engine, opts ...Option) func(http.Handler) http.Handler {
 	}
 }
 
-func route(r *http.Request) string {
-	if _, path, ok := strings.Cut(r.Pattern, " "); ok {
+func route(r *http.Request) string { return trimMethod(r.Pattern) }
+
+// trimMethod returns a ServeMux pattern without its method: "POST /v1/x" → "/v1/x".
+func trimMethod(pattern string) string {
+	if _, path, ok := strings.Cut(pattern, " "); ok {
 		return path
 	}
-	return r.Pattern
+	return pattern
 }

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,13 +32,18 @@ import (
 
 // Config tells Run how to serve the suite's [App] through the adapter.
 type Config struct {
-	// Mount serves app through the adapter's middleware built from e and
-	// returns the base URL ("http://127.0.0.1:PORT") of a real listener it
-	// stops in t.Cleanup. It must route every method on the paths /a and /b
-	// to app (as two routes), return the [PrincipalHeader] value from the
-	// adapter's scope function, and mount the framework's own recovery
-	// middleware so that a panic in app answers 500.
-	Mount func(t *testing.T, e *idem.Engine, app http.Handler) string
+	// Mount serves m.App through the adapter's middleware built from
+	// m.Engine, mounted as m.Where says, and returns the base URL
+	// ("http://127.0.0.1:PORT", plus "/g" for [Group]) of a real listener it
+	// stops in t.Cleanup. It must route every method on the paths /a, /b and
+	// /skipped (under the base URL) to app, as three routes; pass m.Skip to
+	// the adapter's skip predicate; return the [PrincipalHeader] value from
+	// the adapter's scope function; mount the framework's own recovery
+	// middleware so that a panic in app answers 500; and mount, outside idem,
+	// a middleware of the framework that sets the response header lines
+	// [OuterHeaders] returns for each request, as CORS and request-id
+	// middleware do.
+	Mount func(t *testing.T, m Mount) string
 	// NewStore returns a fresh store for each subtest (usually memstore).
 	NewStore func(t *testing.T) idem.Store
 	// SkipStreaming skips the check that a flushed chunk reaches the client
@@ -47,12 +53,59 @@ type Config struct {
 	SkipStreaming string
 }
 
+// Where says where Mount mounts the adapter's middleware.
+type Where int
+
+// The mounts every adapter must support.
+const (
+	// PerRoute mounts it on each route: r.POST("/a", idem, app).
+	PerRoute Where = iota
+	// Group mounts it on a group with the prefix /g holding the routes
+	// (r.Group("/g", idem)); Mount returns the URL ending in /g.
+	Group
+	// Global mounts it on the whole router (r.Use(idem)), so it also sees
+	// requests no route matches; those must pass through (404 stays 404).
+	Global
+)
+
+func (w Where) String() string { return [...]string{"PerRoute", "Group", "Global"}[w] }
+
+// Mount is what Config.Mount mounts.
+type Mount struct {
+	Engine *idem.Engine
+	App    http.Handler
+	Where  Where
+	// Skip is the adapter's skip predicate in the framework's terms, given
+	// the request path: requests for which it returns true must pass
+	// through untouched.
+	Skip func(path string) bool
+}
+
+// OuterHeaders returns the response header lines the suite's outer
+// middleware sets for a request carrying the given Origin and X-Request-Id
+// header values (empty values set nothing): Access-Control-Allow-Origin =
+// origin, X-Request-Id = requestID, and X-Outer: outer on every response (the
+// App overrides that one with ?override=1).
+func OuterHeaders(origin, requestID string) http.Header {
+	h := http.Header{"X-Outer": {"outer"}}
+	if origin != "" {
+		h.Set("Access-Control-Allow-Origin", origin)
+	}
+	if requestID != "" {
+		h.Set("X-Request-Id", requestID)
+	}
+	return h
+}
+
 type suite struct {
 	cfg    Config
+	where  Where
 	client *http.Client
 }
 
-// Run runs the behaviour suite.
+// Run runs the behaviour suite: all of it with the middleware mounted per
+// route, and the checks that depend on the mount again in a group and
+// globally.
 func Run(t *testing.T, cfg Config) {
 	s := &suite{cfg: cfg, client: &http.Client{
 		Timeout:       20 * time.Second,
@@ -85,9 +138,25 @@ func Run(t *testing.T, cfg Config) {
 		{"WaitMode", s.testWait},
 		{"SlowHandlerKeepsLease", s.testLeaseRenewal},
 		{"Streaming", s.testStreaming},
+		{"OuterHeadersNotReplayed", s.testOuterHeaders},
+		{"StoredHeadersAllowlist", s.testStoredHeaders},
+		{"Skip", s.testSkip},
+		{"UnmatchedRoutePassesThrough", s.testUnmatched},
+		{"TransactionalUnitInHandlerContext", s.testTransactionalUnit},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, tt.fn)
+	}
+	for _, where := range []Where{Group, Global} {
+		m := &suite{cfg: cfg, where: where, client: s.client}
+		t.Run(where.String(), func(t *testing.T) {
+			t.Run("ExecuteThenReplay", m.testExecuteThenReplay)
+			t.Run("ScopeByPrincipalAndRoute", m.testScope)
+			t.Run("UncoveredMethodsPassThrough", m.testPassThrough)
+			t.Run("OuterHeadersNotReplayed", m.testOuterHeaders)
+			t.Run("Skip", m.testSkip)
+			t.Run("UnmatchedRoutePassesThrough", m.testUnmatched)
+		})
 	}
 }
 
@@ -109,10 +178,13 @@ func (s *suite) serve(t *testing.T, store idem.Store, opts ...idem.Option) (*App
 	})
 	app := NewApp()
 	t.Cleanup(app.Release)
-	base := strings.TrimSuffix(s.cfg.Mount(t, e, app), "/")
+	base := strings.TrimSuffix(s.cfg.Mount(t, Mount{Engine: e, App: app, Where: s.where, Skip: skipped}), "/")
 	t.Cleanup(s.client.CloseIdleConnections) // runs before Mount's cleanups: servers see the connections close
 	return app, base
 }
+
+// skipped is the suite's skip predicate: the route /skipped is skipped.
+func skipped(path string) bool { return strings.HasSuffix(path, "/skipped") }
 
 type call struct {
 	method, path, body, principal string
@@ -562,6 +634,63 @@ func (s *flakyStore) Complete(ctx context.Context, key, token string, resp *idem
 	return s.Store.Complete(ctx, key, token, resp, retention)
 }
 
+// txStore makes a store Transactional with units that remember how the
+// engine ended them.
+type txStore struct{ idem.Store }
+
+func (s txStore) Unit(key, token string) idem.Unit {
+	return &txUnit{s: s.Store, key: key, token: token}
+}
+
+type txUnit struct {
+	s          idem.Store
+	key, token string
+	ended      atomic.Pointer[string]
+}
+
+func (u *txUnit) Complete(ctx context.Context, resp *idem.Response, retention time.Duration) error {
+	end := "complete"
+	u.ended.Store(&end)
+	return u.s.Complete(ctx, u.key, u.token, resp, retention)
+}
+
+func (u *txUnit) Release(ctx context.Context) error {
+	end := "release"
+	u.ended.Store(&end)
+	return u.s.Release(ctx, u.key, u.token)
+}
+
+// testTransactionalUnit checks that the adapter binds the execution's
+// [idem.Unit] into the handler's context (Execution.WithInfo), where
+// stores such as pgstore find the handler's transaction, and that the
+// engine ends the execution through that Unit: completed when stored,
+// released after a panic or a 5xx.
+func (s *suite) testTransactionalUnit(t *testing.T) {
+	app, base := s.serve(t, txStore{s.cfg.NewStore(t)})
+	for _, c := range []struct{ path, key, want string }{
+		{"/a", "tx-stored", "complete"},
+		{"/a?panic=1", "tx-panic", "release"},
+		{"/a?status=503", "tx-5xx", "release"},
+	} {
+		s.do(t, base, call{path: c.path, body: `{}`, keys: []string{c.key}})
+		if app.lastInfo.Load() == nil {
+			t.Skip("the mounted App's request context carries no idem.Info (e.g. Fiber v2's net/http adaptor drops the user context); " +
+				"the Unit rides on the same context value as Info, which the adapter's own tests check")
+		}
+		ref := app.lastUnit.Load()
+		if ref == nil || ref.u == nil {
+			t.Fatalf("%s: the handler's context carries no idem.Unit; bind it with Execution.WithInfo", c.path)
+		}
+		u, ok := ref.u.(*txUnit)
+		if !ok {
+			t.Fatalf("%s: the handler's Unit is a %T, not the store's", c.path, ref.u)
+		}
+		if end := u.ended.Load(); end == nil || *end != c.want {
+			t.Fatalf("%s: the engine ended the unit with %v; want %s", c.path, end, c.want)
+		}
+	}
+}
+
 // smallStore is a store whose records hold at most 2000 body bytes, like
 // MongoDB's 16 MiB document limit in miniature.
 type smallStore struct{ idem.Store }
@@ -636,19 +765,27 @@ func (s *suite) testStreaming(t *testing.T) {
 }
 
 func (s *suite) testLeaseRenewal(t *testing.T) {
-	app, base := s.serve(t, nil, idem.WithLease(300*time.Millisecond))
+	const lease = 600 * time.Millisecond
+	app, base := s.serve(t, nil, idem.WithLease(lease), idem.WithStoreTimeout(lease/4))
+	slow := call{path: "/a?hold=1", body: `{}`, keys: []string{"slow"}}
 	done := make(chan result, 1)
 	go func() {
-		r, err := s.send(base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}})
+		r, err := s.send(base, slow)
 		if err != nil {
 			t.Errorf("slow request: %v", err)
 		}
 		done <- r
 	}()
-	time.Sleep(800 * time.Millisecond) // well past one lease: only renewal keeps it
-	wantProblem(t, s.do(t, base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}}), 409, "in-progress")
+	for deadline := time.Now().Add(10 * time.Second); app.Executions() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow handler did not start within 10s")
+		}
+	}
+	time.Sleep(2 * lease) // the lease would have lapsed twice: only renewal keeps it
+	wantProblem(t, s.do(t, base, slow), 409, "in-progress")
+	app.Release()
 	first := <-done
-	r := s.do(t, base, call{path: "/a?sleep=1200ms", body: `{}`, keys: []string{"slow"}})
+	r := s.do(t, base, slow)
 	if first.status != 201 || r.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(r.body, first.body) {
 		t.Fatalf("after the slow handler: %d then %d; want 201 and its replay", first.status, r.status)
 	}
@@ -669,4 +806,72 @@ func (downStore) Complete(context.Context, string, string, *idem.Response, time.
 func (downStore) Release(context.Context, string, string) error { return errDown }
 func (downStore) Get(context.Context, string) (idem.Record, bool, error) {
 	return idem.Record{}, false, errDown
+}
+
+func (s *suite) testOuterHeaders(t *testing.T) {
+	app, base := s.serve(t, nil)
+	exchange := func(origin, id, query string) result {
+		return s.do(t, base, call{path: "/a" + query, body: `{}`, keys: []string{"cors" + query},
+			header: http.Header{"Origin": {origin}, "X-Request-Id": {id}}})
+	}
+	first := exchange("https://a.example", "req-1", "")
+	second := exchange("https://b.example", "req-2", "")
+	if first.status != 201 || second.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("first %d, second replayed=%q; want 201 then a replay", first.status, second.header.Get(idem.ReplayedHeader))
+	}
+	for h, want := range map[string]string{"Access-Control-Allow-Origin": "https://b.example", "X-Request-Id": "req-2", "X-Outer": "outer"} {
+		if got := second.header.Values(h); len(got) != 1 || got[0] != want {
+			t.Errorf("replayed %s = %q, want exactly %q (the outer middleware's, for this exchange)", h, got, want)
+		}
+	}
+	if second.header.Get("Location") != first.header.Get("Location") || len(second.header.Values("X-Multi")) != 2 {
+		t.Errorf("the handler's own headers were not replayed: Location %q, X-Multi %q", second.header.Get("Location"), second.header.Values("X-Multi"))
+	}
+	// A line the outer middleware set and the handler changed is replayed as
+	// the first client got it.
+	over := exchange("https://a.example", "req-3", "?override=1")
+	r := exchange("https://b.example", "req-4", "?override=1")
+	if got := r.header.Values("X-Outer"); !slices.Contains(got, "handler") || !slices.Equal(got, over.header.Values("X-Outer")) || r.header.Get("X-Request-Id") != "req-4" {
+		t.Errorf("replay with a header the handler overrode: X-Outer %q (first answer %q), X-Request-Id %q; want the first answer's lines, req-4",
+			got, over.header.Values("X-Outer"), r.header.Get("X-Request-Id"))
+	}
+	wantExecutions(t, app, 2)
+}
+
+func (s *suite) testStoredHeaders(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithStoredHeaders("Location", "content-type"))
+	first := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
+	r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
+	if r.header.Get(idem.ReplayedHeader) != "true" || r.header.Get("Location") != first.header.Get("Location") ||
+		r.header.Get("Content-Type") != "application/json" || r.header.Get("X-Multi") != "" {
+		t.Fatalf("replay under WithStoredHeaders(Location, Content-Type): replayed %q Location %q Content-Type %q X-Multi %q",
+			r.header.Get(idem.ReplayedHeader), r.header.Get("Location"), r.header.Get("Content-Type"), r.header.Values("X-Multi"))
+	}
+	wantExecutions(t, app, 1)
+}
+
+func (s *suite) testSkip(t *testing.T) {
+	app, base := s.serve(t, nil)
+	for i := 0; i < 2; i++ {
+		r := s.do(t, base, call{path: "/skipped", body: `{}`, keys: []string{"k"}})
+		if r.status != 201 || r.header.Get(idem.ReplayedHeader) != "" {
+			t.Fatalf("skipped route, try %d: %d replayed=%q; want the handler to run each time", i, r.status, r.header.Get(idem.ReplayedHeader))
+		}
+	}
+	if r := s.do(t, base, call{path: "/skipped", body: `{}`}); r.status != 201 {
+		t.Fatalf("skipped route without a key: %d %s; want 201", r.status, r.body)
+	}
+	wantExecutions(t, app, 3)
+	wantProblem(t, s.do(t, base, call{path: "/a", body: `{}`}), 400, "key-missing")
+}
+
+func (s *suite) testUnmatched(t *testing.T) {
+	app, base := s.serve(t, nil)
+	for _, keys := range [][]string{nil, {"k"}} {
+		r := s.do(t, base, call{path: "/nope", body: `{}`, keys: keys})
+		if r.status != 404 || strings.HasPrefix(r.header.Get("Content-Type"), "application/problem+json") {
+			t.Fatalf("POST to a route that does not exist (keys %q): %d %q %s; want the framework's 404", keys, r.status, r.header.Get("Content-Type"), r.body)
+		}
+	}
+	wantExecutions(t, app, 0)
 }

@@ -27,7 +27,9 @@ const PrincipalHeader = "X-Test-Principal"
 //	sleep=D   sleep D (a time.Duration) before answering
 //	bytes=N   answer N bytes of application/octet-stream, byte i = i mod 251, NUL included
 //	stream=1  write a first chunk, flush, wait for [App.Release], then write the rest
+//	hold=1    wait for [App.Release] (at most 10s) before answering
 //	panicafter=1  write the whole answer, flush it, then panic (post-processing failing after the work)
+//	override=1  set X-Outer: handler, replacing the outer middleware's line (see [OuterHeaders])
 //
 // A JSON answer carries the execution number and the SHA-256 of the request
 // body the handler read, and the headers Location, Set-Cookie, two X-Multi
@@ -37,7 +39,10 @@ type App struct {
 	release    chan struct{}
 	once       sync.Once
 	lastInfo   atomic.Pointer[idem.Info]
+	lastUnit   atomic.Pointer[unitRef] // the Unit in the last handler's context (Transactional stores)
 }
+
+type unitRef struct{ u idem.Unit }
 
 // NewApp returns an App with zero executions.
 func NewApp() *App { return &App{release: make(chan struct{})} }
@@ -54,6 +59,7 @@ func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if info, ok := idem.InfoFromContext(r.Context()); ok {
 		a.lastInfo.Store(&info)
 	}
+	a.lastUnit.Store(&unitRef{idem.UnitFromContext(r.Context())})
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		http.Error(w, "read body: "+err.Error(), http.StatusInternalServerError)
@@ -62,6 +68,12 @@ func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if d, err := time.ParseDuration(q.Get("sleep")); err == nil {
 		time.Sleep(d)
+	}
+	if q.Get("hold") == "1" {
+		select {
+		case <-a.release:
+		case <-time.After(10 * time.Second):
+		}
 	}
 	if q.Get("panic") == "1" {
 		panic("adaptertest: handler panic")
@@ -75,6 +87,9 @@ func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Set-Cookie", "session=secret")
 	h.Add("X-Multi", "a, b")
 	h.Add("X-Multi", "c")
+	if q.Get("override") == "1" {
+		h.Set("X-Outer", "handler")
+	}
 	if size, err := strconv.Atoi(q.Get("bytes")); err == nil {
 		h.Set("Content-Type", "application/octet-stream")
 		w.WriteHeader(status)

@@ -2,6 +2,7 @@ package mongostore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,7 +46,7 @@ const (
 	stateInProgress int32 = 1
 	stateCompleted  int32 = 2
 	stateClaimed    int32 = 3 // a takeover claim: the successor is an in-progress record
-	statePurging    int32 = 4 // a purge claim: the record is being deleted
+	stateDeleting   int32 = 4 // a release or purge claim: the record is being deleted
 )
 
 // maxAcquireAttempts bounds Acquire's retries after a lost takeover or a
@@ -56,6 +57,11 @@ const maxAcquireAttempts = 4
 // claimKeep is how long a claim outlives the lease it grants: long enough
 // for every request that read the record version it ends to find it.
 const claimKeep = time.Minute
+
+// deleteLease is how long a release or purge claim keeps takeovers of the
+// record it deletes away; a caller that dies in between is taken over
+// after it.
+const deleteLease = time.Minute
 
 // claimSep separates a record's key from the token of the version a claim
 // ends in the claim's _id. Tokens never contain it.
@@ -142,10 +148,10 @@ func (d *record) toRecord() (idem.Record, error) {
 		rec.State = idem.StateCompleted
 		rec.Response = new(idem.Response)
 		if err := rec.Response.UnmarshalBinary(d.Response); err != nil {
-			return idem.Record{}, fmt.Errorf("mongostore: corrupt response in record %.16s: %w", d.ID, err)
+			return idem.Record{}, fmt.Errorf("mongostore: %w: response in record %.16s: %w", idem.ErrCorrupt, d.ID, err)
 		}
 	default:
-		return idem.Record{}, fmt.Errorf("mongostore: corrupt record %.16s: state %d", d.ID, d.State)
+		return idem.Record{}, fmt.Errorf("mongostore: %w: record %.16s: state %d", idem.ErrCorrupt, d.ID, d.State)
 	}
 	return rec, nil
 }
@@ -182,7 +188,7 @@ var acquireOpts = options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(o
 // before the winner has rewritten the record.
 type claim struct {
 	ID          string        `bson:"_id"`
-	State       int32         `bson:"state"` // stateClaimed or statePurging
+	State       int32         `bson:"state"` // stateClaimed or stateDeleting
 	Token       string        `bson:"token"`
 	Fingerprint string        `bson:"fingerprint"`
 	Lease       bson.DateTime `bson:"lease"`     // end of the successor's first lease
@@ -289,8 +295,8 @@ attempts:
 					return idem.Record{}, true, nil
 				}
 				continue attempts // deleted or rewritten meanwhile: look again
-			case w == nil, w.State == statePurging && w.Lease > date(now):
-				continue attempts // purged meanwhile, or being purged: look again
+			case w == nil, w.State == stateDeleting && w.Lease > date(now):
+				continue attempts // deleted meanwhile, or being deleted: look again
 			case w.Lease > date(now):
 				return idem.Record{State: idem.StateInProgress, Token: w.Token, Fingerprint: w.Fingerprint}, false, nil
 			}
@@ -337,9 +343,11 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	return nil
 }
 
-// Release implements [idem.Store.Release] in one round trip: a delete of the
-// in-progress record token holds. Errors: ctx's error, [idem.ErrNotOwner],
-// server errors wrapped.
+// Release implements [idem.Store.Release] in two round trips: the insert of
+// a claim ending token's version (so that no takeover of it can win while
+// the record is deleted), then a delete of the in-progress record token
+// holds; when there is nothing to delete, a third withdraws the claim.
+// Errors: ctx's error, [idem.ErrNotOwner], server errors wrapped.
 func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -348,11 +356,27 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err != nil {
 		return err
 	}
+	won, w, err := s.insertClaim(ctx, key, token, claim{
+		State: stateDeleting, Token: rand.Text(),
+		Lease: date(now.Add(deleteLease)), ExpiresAt: date(now.Add(deleteLease + claimKeep)),
+	})
+	if err != nil {
+		return err
+	}
+	if !won && (w == nil || w.State != stateDeleting) {
+		return idem.ErrNotOwner // taken over
+	}
+	// Won, or an earlier Release of token claimed and its delete failed.
 	res, err := s.coll.DeleteOne(ctx, owned(key, token, now))
 	if err != nil {
 		return fmt.Errorf("mongostore: release: %w", err)
 	}
 	if res.DeletedCount == 0 {
+		if won { // nothing of token's to delete: take the claim back
+			if _, err := s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: claimID(key, token)}}); err != nil {
+				return fmt.Errorf("mongostore: release: withdraw claim: %w", err)
+			}
+		}
 		return idem.ErrNotOwner
 	}
 	return nil

@@ -113,7 +113,7 @@ func TestRoundTrips(t *testing.T) {
 			t.Errorf("duplicate in progress: resp=%+v; want 409", resp)
 		}
 	}), "findAndModify")
-	expect("release (handler failed)", measure(x2.Fail), "delete")
+	expect("release (handler failed)", measure(x2.Fail), "insert", "delete")
 
 	// Takeover: a completed record whose retention is over.
 	short, err := idem.New(s, idem.WithRetention(100*time.Millisecond), idem.WithLogger(quiet))

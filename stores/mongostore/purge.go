@@ -56,10 +56,6 @@ func (s *Store) EnsureIndexes(ctx context.Context) error {
 	return nil
 }
 
-// purgeLease is how long a purge claim keeps takeovers of the record it
-// deletes away; a purger that dies in between is taken over after it.
-const purgeLease = time.Minute
-
 // Purge deletes the expired records (expiresAt <= server time) and claims,
 // and returns how many records it deleted. A record is deleted only after
 // the insert of a claim on its version (see Acquire), so a purge never
@@ -95,8 +91,8 @@ func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 		}
 		records = append(records, r.ID)
 		docs = append(docs, claim{
-			ID: claimID(r.ID, r.Token), State: statePurging, Token: rand.Text(),
-			Lease: date(now.Add(purgeLease)), ExpiresAt: date(now.Add(purgeLease + claimKeep)),
+			ID: claimID(r.ID, r.Token), State: stateDeleting, Token: rand.Text(),
+			Lease: date(now.Add(deleteLease)), ExpiresAt: date(now.Add(deleteLease + claimKeep)),
 		})
 	}
 	if len(docs) > 0 {

@@ -62,7 +62,7 @@ func helperMain() int {
 			idem.Transactional
 		}{s, s}
 	}
-	e, err := idem.New(store, idem.WithLease(lease))
+	e, err := idem.New(store, idem.WithLease(lease), idem.WithStoreTimeout(lease/4)) // the floor: lease >= 4 × store timeout
 	if err != nil {
 		return fail(err)
 	}

@@ -1,6 +1,6 @@
 module github.com/idemkit/idem/stores/pgstore
 
-go 1.26.0
+go 1.25.0
 
 require (
 	github.com/idemkit/idem/core v0.1.0

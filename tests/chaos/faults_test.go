@@ -97,7 +97,7 @@ func TestSlowStore(t *testing.T) {
 			if first.took > slowStoreTimeout+time.Second {
 				t.Errorf("slow acquire answered after %v; store timeout %v", first.took, slowStoreTimeout)
 			}
-			retries := settle(a.URL, user, key, 1000, slowLease+3*time.Second)
+			retries := settle(a.URL, user, key, 1000, slowLease+15*time.Second)
 			last := retries[len(retries)-1]
 			if last.status != http.StatusCreated || last.replayed {
 				t.Fatalf("retry after a slow acquire: %s, want 201 executed", seq(retries))
@@ -108,7 +108,7 @@ func TestSlowStore(t *testing.T) {
 					t.Errorf("retry after a slow acquire: %s", seq(retries))
 				}
 			}
-			if w := last.at.Sub(first.at); w > slowLease+time.Second {
+			if w := last.at.Sub(first.at); w > slowLease+5*time.Second { // the lease itself frees it; the slack is for a loaded machine
 				t.Errorf("key stuck %v after a slow acquire, lease %v", w, slowLease)
 			}
 			if n := a.executions(); n != 2 {
@@ -130,7 +130,7 @@ func TestSlowStore(t *testing.T) {
 			if first.status != http.StatusCreated || first.replayed {
 				t.Fatalf("slow complete: client got %v, want its 201 (store errors never change it)", first)
 			}
-			retries := settle(a.URL, user, key, 1000, slowLease+3*time.Second)
+			retries := settle(a.URL, user, key, 1000, slowLease+15*time.Second)
 			last := retries[len(retries)-1]
 			n := a.executions()
 			t.Logf("slow complete (%s): client 201 after %v; retry sees %s; executions %d; log: %s",
@@ -163,7 +163,7 @@ func TestSlowStore(t *testing.T) {
 			if first.status != http.StatusBadGateway {
 				t.Fatalf("slow release: client got %v, want 502", first)
 			}
-			retries := settle(a.URL, user, key, 5000, slowLease+3*time.Second)
+			retries := settle(a.URL, user, key, 5000, slowLease+15*time.Second)
 			last := retries[len(retries)-1]
 			if last.status != http.StatusBadGateway || last.replayed {
 				t.Fatalf("retry after a slow release: %s, want 502 executed again (5xx is not stored)", seq(retries))
@@ -173,7 +173,7 @@ func TestSlowStore(t *testing.T) {
 					t.Errorf("retry after a slow release: %s, want 409s then 502", seq(retries))
 				}
 			}
-			if w := last.at.Sub(first.at.Add(first.took)); w > slowLease+time.Second {
+			if w := last.at.Sub(first.at.Add(first.took)); w > slowLease+5*time.Second { // the lease itself frees it; the slack is for a loaded machine
 				t.Errorf("key stuck %v after a failed release, lease %v", w, slowLease)
 			}
 			if n := a.executions(); n != 3 {

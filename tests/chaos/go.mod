@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
 	github.com/idemkit/idem/core v0.1.0
+	github.com/idemkit/idem/stores/mongostore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.33.0
@@ -39,5 +40,6 @@ require (
 
 replace (
 	github.com/idemkit/idem/core => ../../core
+	github.com/idemkit/idem/stores/mongostore => ../../stores/mongostore
 	github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
 )

@@ -272,10 +272,10 @@ func statsOf(url string) (int64, error) {
 }
 
 // waitExecutions polls s until its count reaches n (the handler reached the
-// provider) or 10s pass.
+// provider) or 30s pass.
 func (s *service) waitExecutions(n int64) {
 	s.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if s.executions() >= n {
 			return
 		}
@@ -442,7 +442,7 @@ func (r *redisServer) start() {
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(r.cmd, r.done)
 	c := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
 	defer c.Close()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if c.Ping(context.Background()).Err() == nil {
 			return
 		}

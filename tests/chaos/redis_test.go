@@ -57,7 +57,7 @@ func TestHalfBrokenConnection(t *testing.T) {
 			if r := pay(a.URL, user, done, 1000); !r.replayed || r.id != first.id {
 				t.Errorf("completed key after the fault: %v id %q, want replay %q", r, r.id, first.id)
 			}
-			retries := settle(a.URL, user, fresh, 1000, slowLease+3*time.Second)
+			retries := settle(a.URL, user, fresh, 1000, slowLease+15*time.Second)
 			last := retries[len(retries)-1]
 			if last.status != http.StatusCreated || last.replayed {
 				t.Fatalf("fresh key after the fault: %s", seq(retries))
@@ -93,7 +93,7 @@ func TestPartitionedInstanceLosesLease(t *testing.T) {
 	t.Parallel()
 	be := redisBackend(t)
 	pa, pb := newProxy(t, be.addr), newProxy(t, be.addr)
-	args := []string{"-charge-latency", "3s", "-lease", "1s", "-store-timeout", "300ms"}
+	args := []string{"-charge-latency", "3s", "-lease", "1200ms", "-store-timeout", "300ms"}
 	a := startService(t, "nethttp", "", append(be.flags(pa.Addr()), args...)...)
 	b := startService(t, "nethttp", "", append(be.flags(pb.Addr()), args...)...)
 	user, key := "u"+hexID(), newKey()
@@ -101,11 +101,11 @@ func TestPartitionedInstanceLosesLease(t *testing.T) {
 	a.waitExecutions(1)
 	remove := pa.toxic("timeout", "upstream", tpclient.Attributes{"timeout": 0})
 	cut := time.Now()
-	retries := settle(b.URL, user, key, 1000, 5*time.Second)
+	retries := settle(b.URL, user, key, 1000, 20*time.Second)
 	second := retries[len(retries)-1]
 	first := <-firstc
 	remove()
-	t.Logf("partition: a cut off mid-handler; retries through b: %s (executed %v after the cut, lease 1s); a answered %v; executions a=%d b=%d; a's log: %s",
+	t.Logf("partition: a cut off mid-handler; retries through b: %s (executed %v after the cut, lease 1.2s); a answered %v; executions a=%d b=%d; a's log: %s",
 		seq(retries), second.at.Sub(cut).Round(time.Millisecond), first, a.executions(), b.executions(), lastLines(a.logs(), 1))
 	if second.status != http.StatusCreated || second.replayed {
 		t.Fatalf("retry through the healthy instance: %s", seq(retries))
@@ -142,7 +142,7 @@ func TestRedisRestartLosesRecords(t *testing.T) {
 			t.Parallel()
 			r := startRedis(t, tc.args...)
 			a := startService(t, "nethttp", "", "-store", "redis", "-redis-url", "redis://"+r.Addr()+"/0",
-				"-charge-latency", "300ms", "-lease", "1s", "-store-timeout", "500ms")
+				"-charge-latency", "300ms", "-lease", "2s", "-store-timeout", "500ms")
 			user := "u" + hexID()
 			const done, inflight = 20, 5
 			keys := make([]string, done+inflight)
@@ -169,7 +169,7 @@ func TestRedisRestartLosesRecords(t *testing.T) {
 			}
 			reexec := 0
 			for i, k := range keys {
-				as := settle(a.URL, user, k, 1000, 5*time.Second)
+				as := settle(a.URL, user, k, 1000, 20*time.Second)
 				last := as[len(as)-1]
 				switch {
 				case last.status == http.StatusCreated && last.replayed && last.id == ids[i]:
@@ -205,7 +205,7 @@ func TestWaitReplicas(t *testing.T) {
 	primary := startRedis(t)
 	replica := startRedis(t, "--replicaof", "127.0.0.1", strings.Split(primary.Addr(), ":")[1])
 	ctx := context.Background()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		info, _ := replica.c.Info(ctx, "replication").Result()
 		if strings.Contains(info, "master_link_status:up") {
 			break

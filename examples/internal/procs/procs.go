@@ -16,7 +16,7 @@ import (
 )
 
 // Frameworks lists the example services, by directory under examples/.
-var Frameworks = []string{"nethttp", "gin", "echo", "fiber"}
+var Frameworks = []string{"nethttp", "gin", "echo", "echov5", "fiber", "fiberv3"}
 
 // Build compiles examples/<name> into dir and returns the binary's path.
 func Build(ctx context.Context, dir, name string) (string, error) {

@@ -48,13 +48,39 @@ func recoverer() echo.MiddlewareFunc {
 	return middleware.RecoverWithConfig(middleware.RecoverConfig{DisablePrintStack: true})
 }
 
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
+func mount(t *testing.T, m adaptertest.Mount) string {
 	r := newEcho()
-	r.Use(recoverer())
-	mw := idemecho.New(e, idemecho.WithScope(scope))
-	r.Any("/a", echo.WrapHandler(app), mw)
-	r.Any("/b", echo.WrapHandler(app), mw)
-	return serve(t, r)
+	r.Use(recoverer(), outer)
+	mw := idemecho.New(m.Engine, idemecho.WithScope(scope),
+		idemecho.WithSkipper(func(c echo.Context) bool { return m.Skip(c.Request().URL.Path) }))
+	add := r.Any
+	var perRoute []echo.MiddlewareFunc
+	switch m.Where {
+	case adaptertest.PerRoute:
+		perRoute = []echo.MiddlewareFunc{mw}
+	case adaptertest.Group:
+		add = r.Group("/g", mw).Any
+	case adaptertest.Global:
+		r.Use(mw)
+	}
+	for _, p := range []string{"/a", "/b", "/skipped"} {
+		add(p, echo.WrapHandler(m.App), perRoute...)
+	}
+	url := serve(t, r)
+	if m.Where == adaptertest.Group {
+		url += "/g"
+	}
+	return url
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		for k, v := range adaptertest.OuterHeaders(c.Request().Header.Get("Origin"), c.Request().Header.Get("X-Request-Id")) {
+			c.Response().Header()[k] = v
+		}
+		return next(c)
+	}
 }
 
 func TestBehaviour(t *testing.T) {
@@ -148,16 +174,25 @@ func TestBindAndInfo(t *testing.T) {
 }
 
 // A returned echo.HTTPError is written by the error handler inside the
-// middleware and stored; a plain error becomes a 500 and is released. Outer
-// middleware still sees the error; the client gets the body once.
+// middleware and stored; a plain error becomes a 500 and is released. The
+// app's error handler runs once per error (as under Echo's Logger
+// middleware); outer middleware finds the error with HandledError; the
+// client gets the body once.
 func TestReturnedErrors(t *testing.T) {
-	var runs atomic.Int64
+	var runs, handled atomic.Int64
 	outerErrs := make(chan error, 10)
 	r := newEcho()
+	r.HTTPErrorHandler = func(err error, c echo.Context) {
+		handled.Add(1)
+		r.DefaultHTTPErrorHandler(err, c)
+	}
 	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			err := next(c)
-			outerErrs <- err
+			if err != nil {
+				t.Errorf("idemecho returned %v after handling it", err)
+			}
+			outerErrs <- idemecho.HandledError(c)
 			return err
 		}
 	})
@@ -183,7 +218,9 @@ func TestReturnedErrors(t *testing.T) {
 	if err := <-outerErrs; err == nil || !strings.Contains(err.Error(), "card declined") {
 		t.Fatalf("outer middleware saw %v, want the handler's error", err)
 	}
-	<-outerErrs // the replay
+	if err := <-outerErrs; err != nil { // the replay
+		t.Fatalf("outer middleware saw %v for a replay", err)
+	}
 
 	for i := 0; i < 2; i++ {
 		got := post(t, base+"/plain-error", "k", `{}`)
@@ -193,6 +230,9 @@ func TestReturnedErrors(t *testing.T) {
 	}
 	if runs.Load() != 3 {
 		t.Fatalf("runs = %d, want the plain error to run twice", runs.Load())
+	}
+	if handled.Load() != 3 {
+		t.Fatalf("the app's error handler ran %d times for 3 handler errors; want once each", handled.Load())
 	}
 }
 

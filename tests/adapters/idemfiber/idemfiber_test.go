@@ -78,13 +78,37 @@ func serve(t *testing.T, app *fiber.App) string {
 	return "http://" + ln.Addr().String()
 }
 
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
+func mount(t *testing.T, m adaptertest.Mount) string {
 	f := newApp()
-	f.Use(recover.New())
-	mw := idemfiber.New(e, idemfiber.WithScope(scope))
-	f.All("/a", mw, adaptor.HTTPHandler(app))
-	f.All("/b", mw, adaptor.HTTPHandler(app))
-	return serve(t, f)
+	f.Use(recover.New(), outer)
+	mw := idemfiber.New(m.Engine, idemfiber.WithScope(scope),
+		idemfiber.WithNext(func(c *fiber.Ctx) bool { return m.Skip(c.Path()) }))
+	var routes fiber.Router = f
+	var perRoute []fiber.Handler
+	switch m.Where {
+	case adaptertest.PerRoute:
+		perRoute = []fiber.Handler{mw}
+	case adaptertest.Group:
+		routes = f.Group("/g", mw)
+	case adaptertest.Global:
+		f.Use(mw)
+	}
+	for _, p := range []string{"/a", "/b", "/skipped"} {
+		routes.All(p, append(perRoute[:len(perRoute):len(perRoute)], adaptor.HTTPHandler(m.App))...)
+	}
+	url := serve(t, f)
+	if m.Where == adaptertest.Group {
+		url += "/g"
+	}
+	return url
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(c *fiber.Ctx) error {
+	for k, v := range adaptertest.OuterHeaders(c.Get("Origin"), c.Get("X-Request-Id")) {
+		c.Set(k, v[0])
+	}
+	return c.Next()
 }
 
 func TestBehaviour(t *testing.T) {
@@ -412,5 +436,51 @@ func TestNextAndRoute(t *testing.T) {
 	}
 	if runs.Load() != 2 {
 		t.Fatalf("runs = %d, want 2", runs.Load())
+	}
+}
+
+// unitStore is a Transactional memstore whose units count completions.
+type unitStore struct {
+	idem.Store
+	completed atomic.Int64
+}
+
+type countingUnit struct {
+	s          *unitStore
+	key, token string
+}
+
+func (s *unitStore) Unit(key, token string) idem.Unit { return &countingUnit{s, key, token} }
+
+func (u *countingUnit) Complete(ctx context.Context, resp *idem.Response, retention time.Duration) error {
+	u.s.completed.Add(1)
+	return u.s.Store.Complete(ctx, u.key, u.token, resp, retention)
+}
+
+func (u *countingUnit) Release(ctx context.Context) error {
+	return u.s.Store.Release(ctx, u.key, u.token)
+}
+
+// TestTransactionalUnit: a native handler finds its execution's idem.Unit
+// in c.UserContext() (where pgstore.Tx looks), and the engine completes
+// through it. (adaptertest's App runs behind fiber's net/http adaptor,
+// which does not carry the user context.)
+func TestTransactionalUnit(t *testing.T) {
+	store := &unitStore{Store: newStore(t)}
+	e, err := idem.New(store, idem.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := newApp()
+	var sawUnit atomic.Bool
+	app.Post("/pay", idemfiber.New(e, idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+		sawUnit.Store(idem.UnitFromContext(c.UserContext()) != nil)
+		return c.SendStatus(201)
+	})
+	if r := post(t, serve(t, app)+"/pay", "k1", `{}`); r.status != 201 {
+		t.Fatalf("status %d", r.status)
+	}
+	if !sawUnit.Load() || store.completed.Load() != 1 {
+		t.Fatalf("handler saw a unit: %v; completions through it: %d; want true, 1", sawUnit.Load(), store.completed.Load())
 	}
 }

@@ -39,15 +39,36 @@ func newStore(t *testing.T) idem.Store {
 
 func scope(c *gin.Context) string { return c.GetHeader(adaptertest.PrincipalHeader) }
 
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
+func mount(t *testing.T, m adaptertest.Mount) string {
 	r := gin.New()
-	r.Use(gin.RecoveryWithWriter(io.Discard))
-	mw := idemgin.New(e, idemgin.WithScope(scope))
-	r.Any("/a", mw, gin.WrapH(app))
-	r.Any("/b", mw, gin.WrapH(app))
-	srv := httptest.NewServer(r)
-	t.Cleanup(srv.Close)
-	return srv.URL
+	r.Use(gin.RecoveryWithWriter(io.Discard), outer)
+	mw := idemgin.New(m.Engine, idemgin.WithScope(scope),
+		idemgin.WithSkipper(func(c *gin.Context) bool { return m.Skip(c.Request.URL.Path) }))
+	routes := gin.IRoutes(r)
+	var handlers []gin.HandlerFunc
+	switch m.Where {
+	case adaptertest.PerRoute:
+		handlers = []gin.HandlerFunc{mw}
+	case adaptertest.Group:
+		routes = r.Group("/g", mw)
+	case adaptertest.Global:
+		r.Use(mw)
+	}
+	for _, p := range []string{"/a", "/b", "/skipped"} {
+		routes.Any(p, append(handlers[:len(handlers):len(handlers)], gin.WrapH(m.App))...)
+	}
+	url := serve(t, r)
+	if m.Where == adaptertest.Group {
+		url += "/g"
+	}
+	return url
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(c *gin.Context) {
+	for k, v := range adaptertest.OuterHeaders(c.GetHeader("Origin"), c.GetHeader("X-Request-Id")) {
+		c.Writer.Header()[k] = v
+	}
 }
 
 func TestBehaviour(t *testing.T) {

@@ -93,3 +93,8 @@ type downStore struct{ idem.Store }
 func (downStore) Acquire(context.Context, string, string, string, time.Duration) (idem.Record, bool, error) {
 	return idem.Record{}, false, errors.New("connection refused")
 }
+
+// Release is what Close's last try at the background release calls.
+func (downStore) Release(context.Context, string, string) error {
+	return errors.New("connection refused")
+}

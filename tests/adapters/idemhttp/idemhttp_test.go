@@ -28,16 +28,46 @@ func recoverer(next http.Handler) http.Handler {
 	})
 }
 
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
-	mw := idemhttp.New(e, idemhttp.WithScope(func(r *http.Request) string {
-		return r.Header.Get(adaptertest.PrincipalHeader)
-	}))
-	mux := http.NewServeMux()
-	mux.Handle("/a", mw(app))
-	mux.Handle("/b", mw(app))
-	srv := httptest.NewServer(recoverer(mux))
+func mount(t *testing.T, m adaptertest.Mount) string {
+	mw := idemhttp.New(m.Engine,
+		idemhttp.WithScope(func(r *http.Request) string { return r.Header.Get(adaptertest.PrincipalHeader) }),
+		idemhttp.WithSkip(func(r *http.Request) bool { return m.Skip(r.URL.Path) }))
+	routes := http.NewServeMux()
+	mux := routes
+	switch m.Where {
+	case adaptertest.PerRoute:
+		for _, p := range []string{"/a", "/b", "/skipped"} {
+			routes.Handle(p, mw(m.App))
+		}
+	case adaptertest.Group: // a sub-router under /g, idem around it
+		for _, p := range []string{"/a", "/b", "/skipped"} {
+			routes.Handle(p, m.App)
+		}
+		mux = http.NewServeMux()
+		mux.Handle("/g/", http.StripPrefix("/g", mw(routes)))
+	case adaptertest.Global: // idem around the whole router
+		for _, p := range []string{"/a", "/b", "/skipped"} {
+			routes.Handle(p, m.App)
+		}
+		mux = http.NewServeMux()
+		mux.Handle("/", mw(routes))
+	}
+	srv := httptest.NewServer(outer(recoverer(mux)))
 	t.Cleanup(srv.Close)
+	if m.Where == adaptertest.Group {
+		return srv.URL + "/g"
+	}
 	return srv.URL
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for k, v := range adaptertest.OuterHeaders(r.Header.Get("Origin"), r.Header.Get("X-Request-Id")) {
+			w.Header()[k] = v
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func TestBehaviour(t *testing.T) {

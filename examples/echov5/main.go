@@ -1,0 +1,147 @@
+// Command echov5 is the payments API on Echo v5 with idem on its mutating
+// routes. run below wires everything, top to bottom: the store, the engine,
+// the authentication that sets the principal, the idem middleware, the
+// routes. Handlers return errors, which Echo's error handler renders as
+// problems. Run it with
+//
+//	go run ./examples/echov5 -store memory
+//
+// and see README.md for the HTTP contract every example serves.
+package main
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/labstack/echo/v5"
+	"github.com/labstack/echo/v5/middleware"
+
+	"github.com/idemkit/idem/adapters/idemechov5"
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/examples/internal/app"
+	"github.com/idemkit/idem/examples/internal/payments"
+)
+
+func main() { app.Exit(run(app.ParseFlags())) }
+
+func run(flags app.Flags) error {
+	// The store: memory (one process), Redis or MongoDB (several instances).
+	store, closeStore, err := app.OpenStore(flags)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	// The engine: the rules every protected route shares.
+	engine, err := idem.New(store,
+		idem.WithRetention(flags.TTL),
+		idem.WithLease(flags.Lease),
+		idem.WithStoreTimeout(flags.StoreTimeout),
+	)
+	if err != nil {
+		return err
+	}
+
+	// The middleware: keys are scoped by the principal authenticate sets.
+	idempotent := idemechov5.New(engine, idemechov5.WithScope(func(c *echo.Context) string {
+		s, _ := echo.ContextGet[string](c, "user_id")
+		return s
+	}))
+	if flags.NoIdem { // the benchmarks' baseline: the same service, unprotected
+		idempotent = func(next echo.HandlerFunc) echo.HandlerFunc { return next }
+	}
+
+	// The routes: recovery outside everything, then authentication, then
+	// idem, then the handler (Echo runs route middleware in the order given).
+	e := echo.New()
+	e.HTTPErrorHandler = problem
+	e.Use(middleware.Recover())
+	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	e.POST("/v1/payments", api.createPayment, authenticate, idempotent)
+	e.POST("/v1/refunds", api.createRefund, authenticate, idempotent)
+	e.POST("/v1/exports", api.createExport, authenticate, idempotent)
+	e.GET("/v1/payments/:id", api.getPayment)
+	e.GET("/v1/stats", api.stats)
+
+	return app.Serve(flags.Addr, app.HTTPServer(e), engine, api.svc)
+}
+
+// authenticate stands in for real authentication: it trusts X-User-ID.
+func authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c *echo.Context) error {
+		user := c.Request().Header.Get("X-User-ID")
+		if user == "" {
+			return payments.Unauthenticated
+		}
+		c.Set("user_id", user)
+		return next(c)
+	}
+}
+
+// handlers are the payment endpoints; they know nothing about idem.
+type handlers struct{ svc *payments.Service }
+
+func (h handlers) createPayment(c *echo.Context) error {
+	var req payments.ChargeRequest
+	if err := c.Bind(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	p, err := h.svc.Charge(c.Request().Context(), c.Get("user_id").(string), req)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set("Location", "/v1/payments/"+p.ID)
+	return c.JSON(http.StatusCreated, p)
+}
+
+func (h handlers) createRefund(c *echo.Context) error {
+	var req payments.RefundRequest
+	if err := c.Bind(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	rf, err := h.svc.Refund(c.Request().Context(), c.Get("user_id").(string), req)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, rf)
+}
+
+func (h handlers) createExport(c *echo.Context) error {
+	var req payments.ExportRequest
+	if err := c.Bind(&req); err != nil {
+		return payments.Invalid("body must be JSON: " + err.Error())
+	}
+	b, err := h.svc.Export(c.Request().Context(), req)
+	if err != nil {
+		return err
+	}
+	return c.Blob(http.StatusOK, "application/octet-stream", b)
+}
+
+func (h handlers) getPayment(c *echo.Context) error {
+	if p, ok := h.svc.Payment(c.Param("id")); ok {
+		return c.JSON(http.StatusOK, p)
+	}
+	return &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")}
+}
+
+func (h handlers) stats(c *echo.Context) error { return c.JSON(http.StatusOK, h.svc.Stats()) }
+
+// problem is Echo's error handler: every error becomes an RFC 9457 problem.
+// In v5 the committed flag is on the *echo.Response beneath c.Response(),
+// and echo.StatusCode reads the status of echo.ErrNotFound and the other
+// predefined errors, which are no longer *echo.HTTPError.
+func problem(c *echo.Context, err error) {
+	if r, _ := echo.UnwrapResponse(c.Response()); r != nil && r.Committed {
+		return
+	}
+	var pe *payments.Error
+	switch code := echo.StatusCode(err); {
+	case errors.As(err, &pe):
+	case code != 0:
+		pe = &payments.Error{Status: code, Title: http.StatusText(code), Detail: err.Error()}
+	default:
+		pe = &payments.Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"}
+	}
+	_ = c.Blob(pe.Status, payments.ProblemContentType, pe.Problem())
+}
