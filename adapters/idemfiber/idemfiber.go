@@ -120,7 +120,9 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			ContentType: utils.UnsafeString(rq.Header.ContentType()),
 			Body:        rq.Body(),
 		}
-		rq.Header.VisitAll(func(k, v []byte) { // every line, whatever the name normalising
+		// VisitAll, not All: fasthttp v1.51 has no All, and this module supports the
+		// fasthttp v1.51 Fiber v2 requires (the workspace resolves a newer one).
+		rq.Header.VisitAll(func(k, v []byte) { //nolint:staticcheck // every line, whatever the name normalising
 			if bytes.EqualFold(k, name) {
 				req.Keys = append(req.Keys, utils.UnsafeString(v))
 			}
@@ -167,7 +169,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			x.Write(res.Body()) // copies
 		}
 		header := make(http.Header)
-		res.Header.VisitAll(func(k, v []byte) { header.Add(string(k), string(v)) }) // copies
+		res.Header.VisitAll(func(k, v []byte) { header.Add(string(k), string(v)) }) //nolint:staticcheck // VisitAll as above; copies
 		x.Finish(res.StatusCode(), header)
 		return nil
 	}

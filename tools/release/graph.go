@@ -47,6 +47,10 @@ func (r graphReport) String() string {
 // memstore or goleak in an adapter's go.mod).
 func checkGraph(root string, mod module, published []module) (graphReport, error) {
 	rep := graphReport{Module: mod}
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return rep, err
+	}
 	dir, err := os.MkdirTemp("", "idem-consumer-")
 	if err != nil {
 		return rep, err

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -52,7 +53,7 @@ func ParseFlags() Flags {
 	var f Flags
 	flag.StringVar(&f.Addr, "addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
 	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis or mongo")
-	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
+	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
 	flag.StringVar(&f.RedisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key, for -store redis")
 	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection idempotency)")
 	flag.DurationVar(&f.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated payment provider latency")
@@ -76,12 +77,10 @@ func OpenStore(f Flags) (idem.Store, func(), error) {
 		s := memstore.New()
 		return s, func() { s.Close() }, nil
 	case "redis":
-		opts, err := redis.ParseURL(f.RedisURL)
+		client, err := redisClient(f.RedisURL)
 		if err != nil {
 			return nil, nil, fmt.Errorf("-redis-url: %w", err)
 		}
-		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
-		client := redis.NewClient(opts)
 		ropts := []redisstore.Option{redisstore.WithPrefix(f.RedisPrefix)}
 		if f.RedisWaitReplicas > 0 {
 			ropts = append(ropts, redisstore.WithWaitReplicas(f.RedisWaitReplicas, 0))
@@ -162,4 +161,25 @@ func Exit(err error) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// redisClient opens a client for u: a Sentinel failover client
+// (redis.NewFailoverClient) when u has a master_name parameter, the
+// sentinels being its host and its addr parameters (go-redis's
+// ParseFailoverURL), else a plain client (ParseURL).
+func redisClient(u string) (*redis.Client, error) {
+	if pu, err := url.Parse(u); err == nil && pu.Query().Has("master_name") {
+		opts, err := redis.ParseFailoverURL(u)
+		if err != nil {
+			return nil, err
+		}
+		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
+		return redis.NewFailoverClient(opts), nil
+	}
+	opts, err := redis.ParseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	opts.ContextTimeoutEnabled = true
+	return redis.NewClient(opts), nil
 }
