@@ -24,6 +24,7 @@ vulncheck:
 	./scripts/vulncheck.sh
 
 # Soak (minutes, not part of make test): three instances per store under mixed load
-# with restarts (tests/chaos TestSoak), SOAK per store, default 3m.
+# with restarts (tests/chaos TestSoak), SOAK per store, default 3m; and Redis Sentinel
+# failovers under load, repeated for SOAK per case (TestSentinelFailover).
 soak:
-	bash -c 'source scripts/services.sh && cd tests/chaos && go test -race -count=1 -timeout 30m -run TestSoak -v -soak=$${SOAK:-3m} .'
+	bash -c 'source scripts/services.sh && cd tests/chaos && go test -race -count=1 -timeout 30m -run "TestSoak|TestSentinelFailover" -v -soak=$${SOAK:-3m} .'

@@ -10,4 +10,3 @@ require (
 require golang.org/x/time v0.15.0 // indirect
 
 replace github.com/idemkit/idem/core => ../../core
-

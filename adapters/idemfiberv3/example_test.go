@@ -13,7 +13,7 @@ import (
 // store is the application's [idem.Store]: memstore.New() for one process
 // (github.com/idemkit/idem/stores/memstore), redisstore or mongostore for
 // several instances. The example leaves it unset so that this module does not
-// require a store module (a runnable example with a replay, and the tests,
+// require a store module (its tests, and a runnable example with a replay,
 // live in tests/adapters/idemfiberv3).
 var store idem.Store
 

@@ -26,4 +26,3 @@ require (
 )
 
 replace github.com/idemkit/idem/core => ../../core
-

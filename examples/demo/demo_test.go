@@ -49,9 +49,12 @@ func TestDemoOutput(t *testing.T) {
 	for _, s := range scenarios {
 		want = append(want, s.name)
 	}
-	want = append(want, "", "OK: one charge per logical payment")
+	want = append(want, "idem decisions on /metrics: acquired ", "", "OK: one charge per logical payment")
 	if len(lines) != len(want) {
-		t.Fatalf("demo printed %d lines, want %d (title, header, %d rows, blank, verdict):\n%s", len(lines), len(want), len(scenarios), stdout.String())
+		t.Fatalf("demo printed %d lines, want %d (title, header, %d rows, decisions, blank, verdict):\n%s", len(lines), len(want), len(scenarios), stdout.String())
+	}
+	if l := lines[len(lines)-3]; !strings.Contains(l, "replayed ") || !strings.Contains(l, "conflict ") || !strings.Contains(l, "completed ") {
+		t.Errorf("decisions line %q: want replays, conflicts and completions counted", l)
 	}
 	for i, l := range lines {
 		if !strings.HasPrefix(l, want[i]) || want[i] == "" && l != "" {

@@ -2,13 +2,17 @@
 // real clients do: double clicks, timeouts and retries, provider failures,
 // reused keys. It builds the example services, starts each on a free
 // loopback port as its own process, plays the scenarios, and prints a table
-// per framework, and nothing else: the services' logs go to a file that is
-// shown only on failure. With -store redis its keys live under their own
-// prefix (-redis-prefix, default "idem-demo:"). It exits 1 if any logical
-// payment was charged successfully more than once.
+// per framework with the idem decisions the service counted on its /metrics,
+// and nothing else: the services' logs go to a file that is shown only on
+// failure. With -store redis its keys live under their own prefix
+// (-redis-prefix, default "idem-demo:"); with -store postgres its tables
+// live in their own schema (-postgres-schema, default idem_demo), and every
+// payment is a row written through its execution's transaction. It exits 1
+// if any logical payment was charged successfully more than once.
 //
 //	go run ./examples/demo                       # every framework, memory store
 //	go run ./examples/demo -framework gin -store redis
+//	go run ./examples/demo -store postgres       # PostgreSQL at -postgres-url
 package main
 
 import (
@@ -35,10 +39,12 @@ import (
 
 func main() {
 	framework := flag.String("framework", "all", "nethttp, gin, echo, fiber or all")
-	store := flag.String("store", "memory", "memory, redis or mongo")
+	store := flag.String("store", "memory", "memory, redis, mongo or postgres")
 	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
 	redisPrefix := flag.String("redis-prefix", "idem-demo:", "prefix of the demo's Redis keys, apart from any service's")
 	mongoURI := flag.String("mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo")
+	pgURL := flag.String("postgres-url", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL URL for -store postgres")
+	pgSchema := flag.String("postgres-schema", "idem_demo", "schema of the demo's PostgreSQL tables, apart from any service's")
 	latency := flag.Duration("charge-latency", 300*time.Millisecond, "simulated provider latency")
 	flag.Parse()
 
@@ -70,12 +76,13 @@ func main() {
 			fail(err, "")
 		}
 		p, err := procs.Start(bin, logs, "-store", *store, "-redis-url", *redisURL, "-redis-prefix", *redisPrefix,
-			"-mongo-uri", *mongoURI, "-charge-latency", latency.String())
+			"-mongo-uri", *mongoURI, "-postgres-url", *pgURL, "-postgres-schema", *pgSchema, "-charge-latency", latency.String())
 		if err != nil {
 			fail(err, logPath)
 		}
 		d := &demo{url: p.URL, latency: *latency, client: &http.Client{Timeout: 30 * time.Second}}
 		rows := d.run()
+		counted, err := procs.Scrape(d.client, p.URL)
 		p.Stop()
 		logs.Close()
 		if d.err != nil {
@@ -86,6 +93,10 @@ func main() {
 			ok = false
 			showLogs(logPath)
 		}
+		if err != nil {
+			fail(fmt.Errorf("metrics: %w", err), logPath)
+		}
+		printDecisions(counted)
 		fmt.Println()
 	}
 	if !ok {
@@ -295,6 +306,19 @@ func (r row) ok() bool {
 		maxIDs = 2
 	}
 	return r.charges == r.want && r.ids <= maxIDs
+}
+
+// printDecisions prints the service's idem_decisions_total counters (its
+// GET /metrics, filled by idemotel) by outcome, in the engine's order.
+func printDecisions(m procs.Metrics) {
+	counts := m.Decisions()
+	var b strings.Builder
+	for _, outcome := range []string{"acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error"} {
+		if n := counts[outcome]; n > 0 {
+			fmt.Fprintf(&b, ", %s %v", outcome, n)
+		}
+	}
+	fmt.Printf("idem decisions on /metrics: %s\n", strings.TrimPrefix(b.String(), ", "))
 }
 
 // printTable prints rows and reports whether every logical payment was

@@ -17,27 +17,44 @@ import (
 	"log/slog"
 	"net/http"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
 	"github.com/idemkit/idem/adapters/idemhttp"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
+	"github.com/idemkit/idem/observability/idemotel"
 )
 
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 
+	// Telemetry: OpenTelemetry metrics served on GET /metrics (Prometheus
+	// text), spans to -trace-file. idemotel turns the engine's events into
+	// metrics and span attributes.
+	metrics, stopTelemetry, err := app.Telemetry(flags)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	telemetry, err := idemotel.NewEventHook()
+	if err != nil {
+		return err
+	}
+
 	// The engine: the rules every protected route shares.
 	engine, err := idem.New(store,
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
+		idem.WithEventHook(telemetry),
 	)
 	if err != nil {
 		return err
@@ -51,15 +68,24 @@ func run(flags app.Flags) error {
 
 	// The routes: recovery outside everything, then authentication, then
 	// idem, then the handler.
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", authenticate(idempotent(http.HandlerFunc(api.createPayment))))
 	mux.Handle("POST /v1/refunds", authenticate(idempotent(http.HandlerFunc(api.createRefund))))
 	mux.Handle("POST /v1/exports", authenticate(idempotent(http.HandlerFunc(api.createExport))))
 	mux.HandleFunc("GET /v1/payments/{id}", api.getPayment)
 	mux.HandleFunc("GET /v1/stats", api.stats)
+	mux.Handle("GET /metrics", metrics)
 
-	return app.Serve(flags.Addr, app.HTTPServer(recoverer(mux)), engine, api.svc)
+	// Tracing outermost, so that idem finds the request's span in its context.
+	return app.Serve(flags.Addr, app.HTTPServer(otelhttp.NewHandler(recoverer(mux), "payments")), engine, api.svc)
 }
 
 type userKey struct{}

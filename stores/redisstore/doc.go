@@ -38,8 +38,12 @@
 // # Durability
 //
 // Redis replicates asynchronously: a failover can lose a record written just
-// before it, and a retry then executes again. [WithWaitReplicas] closes most
-// of that window for completed records at the cost of one WAIT per completion.
+// before it, and a retry then executes again. [WithWaitReplicas] narrows that
+// window for completed records when a primary dies, and reports the
+// completions it could not confirm, at the cost of one WAIT per completion;
+// it does not close the window of a planned SENTINEL FAILOVER, in which the
+// old primary keeps taking writes until the clients switch (README.md has
+// the measurements).
 // Ring clients (redis.NewRing) are not supported: a Ring moves keys when a
 // shard goes down, so two instances may see different records.
 package redisstore

@@ -272,28 +272,38 @@ func startCluster(server, cli string) error {
 		return err
 	}
 	cluster.dir = dir
+	cluster.addrs, cluster.procs, err = createCluster(server, cli, dir)
+	return err
+}
+
+// createCluster starts three redis-server nodes with data under dir, joins
+// them into a 3-master cluster without replicas and waits until every node
+// reports cluster_state:ok. The processes are returned even on error, for
+// the caller to stop.
+func createCluster(server, cli, dir string) ([]string, []*redisProc, error) {
 	var addrs []string
+	var procs []*redisProc
 	for i := range 3 {
 		port, err := findPort(true)
 		if err != nil {
-			return err
+			return nil, procs, err
 		}
 		nodeDir := filepath.Join(dir, strconv.Itoa(i))
 		if err := os.Mkdir(nodeDir, 0o755); err != nil {
-			return err
+			return nil, procs, err
 		}
 		p, err := startRedis(server, port, nodeDir, "--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(nodeDir, "nodes-"+strconv.Itoa(port)+".conf"))
 		if err != nil {
-			return err
+			return nil, procs, err
 		}
-		cluster.procs = append(cluster.procs, p)
+		procs = append(procs, p)
 		addrs = append(addrs, p.addr)
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
+		return nil, procs, fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -306,14 +316,13 @@ func startCluster(server, cli string) error {
 			}
 			if ctx.Err() != nil {
 				c.Close()
-				return fmt.Errorf("cluster node %s not ok: %w %q", addr, err, info)
+				return nil, procs, fmt.Errorf("cluster node %s not ok: %w %q", addr, err, info)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		c.Close()
 	}
-	cluster.addrs = addrs
-	return nil
+	return addrs, procs, nil
 }
 
 // newClusterClient returns a Cluster client, closed at the end of the test.

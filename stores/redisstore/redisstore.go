@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -81,8 +82,10 @@ func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d
 // in-progress record lets a retry execute while the first still runs.
 // timeout is rounded up to whole milliseconds; <= 0 means
 // [DefaultWaitTimeout]. Keep it below the client's ReadTimeout and the
-// engine's store timeout. With a Cluster client WAIT goes to the master of
-// the record's slot. Optional. Default is off (n = 0).
+// engine's store timeout. With a Cluster client the pipeline goes to the
+// master holding the record, following MOVED and ASK redirections while
+// slots migrate, so WAIT counts the replicas of the node and connection
+// that wrote the completion. Optional. Default is off (n = 0).
 func WithWaitReplicas(n int, timeout time.Duration) Option {
 	return func(s *Store) {
 		if timeout <= 0 {
@@ -242,7 +245,9 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 }
 
 // completeAndWait runs the completion script and WAIT in one pipeline, on
-// the master owning k when the client is a Cluster client.
+// the master owning k when the client is a Cluster client. WAIT counts the
+// replicas that acknowledged the writes of the connection it is sent on, so
+// both commands must share one connection: a pipeline to one node.
 func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error {
 	var c redis.Cmdable = s.c
 	cluster, isCluster := s.c.(*redis.ClusterClient)
@@ -254,21 +259,23 @@ func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error
 		c = node
 	}
 	res, acked, err := s.pipeCompleteWait(ctx, c, k, args, false)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		// Script cache flushed (restart, failover, SCRIPT FLUSH): send the source.
-		res, acked, err = s.pipeCompleteWait(ctx, c, k, args, true)
-	}
-	if isCluster && isRedirect(err) {
-		// The slot moved between the lookup and the call: let the cluster
-		// client follow the redirect, then WAIT on the slot's new master.
-		// Rare (resharding) and costs extra round trips.
-		res, err = completeScript.Run(ctx, s.c, []string{k}, args...).Int64()
-		if err == nil && res == 1 {
-			var node *redis.Client
-			if node, err = cluster.MasterForKey(ctx, k); err == nil {
-				acked, err = node.Wait(ctx, s.waitN, s.waitTimeout).Result()
-			}
+	// The slot moved (MOVED) or is moving and the record is already on the
+	// importing master (ASK): send the pipeline again to the master the
+	// error names, after ASKING for ASK. Rare (resharding).
+	for redirects := 0; isCluster && redirects < 3; redirects++ {
+		addr, moved := redis.IsMovedError(err)
+		askAddr, ask := redis.IsAskError(err)
+		if !moved && !ask {
+			break
 		}
+		if ask {
+			addr = askAddr
+		}
+		node, ferr := masterAt(ctx, cluster, addr)
+		if ferr != nil {
+			return fmt.Errorf("redisstore: complete: %w (after %w)", ferr, err)
+		}
+		res, acked, err = s.pipeCompleteWait(ctx, node, k, args, ask)
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
@@ -282,8 +289,42 @@ func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error
 	return nil
 }
 
-func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, k string, args []any, source bool) (res, acked int64, err error) {
+// masterAt returns the cluster client's connection pool for the master at
+// addr (host:port), reloading the cluster's state if it is stale.
+func masterAt(ctx context.Context, cluster *redis.ClusterClient, addr string) (*redis.Client, error) {
+	var mu sync.Mutex
+	var found *redis.Client
+	err := cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.Options().Addr == addr {
+			mu.Lock()
+			found = c
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err == nil && found == nil {
+		err = fmt.Errorf("no master at %s", addr)
+	}
+	return found, err
+}
+
+// pipeCompleteWait sends [ASKING,] EVALSHA completeScript and WAIT in one
+// pipeline on c, and once more with EVAL when the server's script cache
+// lacks the script (restart, failover, SCRIPT FLUSH, a node that never ran
+// it).
+func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, k string, args []any, ask bool) (res, acked int64, err error) {
+	res, acked, err = s.pipeOnce(ctx, c, k, args, ask, false)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		res, acked, err = s.pipeOnce(ctx, c, k, args, ask, true)
+	}
+	return res, acked, err
+}
+
+func (s *Store) pipeOnce(ctx context.Context, c redis.Cmdable, k string, args []any, ask, source bool) (res, acked int64, err error) {
 	pipe := c.Pipeline()
+	if ask {
+		pipe.Do(ctx, "asking")
+	}
 	var run *redis.Cmd
 	if source {
 		run = completeScript.Eval(ctx, pipe, []string{k}, args...)
@@ -299,14 +340,6 @@ func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, k string,
 		return res, 0, err
 	}
 	return res, acked, nil
-}
-
-func isRedirect(err error) bool {
-	if _, ok := redis.IsMovedError(err); ok {
-		return true
-	}
-	_, ok := redis.IsAskError(err)
-	return ok
 }
 
 // Release implements [idem.Store.Release] with one script run.

@@ -20,6 +20,13 @@ require (
 )
 
 require (
+	github.com/gofiber/schema v1.7.0 // indirect
+	github.com/gofiber/utils/v2 v2.0.2 // indirect
+	github.com/philhofer/fwd v1.2.0 // indirect
+	github.com/tinylib/msgp v1.6.3 // indirect
+)
+
+require (
 	github.com/andybalholm/brotli v1.2.7 // indirect
 	github.com/bytedance/gopkg v0.1.3 // indirect
 	github.com/bytedance/sonic v1.15.0 // indirect
@@ -35,6 +42,8 @@ require (
 	github.com/gofiber/schema v1.7.0 // indirect
 	github.com/gofiber/utils/v2 v2.0.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
+	github.com/idemkit/idem/adapters/idemfiberv3 v0.1.0
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/compress v1.18.4 // indirect
 	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
@@ -76,3 +85,7 @@ replace (
 	github.com/idemkit/idem/core => ../../core
 	github.com/idemkit/idem/stores/memstore => ../../stores/memstore
 )
+
+replace github.com/idemkit/idem/adapters/idemechov5 => ../../adapters/idemechov5
+
+replace github.com/idemkit/idem/adapters/idemfiberv3 => ../../adapters/idemfiberv3

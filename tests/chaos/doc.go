@@ -9,6 +9,11 @@
 // instance, the "executions N" line an instance prints when it stops, and
 // the payment ids clients receive.
 //
+// TestSentinelFailover runs the instances on a Redis primary, a replica and
+// three sentinels (redis-server --sentinel: Debian's redis-server package
+// has it) through go-redis's failover client, and fails the primary over
+// under load.
+//
 // The package holds tests only. `make test` runs the short scenarios
 // (about two minutes); `make soak` runs TestSoak for minutes (-soak=3m).
 //

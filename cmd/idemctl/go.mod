@@ -1,0 +1,31 @@
+module github.com/idemkit/idem/cmd/idemctl
+
+go 1.26.0
+
+require (
+	github.com/idemkit/idem/core v0.1.0
+	github.com/idemkit/idem/stores/mongostore v0.1.0
+	github.com/idemkit/idem/stores/redisstore v0.1.0
+	github.com/redis/go-redis/v9 v9.23.0
+	go.mongodb.org/mongo-driver/v2 v2.10.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/xdg-go/scram v1.4.0 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
+	github.com/youmark/pkcs8 v0.0.0-20240726163527-a2c0da244d78 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/crypto v0.54.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+replace (
+	github.com/idemkit/idem/core => ../../core
+	github.com/idemkit/idem/stores/mongostore => ../../stores/mongostore
+	github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
+)

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.uber.org/goleak"
+
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/stores/mongostore"
+	"github.com/idemkit/idem/stores/redisstore"
+)
+
+// The tests talk to the Redis at IDEM_REDIS_URL (default
+// redis://127.0.0.1:6379/0) and the MongoDB-wire server at IDEM_MONGO_URI
+// (FerretDB under `make test`). A missing server fails the test when
+// CI=true and skips it otherwise.
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func unavailable(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf(format+" (CI=true: failing instead of skipping)", args...)
+	}
+	t.Skipf(format+"; skipping (set CI=true to fail instead)", args...)
+}
+
+// backend is one store under test: the URL and flags idemctl is given, and
+// the same store for the engine.
+type backend struct {
+	store idem.Store
+	args  []string
+}
+
+func redisBackend(t *testing.T) backend {
+	u := os.Getenv("IDEM_REDIS_URL")
+	if u == "" {
+		u = "redis://127.0.0.1:6379/0"
+	}
+	opts, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	if err := client.Ping(context.Background()).Err(); err != nil {
+		unavailable(t, "Redis at %s: %v", u, err)
+	}
+	prefix := "idemctl-test:" + rand.Text() + ":"
+	return backend{store: redisstore.New(client, redisstore.WithPrefix(prefix)), args: []string{"-store", u, "-prefix", prefix}}
+}
+
+func mongoBackend(t *testing.T) backend {
+	u := os.Getenv("IDEM_MONGO_URI")
+	if u == "" {
+		unavailable(t, "IDEM_MONGO_URI is not set")
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(u))
+	if err != nil {
+		t.Fatal(err)
+	}
+	coll := client.Database("idemctl_test").Collection("c" + strings.ToLower(rand.Text()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = coll.Drop(ctx)
+		_ = client.Disconnect(ctx)
+	})
+	s := mongostore.New(coll)
+	t.Cleanup(func() { _ = s.Close() })
+	return backend{store: s, args: []string{"-store", u, "-collection", "idemctl_test." + coll.Name()}}
+}
+
+// TestStuckRecord is the operator's story on Redis and on FerretDB: a
+// process crashed holding a lease, so retries get 409; idemctl shows the
+// record and its owner, a "no" keeps it, -yes evicts it, and the retry
+// executes; the completed record shows its status, headers and body size.
+func TestStuckRecord(t *testing.T) {
+	for name, newBackend := range map[string]func(*testing.T) backend{"redis": redisBackend, "mongo": mongoBackend} {
+		t.Run(name, func(t *testing.T) { testStuckRecord(t, newBackend(t)) })
+	}
+}
+
+func testStuckRecord(t *testing.T, b backend) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	engine, err := idem.New(b.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = engine.Close(ctx) }()
+	body := []byte(`{"amount":1000}`)
+	request := func() *idem.Request {
+		return &idem.Request{Method: "POST", Route: "/v1/payments", Path: "/v1/payments", ContentType: "application/json",
+			Keys: []string{`"pay-7f3a"`}, Principal: "acct_1", Body: body}
+	}
+	scoped := idem.ScopedKey("acct_1", "POST", "/v1/payments", "pay-7f3a")
+	// The crashed process: it took the lease for an hour and never came back.
+	fp := idem.Fingerprint("POST", "/v1/payments", "", "application/json", body)
+	if _, ok, err := b.store.Acquire(ctx, scoped, "crashed-instance.17", fp, time.Hour); err != nil || !ok {
+		t.Fatalf("Acquire for the crashed process = %v, %v", ok, err)
+	}
+	if x, resp := engine.Begin(ctx, request()); x != nil || resp == nil || resp.Status != http.StatusConflict {
+		t.Fatalf("retry while the lease is held: want 409")
+	}
+
+	idemctl := func(stdin string, args ...string) (int, string) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		args = append(append(args[:1:1], b.args...), args[1:]...)
+		code := run(ctx, args, strings.NewReader(stdin), &out, &errOut)
+		if errOut.Len() > 0 {
+			t.Logf("idemctl %v stderr: %s", args, errOut.String())
+		}
+		return code, out.String()
+	}
+	scope := []string{"-principal", "acct_1", "-route", "/v1/payments", "-key", "pay-7f3a"}
+	code, out := idemctl("", append([]string{"show"}, scope...)...)
+	for _, want := range []string{"scoped key   " + scoped, "state        in-progress", "lease owner  crashed-instance.17", "fingerprint  " + fp} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("show = %d\n%s\nwant exit 0 and %q", code, out, want)
+		}
+	}
+	if code, byHex := idemctl("", "show", "-scoped-key", strings.ToUpper(scoped)); code != exitOK || withoutTTL(byHex) != withoutTTL(out) {
+		t.Fatalf("show -scoped-key = %d\n%s\nwant the same view as by scope", code, byHex)
+	}
+
+	if code, out := idemctl("n\n", append([]string{"evict"}, scope...)...); code != exitFail || !strings.Contains(out, "not evicted") {
+		t.Fatalf("evict answered no = %d\n%s", code, out)
+	}
+	if code, out := idemctl("", append([]string{"evict"}, scope...)...); code != exitFail || !strings.Contains(out, "not evicted") {
+		t.Fatalf("evict without an answer (stdin closed) = %d\n%s", code, out)
+	}
+	if x, resp := engine.Begin(ctx, request()); x != nil || resp == nil || resp.Status != http.StatusConflict {
+		t.Fatal("the record was evicted without a yes")
+	}
+	if code, out := idemctl("", append([]string{"evict", "-yes"}, scope...)...); code != exitOK || !strings.Contains(out, "evicted: a request with this key executes again") {
+		t.Fatalf("evict -yes = %d\n%s", code, out)
+	}
+
+	// The retry executes now.
+	x, resp := engine.Begin(ctx, request())
+	if x == nil {
+		t.Fatalf("retry after eviction was not executed: %+v", resp)
+	}
+	_, _ = x.Write([]byte(`{"id":"pay_1","status":"succeeded"}`))
+	x.Finish(http.StatusCreated, http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}})
+
+	code, out = idemctl("", append([]string{"show"}, scope...)...)
+	for _, want := range []string{"state        completed", "(retention)", "status       201", "header       Content-Type: application/json",
+		"header       Location: /v1/payments/pay_1", "body         35 bytes"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("show completed = %d\n%s\nwant %q", code, out, want)
+		}
+	}
+	if code, out := idemctl("yes\n", append([]string{"evict"}, scope...)...); code != exitOK || !strings.Contains(out, "Evict this completed record?") {
+		t.Fatalf("evict completed, answered yes = %d\n%s", code, out)
+	}
+	if code, out := idemctl("", append([]string{"show"}, scope...)...); code != exitFail || !strings.Contains(out, "no live record") {
+		t.Fatalf("show after eviction = %d\n%s", code, out)
+	}
+}
+
+// TestUsage checks that bad invocations are refused before any I/O.
+func TestUsage(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"list"},
+		{"show", "-store", "redis://127.0.0.1:1/0"},                                                                   // no key
+		{"show", "-route", "/p", "-key", "k"},                                                                         // no store
+		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "a,b"},                                    // two keys
+		{"show", "-store", "redis://127.0.0.1:1/0", "-scoped-key", "xyz"},                                             // not hex
+		{"show", "-store", "memcached://127.0.0.1:1", "-route", "/p", "-key", "k"},                                    // unknown scheme
+		{"show", "-store", "mongodb://127.0.0.1:1/", "-collection", "nodot", "-route", "/p", "-key", "k"},             // bad collection
+		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "extra"},                             // stray argument
+		{"evict", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "-nonsense"},                        // unknown flag
+		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", strings.Repeat("k", idem.MaxKeyLength+1)}, // too long
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(context.Background(), args, strings.NewReader(""), &out, &errOut); code != exitUsage || errOut.Len() == 0 {
+			t.Errorf("idemctl %q = %d, stderr %q; want %d and a message", args, code, errOut.String(), exitUsage)
+		}
+	}
+}
+
+// withoutTTL drops the "expires in" line, which changes between two calls.
+func withoutTTL(out string) string {
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "expires in") {
+			return strings.Join(append(lines[:i:i], lines[i+1:]...), "\n")
+		}
+	}
+	return out
+}
