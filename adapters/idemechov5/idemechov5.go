@@ -69,6 +69,7 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 				return next(c)
 			}
 			c.SetRequest(r.WithContext(x.WithInfo(r.Context())))
+			x.OuterHeader(c.Response().Header()) // set outside idem for this exchange: never stored
 			// The capture goes beneath *echo.Response, so that it also sees
 			// handlers writing to echo.UnwrapResponse(c.Response()); on top
 			// when an outer middleware hid the *echo.Response.

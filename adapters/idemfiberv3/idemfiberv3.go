@@ -94,6 +94,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			return c.Next()
 		}
 		setContext(c, x.WithInfo(c.Context()))
+		x.OuterHeader(outerHeader(c)) // set outside idem for this exchange: never stored
 		defer func() {
 			if p := recover(); p != nil {
 				x.Fail()
@@ -125,4 +126,20 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 func setContext(c fiber.Ctx, ctx context.Context) {
 	c.SetContext(ctx)
 	c.Locals(idem.InfoKey(), ctx.Value(idem.InfoKey()))
+}
+
+// outerHeader copies the response header lines set before the handler ran,
+// or returns nil when there are none but fasthttp's default Content-Type.
+func outerHeader(c fiber.Ctx) http.Header {
+	var out http.Header
+	for k, v := range c.Response().Header.All() {
+		if out == nil {
+			if string(k) == fiber.HeaderContentType && string(v) == "text/plain; charset=utf-8" {
+				continue
+			}
+			out = make(http.Header)
+		}
+		out.Add(string(k), string(v))
+	}
+	return out
 }

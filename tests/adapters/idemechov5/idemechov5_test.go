@@ -83,11 +83,8 @@ func outer(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 func TestBehaviour(t *testing.T) {
-	const why = "drop-in options of issue 11 not mirrored from idemecho yet"
+	const why = "route matching of issue 11 not mirrored from idemecho yet"
 	adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: newStore, Unsupported: map[string]string{
-		"OuterHeadersNotReplayed":            why,
-		"Group/OuterHeadersNotReplayed":      why,
-		"Global/OuterHeadersNotReplayed":     why,
 		"Group/UnmatchedRoutePassesThrough":  why,
 		"Global/UnmatchedRoutePassesThrough": why,
 	}})

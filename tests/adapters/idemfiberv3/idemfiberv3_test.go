@@ -122,17 +122,14 @@ func TestBehaviour(t *testing.T) {
 }
 
 // unsupportedYet lists the checks issue 11 added to adaptertest that this
-// adapter has yet to mirror from idemfiber (Execution.OuterHeader, route
-// matching under Group/Use); with the outer middleware mounted first, a
-// replay also lists X-Multi's two lines in reverse order.
+// adapter has yet to mirror from idemfiber (route matching under Group and
+// Use).
 func unsupportedYet() map[string]string {
-	const why = "drop-in options of issue 11 not mirrored from idemfiber yet"
-	u := map[string]string{"OuterHeadersNotReplayed": why, "ExecuteThenReplay": "X-Multi replayed in reverse order behind an outer middleware"}
+	const why = "route matching of issue 11 not mirrored from idemfiber yet"
+	u := map[string]string{}
 	for _, where := range []string{"Group/", "Global/"} {
-		u[where+"OuterHeadersNotReplayed"] = why
 		u[where+"UnmatchedRoutePassesThrough"] = why
 		u[where+"ScopeByPrincipalAndRoute"] = why
-		u[where+"ExecuteThenReplay"] = "X-Multi replayed in reverse order behind an outer middleware"
 	}
 	return u
 }
