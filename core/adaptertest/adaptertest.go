@@ -553,14 +553,26 @@ func (s *suite) testStoreDown(t *testing.T) {
 
 func (s *suite) testClientGone(t *testing.T) {
 	app, base := s.serve(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := s.send(base, call{path: "/a?sleep=400ms", body: `{}`, keys: []string{"gone"}, ctx: ctx}); err == nil {
-		t.Fatal("the client was supposed to time out")
+	sent := make(chan error, 1)
+	go func() {
+		_, err := s.send(base, call{path: "/a?hold=1", body: `{}`, keys: []string{"gone"}, ctx: ctx})
+		sent <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); app.Executions() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the handler did not start within 10s")
+		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	cancel() // the client hangs up while the handler runs
+	if err := <-sent; err == nil {
+		t.Fatal("the client was supposed to give up")
+	}
+	app.Release()
+	deadline := time.Now().Add(20 * time.Second)
 	for {
-		r := s.do(t, base, call{path: "/a?sleep=400ms", body: `{}`, keys: []string{"gone"}})
+		r := s.do(t, base, call{path: "/a?hold=1", body: `{}`, keys: []string{"gone"}})
 		if r.status == 201 && r.header.Get(idem.ReplayedHeader) == "true" {
 			break
 		}
@@ -619,7 +631,7 @@ func (s *suite) testCompletionRetried(t *testing.T) {
 	if first.status != 201 {
 		t.Fatalf("first: %d", first.status)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
 		if r.status == 201 && r.header.Get(idem.ReplayedHeader) == "true" && bytes.Equal(r.body, first.body) {
