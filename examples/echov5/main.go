@@ -66,11 +66,12 @@ func run(flags app.Flags) error {
 		idempotent = func(next echo.HandlerFunc) echo.HandlerFunc { return next }
 	}
 
-	// The routes: recovery outside everything, then authentication, then
-	// idem, then the handler (Echo runs route middleware in the order given).
+	// The routes: recovery and request ids outside everything (idem never
+	// stores or replays what they set: a replay carries this exchange's
+	// X-Request-Id), then authentication, then idem, then the handler (Echo runs route middleware in the order given).
 	e := echo.New()
 	e.HTTPErrorHandler = problem
-	e.Use(middleware.Recover())
+	e.Use(middleware.Recover(), middleware.RequestID())
 	// The payments ledger: rows in PostgreSQL with -store postgres (through
 	// the execution's transaction) or -payments-postgres, else none.
 	ledger, closeLedger, err := app.OpenLedger(flags)

@@ -19,6 +19,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/gofiber/fiber/v2/middleware/requestid"
 
 	"github.com/idemkit/idem/adapters/idemfiber"
 	idem "github.com/idemkit/idem/core"
@@ -69,11 +70,12 @@ func run(flags app.Flags) error {
 		idempotent = func(c *fiber.Ctx) error { return c.Next() }
 	}
 
-	// The routes: recovery outside everything, then authentication, then
-	// idem, then the handler. idemfiber is mounted on each route: its route
+	// The routes: recovery and request ids outside everything (idem never
+	// stores or replays what they set: a replay carries this exchange's
+	// X-Request-Id), then authentication, then idem, then the handler. idemfiber is mounted on each route: its route
 	// scope is the route it is mounted on.
 	a := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: problem})
-	a.Use(recover.New())
+	a.Use(recover.New(), requestid.New())
 	// The payments ledger: rows in PostgreSQL with -store postgres (through
 	// the execution's transaction) or -payments-postgres, else none.
 	ledger, closeLedger, err := app.OpenLedger(flags)
