@@ -79,7 +79,9 @@ func crashAfterRecord(t *testing.T, store []string) int {
 		t.Fatalf("the killed instance answered %v", ans)
 	}
 	answers := retryUntil(b.URL, user, key, 1000, 50*time.Millisecond, 15*time.Second,
-		func(a answer) bool { return a.status != http.StatusConflict && a.status != http.StatusServiceUnavailable })
+		func(a answer) bool {
+			return a.status != http.StatusConflict && a.status != http.StatusServiceUnavailable
+		})
 	won := answers[len(answers)-1]
 	if won.status != http.StatusCreated || won.replayed {
 		t.Fatalf("retries through B ended with %v; all: %v", won, summary(answers))
@@ -130,7 +132,9 @@ func TestPostgresSlowHandlerWithoutRenewal(t *testing.T) {
 	first := async(a.URL, user, key, 1000)
 	a.waitPaused(1)
 	answers := retryUntil(b.URL, user, key, 1000, 50*time.Millisecond, 15*time.Second,
-		func(a answer) bool { return a.status != http.StatusConflict && a.status != http.StatusServiceUnavailable })
+		func(a answer) bool {
+			return a.status != http.StatusConflict && a.status != http.StatusServiceUnavailable
+		})
 	won := answers[len(answers)-1]
 	if won.status != http.StatusCreated || won.replayed {
 		t.Fatalf("takeover through B ended with %v; all: %v", won, summary(answers))
