@@ -466,7 +466,8 @@ func TestTransactional(t *testing.T) {
 	s, table := newStore(t, pool)
 	payments := createPayments(t, pool, table)
 	const lease = 2 * time.Second // long enough for a loaded machine: it is never renewed here
-	noRenewal := struct { // no Extender: the lease is never renewed
+	// No Extender: the lease is never renewed.
+	noRenewal := struct {
 		idem.Store
 		idem.Transactional
 	}{s, s}
