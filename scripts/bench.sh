@@ -44,6 +44,8 @@ run "contention: 1,000 duplicates" \
   -bench '^BenchmarkContention$' -benchtime=10x
 run "end to end over loopback (examples/gin, examples/fiber)" \
   -bench '^BenchmarkE2E$' -benchtime=60000x -bench.full
+run "instances sharing one Redis (1, 2, 4, 8)" \
+  -bench '^BenchmarkInstances$' -benchtime=3000x -count=3
 echo "load-end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW"
 
 if grep -qE '^(--- FAIL|FAIL|panic)' "$RAW"; then

@@ -17,12 +17,14 @@ import (
 	"strings"
 
 	"github.com/gofiber/fiber/v3"
+	"github.com/gofiber/fiber/v3/middleware/adaptor"
 	"github.com/gofiber/fiber/v3/middleware/recover"
 
 	"github.com/idemkit/idem/adapters/idemfiberv3"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
+	"github.com/idemkit/idem/observability/idemotel"
 )
 
 func main() { app.Exit(run(app.ParseFlags())) }
@@ -35,11 +37,24 @@ func run(flags app.Flags) error {
 	}
 	defer closeStore()
 
+	// Telemetry: OpenTelemetry metrics served on GET /metrics (Prometheus
+	// text). idemotel turns the engine's events into metrics (Fiber is not net/http: no tracing middleware here).
+	metrics, stopTelemetry, err := app.Telemetry(flags)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	telemetry, err := idemotel.NewEventHook()
+	if err != nil {
+		return err
+	}
+
 	// The engine: the rules every protected route shares.
 	engine, err := idem.New(store,
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
+		idem.WithEventHook(telemetry),
 	)
 	if err != nil {
 		return err
@@ -71,6 +86,7 @@ func run(flags app.Flags) error {
 	a.Post("/v1/exports", authenticate, idempotent, api.createExport)
 	a.Get("/v1/payments/:id", api.getPayment)
 	a.Get("/v1/stats", api.stats)
+	a.Get("/metrics", adaptor.HTTPHandler(metrics))
 
 	return app.Serve(flags.Addr, server{a}, engine, api.svc)
 }

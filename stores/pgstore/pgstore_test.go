@@ -465,9 +465,9 @@ func TestTransactional(t *testing.T) {
 	pool := newPool(t)
 	s, table := newStore(t, pool)
 	payments := createPayments(t, pool, table)
-	const lease = 2 * time.Second // long enough for a loaded machine: it is never renewed here
-	// No Extender: the lease is never renewed.
-	noRenewal := struct {
+	// Long enough for a loaded machine: it is never renewed here.
+	const lease = 2 * time.Second
+	noRenewal := struct { // no Extender: the lease is never renewed
 		idem.Store
 		idem.Transactional
 	}{s, s}

@@ -213,7 +213,7 @@ func reshardUnderLoad(t *testing.T, addrs []string, opts []redisstore.Option) {
 		t.Cleanup(func() { deletePrefix(c, prefix) })
 		store := &errCountingStore{Store: redisstore.New(c, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)}
 		stores = append(stores, store)
-		e, err := idem.New(store, onEvent, quiet, idem.WithStoreTimeout(10*time.Second))
+		e, err := idem.New(store, onEvent, quiet, idem.WithStoreTimeout(10*time.Second), idem.WithLease(time.Minute)) // lease >= 4 × store timeout
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -434,6 +434,24 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 		}
 	}
 
+	// 8. Instances
+	if _, ok := r.get("BenchmarkInstances/instances=1", "req/s"); ok {
+		p("\n## 8. Instances sharing one Redis\n\n")
+		p("n in-process instances (net/http + idemhttp, each its own engine and go-redis client, each its own loopback HTTP server) share one Redis; 16 client goroutines go round-robin over their addresses. A logical request is a fresh key POSTed to one instance and its retry POSTed to the next (a replay). Medians of 3 runs. **Every instance, the clients and Redis share the same 2 cores**: the total is bounded by the CPU, so adding instances here cannot add capacity; what the table shows is that coordinating more instances through Redis costs little (executions per logical request stay exactly 1).\n\n")
+		p("| instances | HTTP req/s (all) | req/s per instance | × total at 1 | executions per logical request |\n|---|---|---|---|---|\n")
+		one, _ := r.get("BenchmarkInstances/instances=1", "req/s")
+		for _, n := range []string{"1", "2", "4", "8"} {
+			name := "BenchmarkInstances/instances=" + n
+			rps, ok := r.get(name, "req/s")
+			if !ok {
+				continue
+			}
+			per, _ := r.get(name, "req/s/instance")
+			ex, _ := r.get(name, "executions/logical")
+			p("| %s | %.0f | %.0f | %.2f× | %s |\n", n, rps, per, rps/one, num(ex))
+		}
+	}
+
 	// Targets
 	p("\n## Targets\n\n| target | measured | |\n|---|---|---|\n")
 	for _, t := range targets {
