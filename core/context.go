@@ -19,8 +19,14 @@ type Info struct {
 // ContextWithInfo returns ctx carrying info. Adapters call it; a client can't
 // set it, unlike a request header.
 func ContextWithInfo(ctx context.Context, info Info) context.Context {
+	if info.Replayed && info.Key == "" && info.unit == nil { // every replay: share one
+		return context.WithValue(ctx, infoKey{}, replayedInfo)
+	}
 	return context.WithValue(ctx, infoKey{}, &info)
 }
+
+// replayedInfo is the Info of every replay; readers get copies.
+var replayedInfo = &Info{Replayed: true}
 
 // InfoKey returns the context key under which [ContextWithInfo] and
 // [Execution.WithInfo] store what [InfoFromContext] reads. Adapters of
@@ -49,4 +55,18 @@ func UnitFromContext(ctx context.Context) Unit {
 		return p.unit
 	}
 	return nil
+}
+
+// infoCtx is context.WithValue(parent, infoKey{}, info) held in an
+// [Execution], saving an allocation per request.
+type infoCtx struct {
+	context.Context
+	info *Info
+}
+
+func (c *infoCtx) Value(key any) any {
+	if key == (infoKey{}) {
+		return c.info
+	}
+	return c.Context.Value(key)
 }

@@ -87,7 +87,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
 	if l, ok := store.(LocalStore); ok {
@@ -118,7 +118,7 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 
 // Begin decides what to do with req. It returns:
 //   - nil, nil: pass through, run the handler unprotected (method not covered,
-//     or the store failed under [WithFailOpen]);
+//     no key under [WithKeyOptional], or the store failed under [WithFailOpen]);
 //   - nil, resp: do not run the handler; write resp, which is either a replay
 //     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
 //     read-only and may be shared;
@@ -126,7 +126,8 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //     one of x.Finish, x.Fail (handler error without a response) or x.Abort
 //     (panic).
 //
-// Answers: 400 missing or malformed key, or unreadable body; 401 no principal;
+// Answers: 400 missing or malformed key (or one the [WithKeyValidator]
+// function refused), or unreadable body; 401 no principal;
 // 413 body above the limit; 422 key reused with another fingerprint; 409
 // request with this key in progress; 503 store unavailable; 500 the key's
 // stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
@@ -135,9 +136,19 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		return nil, nil
 	}
 	key, err := ParseKey(req.Keys)
+	if errors.Is(err, ErrKeyMissing) && e.cfg.keyOptional {
+		e.emit(ctx, Event{Kind: EventUnprotected, Method: req.Method, Route: req.Route})
+		return nil, nil
+	}
 	if err != nil {
 		e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
 		return nil, e.problems.forKeyError(err)
+	}
+	if e.cfg.keyValidator != nil {
+		if err := e.cfg.keyValidator(key); err != nil {
+			e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
+			return nil, e.problems.refusedKey(err)
+		}
 	}
 	if req.Principal == "" && !e.cfg.globalScope {
 		e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route})
@@ -159,10 +170,8 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	if route == "" {
 		route = req.Path
 	}
-	scoped := ScopedKey(req.Principal, req.Method, route, key)
-	token := e.newToken()
+	scoped, fp, token := e.ids(req, route, key)
 	ev := Event{Key: scoped, Method: req.Method, Route: req.Route} // the template only: a path may be unbounded
-	fp := Fingerprint(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
 	var deadline time.Time
 	if e.cfg.wait > 0 {
 		deadline = time.Now().Add(e.cfg.wait)
@@ -185,7 +194,9 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			}
 			return nil, e.problems.unavailable
 		case acquired:
-			x := &Execution{e: e, ctx: context.WithoutCancel(ctx), key: scoped, token: token, fp: fp, ev: ev, started: now}
+			x := &Execution{e: e, key: scoped, token: token, fp: fp, ev: ev, started: now}
+			x.detached.parent = ctx
+			x.ctx = &x.detached
 			e.emit(ctx, x.event(EventAcquired))
 			x.startRenewal()
 			return x, nil
@@ -238,11 +249,19 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 	e.emit(ctx, ev)
 }
 
-// newToken returns a token no other execution of any engine uses: a random
+// ids returns the scoped key ([ScopedKey]), the fingerprint ([Fingerprint])
+// and a new lease token for req, sliced from one string (one allocation).
+// The token is one no other execution of any engine uses: a random
 // per-engine prefix and a counter (tokens identify lease owners; they are
 // never shown to clients, so they need to be unique, not secret).
-func (e *Engine) newToken() string {
-	return e.tokenPrefix + strconv.FormatUint(e.tokens.Add(1), 36)
+func (e *Engine) ids(req *Request, route, key string) (scoped, fp, token string) {
+	var stack [256]byte
+	b := appendHex(stack[:0], scopedSum(req.Principal, req.Method, route, key))
+	b = appendHex(b, fingerprintSum(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body))
+	b = append(b, e.tokenPrefix...)
+	b = strconv.AppendUint(b, e.tokens.Add(1), 36)
+	s := string(b)
+	return s[:64], s[64:128], s[128:]
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -260,12 +279,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 // safe for concurrent use, except that lease renewal runs on its own until
 // Finish or Fail.
 type Execution struct {
-	e     *Engine
-	ctx   context.Context // detached from the request: completion survives a client hang-up
-	key   string
-	token string
-	ev    Event
-	body  []byte
+	e        *Engine
+	ctx      context.Context // &detached: completion survives a client hang-up
+	detached detached
+	infoCtx  infoCtx // what WithInfo returns
+	key      string
+	token    string
+	ev       Event
+	body     []byte
 
 	started  time.Time     // when the lease was acquired
 	handler  time.Duration // how long the handler ran, set by finishing
@@ -335,7 +356,7 @@ func (x *Execution) Finish(status int, header http.Header) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	if !x.e.cfg.storeAll && !storable(status) {
+	if !x.e.cfg.storePolicy(status) {
 		x.release()
 		x.stopRenewal()
 		return
@@ -573,6 +594,7 @@ func bodyAllowed(status int) bool {
 	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
+// storable is the default storage policy ([WithStorePolicy]).
 func storable(status int) bool {
 	switch status {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
@@ -583,7 +605,11 @@ func storable(status int) bool {
 
 func (e *Engine) acquire(ctx context.Context, key, token, fp string) (Record, bool, error) {
 	if e.local {
-		return e.store.Acquire(ctx, key, token, fp, e.cfg.lease)
+		lease := e.cfg.lease
+		if e.extender != nil {
+			lease = localLease
+		}
+		return e.store.Acquire(ctx, key, token, fp, lease)
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.storeTimeout)
 	defer cancel()
@@ -613,8 +639,15 @@ func (x *Execution) release() {
 	}
 }
 
+// localLease is the lease taken in a [LocalStore] that can renew leases:
+// such a store lives and dies with the process, so a lease there never
+// needs to lapse to free the key of a crashed holder; it is held until
+// Finish, Fail or Abort, exactly as renewal would keep it, without a
+// renewal timer per execution. About 146 years: now plus it never overflows.
+const localLease = time.Duration(1 << 62)
+
 func (x *Execution) startRenewal() {
-	if x.e.extender != nil {
+	if x.e.extender != nil && !x.e.local {
 		x.mu.Lock()
 		x.timer = time.AfterFunc(x.e.cfg.lease/3, x.renew)
 		x.mu.Unlock()
@@ -661,6 +694,15 @@ func (x *Execution) finishing() {
 	x.finished = true
 	x.mu.Unlock()
 }
+
+// detached is context.WithoutCancel(parent) held in the Execution, saving
+// an allocation: values of parent, never its deadline or cancellation.
+type detached struct{ parent context.Context }
+
+func (*detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detached) Done() <-chan struct{}       { return nil }
+func (*detached) Err() error                  { return nil }
+func (d *detached) Value(key any) any         { return d.parent.Value(key) }
 
 func (x *Execution) stopRenewal() {
 	if x.timer == nil {

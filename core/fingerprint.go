@@ -25,20 +25,25 @@ import (
 // values of one name ("a=1&a=2" is not "a=2&a=1") and every decoded byte do.
 // A query ParseQuery rejects (a bad escape, a ";") is compared byte for byte.
 func Fingerprint(method, path, rawQuery, contentType string, body []byte) string {
+	return hexSum(fingerprintSum(method, path, rawQuery, contentType, body))
+}
+
+// fingerprintSum is [Fingerprint] before hex encoding.
+func fingerprintSum(method, path, rawQuery, contentType string, body []byte) [sha256.Size]byte {
 	var stack [1024]byte
 	b := appendField(stack[:0], method)
 	b = appendField(b, path)
 	b = appendQuery(b, rawQuery)
 	b = appendField(b, normalizeMediaType(contentType))
 	if len(b)+len(body) <= cap(stack) { // small request: hash on the stack
-		return hexSum(sha256.Sum256(append(b, body...)))
+		return sha256.Sum256(append(b, body...))
 	}
 	h := sha256.New()
 	h.Write(b)
 	h.Write(body)
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
-	return hexSum(sum)
+	return sum
 }
 
 // queryParam is one name=value pair of a query: name decoded, value raw.
@@ -136,12 +141,17 @@ func unhex(c byte) byte {
 // records (IETF draft section 4, "Security Considerations"), and raw keys never
 // reach the store or the logs.
 func ScopedKey(principal, method, route, key string) string {
+	return hexSum(scopedSum(principal, method, route, key))
+}
+
+// scopedSum is [ScopedKey] before hex encoding.
+func scopedSum(principal, method, route, key string) [sha256.Size]byte {
 	var stack [512]byte
 	b := appendField(stack[:0], principal)
 	b = appendField(b, method)
 	b = appendField(b, route)
 	b = appendField(b, key)
-	return hexSum(sha256.Sum256(b))
+	return sha256.Sum256(b)
 }
 
 // appendField appends s length-prefixed, so that field boundaries can't be forged.
@@ -152,8 +162,12 @@ func appendField(b []byte, s string) []byte {
 // hexSum returns sum in lower-case hex with one allocation.
 func hexSum(sum [sha256.Size]byte) string {
 	var dst [2 * sha256.Size]byte
-	hex.Encode(dst[:], sum[:])
-	return string(dst[:])
+	return string(appendHex(dst[:0], sum))
+}
+
+// appendHex appends sum in lowercase hex (64 characters) to b.
+func appendHex(b []byte, sum [sha256.Size]byte) []byte {
+	return hex.AppendEncode(b, sum[:])
 }
 
 func normalizeMediaType(ct string) string {

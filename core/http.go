@@ -41,7 +41,8 @@ func (x *Execution) WithInfo(ctx context.Context) context.Context {
 		x.unit = x.e.tx.Unit(x.key, x.token)
 	}
 	x.info = Info{Key: x.key, unit: x.unit}
-	return context.WithValue(ctx, infoKey{}, &x.info) // no allocation beyond the context's
+	x.infoCtx = infoCtx{Context: ctx, info: &x.info}
+	return &x.infoCtx // held in x: no allocation
 }
 
 // CaptureWriter is the http.ResponseWriter adapters on net/http wrap around

@@ -56,6 +56,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/utils"
+	"github.com/valyala/fasthttp"
 
 	idem "github.com/idemkit/idem/core"
 )
@@ -106,14 +107,16 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		if matched == nil { // no route: Fiber's 404 or 405
 			return c.Next()
 		}
-		route := matched.Path
+		route := matched.Path // registered, immutable
 		if cfg.route != nil {
-			route = cfg.route(c)
+			route = strings.Clone(cfg.route(c))
 		}
 		rq := c.Request()
+		var keys [1]string // the usual single key line, on the stack
 		req := idem.Request{
-			Method: strings.Clone(c.Method()),
-			Route:  strings.Clone(route),
+			Method: stableMethod(c.Method()),
+			Route:  route,
+			Keys:   keys[:0],
 			// Only read during Begin (see idem.Request): no copies needed.
 			Path:        utils.UnsafeString(rq.URI().Path()),
 			RawQuery:    utils.UnsafeString(rq.URI().QueryString()),
@@ -168,18 +171,69 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		} else {
 			x.Write(res.Body()) // copies
 		}
-		header := make(http.Header)
-		res.Header.VisitAll(func(k, v []byte) { header.Add(string(k), string(v)) }) //nolint:staticcheck // VisitAll as above; copies
-		x.Finish(res.StatusCode(), header)
+		x.Finish(res.StatusCode(), responseHeader(&res.Header))
 		return nil
 	}
+}
+
+// stableMethod returns m, which may alias a request buffer, as a string
+// that does not: a constant for the usual methods, else a copy.
+func stableMethod(m string) string {
+	switch m {
+	case fiber.MethodPost:
+		return fiber.MethodPost
+	case fiber.MethodPatch:
+		return fiber.MethodPatch
+	case fiber.MethodPut:
+		return fiber.MethodPut
+	case fiber.MethodDelete:
+		return fiber.MethodDelete
+	}
+	return strings.Clone(m)
+}
+
+// responseHeader copies h's lines into an http.Header whose names and
+// values are sliced from one string and whose value slices share one
+// array: three allocations whatever the number of lines.
+func responseHeader(h *fasthttp.ResponseHeader) http.Header {
+	var stack [1024]byte
+	var lens [32][2]int32
+	buf, n, more := stack[:0], 0, false
+	h.VisitAll(func(k, v []byte) { //nolint:staticcheck // VisitAll as above
+		if n == len(lens) {
+			more = true
+			return
+		}
+		buf = append(append(buf, k...), v...)
+		lens[n] = [2]int32{int32(len(k)), int32(len(v))}
+		n++
+	})
+	if more { // unusual: many lines
+		out := make(http.Header)
+		h.VisitAll(func(k, v []byte) { out.Add(string(k), string(v)) }) //nolint:staticcheck // VisitAll as above; copies
+		return out
+	}
+	all := string(buf)
+	out := make(http.Header, n)
+	values := make([]string, n)
+	for i, l := range lens[:n] {
+		k := all[:l[0]]
+		values[i] = all[l[0] : l[0]+l[1]]
+		all = all[l[0]+l[1]:]
+		if prev, ok := out[k]; ok {
+			out[k] = append(prev[:len(prev):len(prev)], values[i])
+		} else {
+			out[k] = values[i : i+1 : i+1]
+		}
+	}
+	return out
 }
 
 // outerHeader copies the response header lines set before the handler ran,
 // or returns nil when there are none but fasthttp's default Content-Type.
 func outerHeader(c *fiber.Ctx) http.Header {
 	var out http.Header
-	c.Response().Header.VisitAll(func(k, v []byte) {
+	c.Response().Header.VisitAll(func(k, v []byte) { //nolint:staticcheck // VisitAll: fasthttp v1.51 has no All (see the note in New)
 		if out == nil {
 			if bytes.Equal(k, contentType) && bytes.Equal(v, defaultContentType) {
 				return
@@ -233,7 +287,7 @@ func matchedRoute(cache *atomic.Pointer[routeIndex], c *fiber.Ctx) *fiber.Route 
 		return self
 	}
 	path := c.Path()
-	if !idx.cfg.CaseSensitive {
+	if !idx.cfg.CaseSensitive && hasUpper(path) {
 		path = utils.ToLower(path)
 	}
 	if !idx.cfg.StrictRouting && len(path) > 1 {
@@ -288,4 +342,15 @@ func newRouteIndex(app *fiber.App) *routeIndex {
 		}
 	}
 	return idx
+}
+
+// hasUpper reports whether s has an ASCII capital letter (utils.ToLower
+// allocates even when there is none).
+func hasUpper(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			return true
+		}
+	}
+	return false
 }

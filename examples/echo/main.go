@@ -27,7 +27,7 @@ import (
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
@@ -72,7 +72,14 @@ func run(flags app.Flags) error {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = problem
 	e.Use(middleware.Recover())
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	e.POST("/v1/payments", api.createPayment, authenticate, idempotent)
 	e.POST("/v1/refunds", api.createRefund, authenticate, idempotent)
 	e.POST("/v1/exports", api.createExport, authenticate, idempotent)

@@ -30,7 +30,7 @@ import (
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
@@ -74,7 +74,14 @@ func run(flags app.Flags) error {
 	// scope is the route it is mounted on.
 	a := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: problem})
 	a.Use(recover.New())
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	a.Post("/v1/payments", authenticate, idempotent, api.createPayment)
 	a.Post("/v1/refunds", authenticate, idempotent, api.createRefund)
 	a.Post("/v1/exports", authenticate, idempotent, api.createExport)

@@ -26,7 +26,7 @@ import (
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
@@ -69,7 +69,14 @@ func run(flags app.Flags) error {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.CustomRecovery(recovered))
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	r.POST("/v1/payments", authenticate, idempotent, api.createPayment)
 	r.POST("/v1/refunds", authenticate, idempotent, api.createRefund)
 	r.POST("/v1/exports", authenticate, idempotent, api.createExport)

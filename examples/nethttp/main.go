@@ -29,7 +29,7 @@ import (
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
@@ -68,7 +68,14 @@ func run(flags app.Flags) error {
 
 	// The routes: recovery outside everything, then authentication, then
 	// idem, then the handler.
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", authenticate(idempotent(http.HandlerFunc(api.createPayment))))
 	mux.Handle("POST /v1/refunds", authenticate(idempotent(http.HandlerFunc(api.createRefund))))
