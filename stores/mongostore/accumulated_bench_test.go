@@ -111,20 +111,20 @@ func BenchmarkAccumulated(b *testing.B) {
 
 // BenchmarkBurstRecovery sends a burst of concurrent first executions
 // through an engine whose store timeout (2s, the default) the burst
-// exceeds, on a collection of 10^3 and 10^4 records (bigRecords of them
-// with 1 MiB responses), then measures how long single requests keep
-// failing: recovery-s is the time from the end of the burst to the first
-// single request executed, 503/op the burst's store-unavailable answers.
-// Run it alone: go test -run '^$' -bench BurstRecovery -benchtime 2x
+// exceeds, on a collection of 10^3 records (bigRecords of them with 1 MiB
+// responses), then measures how long single requests keep failing:
+// recovery-s is the time from the end of the burst to the first single
+// request executed, 503/op the burst's store-unavailable answers. (At 10^4
+// records a single first execution on FerretDB+SQLite already takes longer
+// than the store timeout on a loaded 2-core machine: see
+// BenchmarkAccumulated.) Run it alone:
+//
+//	go test -run '^$' -bench BurstRecovery -benchtime 2x
 func BenchmarkBurstRecovery(b *testing.B) {
 	c, _ := shared(b)
-	for _, n := range []int{1_000, 10_000} {
-		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
-			coll := collection(b, c)
-			seed(b, coll, n, bigRecords)
-			burstRecovery(b, coll)
-		})
-	}
+	coll := collection(b, c)
+	seed(b, coll, 1_000, bigRecords)
+	burstRecovery(b, coll)
 }
 
 func burstRecovery(b *testing.B, coll *mongo.Collection) {

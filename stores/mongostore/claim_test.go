@@ -172,7 +172,8 @@ func TestReleaseFencedByClaim(t *testing.T) {
 }
 
 // TestPurgeSkipsClaimed: Purge never deletes an expired record whose
-// version a takeover claimed: the takeover is about to rewrite it.
+// version a takeover claimed (the takeover is about to rewrite it), and
+// deletes claims past their own expiry.
 func TestPurgeSkipsClaimed(t *testing.T) {
 	c, _ := shared(t)
 	coll := collection(t, c)
@@ -181,6 +182,14 @@ func TestPurgeSkipsClaimed(t *testing.T) {
 	claimed, owner, gen := lapsed(t, s, coll)
 	free, _, _ := lapsed(t, s, coll)
 	insertClaim(t, coll, claimed, gen, claimTakeover, "successor", "successor-gen", "fp-b", time.Now().Add(time.Hour))
+	old := storetest.Key() + "~old-gen" // a claim past its own expiry: Purge deletes it
+	if _, err := coll.InsertOne(ctx, bson.D{
+		{Key: "_id", Value: old}, {Key: "state", Value: claimTakeover}, {Key: "token", Value: "t"}, {Key: "gen", Value: "g"},
+		{Key: "lease", Value: bson.NewDateTimeFromTime(time.Now().Add(-2 * time.Minute))},
+		{Key: "expiresAt", Value: bson.NewDateTimeFromTime(time.Now().Add(-time.Minute))},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := s.Purge(ctx); err != nil || n != 1 {
 		t.Fatalf("Purge = %d, %v; want 1 (the unclaimed record)", n, err)
 	}
@@ -189,6 +198,9 @@ func TestPurgeSkipsClaimed(t *testing.T) {
 	}
 	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: free}}); err != nil || n != 0 {
 		t.Fatalf("unclaimed expired record left = %d, %v", n, err)
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: old}}); err != nil || n != 0 {
+		t.Fatalf("expired claims left = %d, %v; want 0", n, err)
 	}
 }
 

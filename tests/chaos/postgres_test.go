@@ -63,7 +63,7 @@ func paymentRows(t *testing.T, pool *pgxpool.Pool, schema, user string) int {
 func crashAfterRecord(t *testing.T, store []string) int {
 	pgURL, schema, pool := pgDatabase(t)
 	args := append(store, "-postgres-url", pgURL, "-postgres-schema", schema, "-payments-postgres",
-		"-lease", "1s", "-charge-latency", "0")
+		"-lease", "2s", "-store-timeout", "500ms", "-charge-latency", "0") // lease >= 4 × store timeout
 	a := startService(t, "nethttp", "", append(args, "-pause-after-record")...)
 	b := startService(t, "nethttp", "", args...)
 	user, key := "u"+hexID(), newKey()
@@ -118,7 +118,7 @@ func TestPostgresSlowHandlerWithoutRenewal(t *testing.T) {
 	t.Parallel()
 	pgURL, schema, pool := pgDatabase(t)
 	args := []string{"-store", "postgres", "-postgres-url", pgURL, "-postgres-schema", schema,
-		"-lease", "500ms", "-no-renewal", "-charge-latency", "0"}
+		"-lease", "2s", "-store-timeout", "500ms", "-no-renewal", "-charge-latency", "0"}
 	a := startService(t, "nethttp", "", append(args, "-pause-after-record")...)
 	b := startService(t, "nethttp", "", args...)
 	user, key := "u"+hexID(), newKey()
