@@ -171,7 +171,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		} else {
 			x.Write(res.Body()) // copies
 		}
-		x.Finish(res.StatusCode(), responseHeader(&res.Header))
+		x.FinishOwned(res.StatusCode(), responseHeader(&res.Header))
 		return nil
 	}
 }
