@@ -58,7 +58,7 @@ func buildExample(b *testing.B, name string) string {
 	bin := filepath.Join(binDir, name)
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/idemkit/idem/examples/"+name)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		err = fmt.Errorf("go build examples/%s: %v\n%s", name, err, out)
+		err = fmt.Errorf("go build examples/%s: %w\n%s", name, err, out)
 		built.Store(name, err)
 		b.Fatal(err)
 	}

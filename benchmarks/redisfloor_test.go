@@ -54,8 +54,10 @@ func BenchmarkRedisFloor(b *testing.B) {
 		}
 		bareOp := func() error {
 			k := prefix + newKey()
-			if ok, err := c.SetNX(ctx, k, token, 30*time.Second).Result(); err != nil || !ok {
-				return fmt.Errorf("SET NX = %v, %v", ok, err)
+			if ok, err := c.SetNX(ctx, k, token, 30*time.Second).Result(); err != nil {
+				return fmt.Errorf("SET NX: %w", err)
+			} else if !ok {
+				return fmt.Errorf("SET NX %s = false, want a new key", k)
 			}
 			return c.SetXX(ctx, k, encoded, benchRetention).Err()
 		}

@@ -87,7 +87,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
 	if l, ok := store.(LocalStore); ok {
@@ -118,7 +118,7 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 
 // Begin decides what to do with req. It returns:
 //   - nil, nil: pass through, run the handler unprotected (method not covered,
-//     or the store failed under [WithFailOpen]);
+//     no key under [WithKeyOptional], or the store failed under [WithFailOpen]);
 //   - nil, resp: do not run the handler; write resp, which is either a replay
 //     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
 //     read-only and may be shared;
@@ -126,7 +126,8 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //     one of x.Finish, x.Fail (handler error without a response) or x.Abort
 //     (panic).
 //
-// Answers: 400 missing or malformed key, or unreadable body; 401 no principal;
+// Answers: 400 missing or malformed key (or one the [WithKeyValidator]
+// function refused), or unreadable body; 401 no principal;
 // 413 body above the limit; 422 key reused with another fingerprint; 409
 // request with this key in progress; 503 store unavailable; 500 the key's
 // stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
@@ -135,9 +136,19 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		return nil, nil
 	}
 	key, err := ParseKey(req.Keys)
+	if errors.Is(err, ErrKeyMissing) && e.cfg.keyOptional {
+		e.emit(ctx, Event{Kind: EventUnprotected, Method: req.Method, Route: req.Route})
+		return nil, nil
+	}
 	if err != nil {
 		e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
 		return nil, e.problems.forKeyError(err)
+	}
+	if e.cfg.keyValidator != nil {
+		if err := e.cfg.keyValidator(key); err != nil {
+			e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
+			return nil, e.problems.refusedKey(err)
+		}
 	}
 	if req.Principal == "" && !e.cfg.globalScope {
 		e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route})
@@ -354,7 +365,7 @@ func (x *Execution) finish(status int, header http.Header, owned bool) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	if !x.e.cfg.storeAll && !storable(status) {
+	if !x.e.cfg.storePolicy(status) {
 		x.release()
 		x.stopRenewal()
 		return
@@ -600,6 +611,7 @@ func bodyAllowed(status int) bool {
 	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
+// storable is the default storage policy ([WithStorePolicy]).
 func storable(status int) bool {
 	switch status {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:

@@ -10,18 +10,19 @@ type EventKind uint8
 
 // Event kinds, reported to the hook set with [WithEventHook].
 const (
-	EventAcquired   EventKind = iota + 1 // lease taken; the handler runs
-	EventReplayed                        // stored response replayed
-	EventConflict                        // 409: the key is in progress
-	EventMismatch                        // 422: the key was used with another fingerprint
-	EventRejected                        // 400, 401 or 413: bad key, no principal or body too large
-	EventCompleted                       // response stored (Err is set when its durability is not confirmed)
-	EventReleased                        // key released after a 5xx, error or panic
-	EventLeaseLost                       // another request took the key over, or the lease lapsed
-	EventStoreError                      // the store failed; Err says how
+	EventAcquired    EventKind = iota + 1 // lease taken; the handler runs
+	EventReplayed                         // stored response replayed
+	EventConflict                         // 409: the key is in progress
+	EventMismatch                         // 422: the key was used with another fingerprint
+	EventRejected                         // 400, 401 or 413: bad key, no principal or body too large
+	EventCompleted                        // response stored (Err is set when its durability is not confirmed)
+	EventReleased                         // key released after a 5xx, error or panic
+	EventLeaseLost                        // another request took the key over, or the lease lapsed
+	EventStoreError                       // the store failed; Err says how
+	EventUnprotected                      // no key under WithKeyOptional: the handler ran unprotected
 )
 
-var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error"}
+var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error", "unprotected"}
 
 // String returns the event's name, e.g. "replayed".
 func (k EventKind) String() string {

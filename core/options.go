@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -30,6 +31,7 @@ type Option func(*config)
 type config struct {
 	header           string
 	methods          map[string]bool
+	badMethods       []string // WithMethods names that are not tokens
 	lease            time.Duration
 	retention        time.Duration
 	storeTimeout     time.Duration
@@ -38,7 +40,10 @@ type config struct {
 	wait             time.Duration
 	completionRetry  time.Duration
 	retryAfter       time.Duration
-	storeAll         bool
+	storePolicy      func(status int) bool
+	keyOptional      bool
+	keyValidator     func(key string) error
+	renderProblem    func(Problem) (contentType string, body []byte)
 	failOpen         bool
 	globalScope      bool
 	unstored         map[string]bool
@@ -58,6 +63,7 @@ func defaultConfig() config {
 		maxResponseBytes: DefaultMaxResponseBytes,
 		retryAfter:       DefaultRetryAfter,
 		completionRetry:  DefaultCompletionRetry,
+		storePolicy:      storable,
 		unstored: map[string]bool{
 			"Set-Cookie": true, "Date": true, "Content-Length": true, ReplayedHeader: true,
 			// hop-by-hop, RFC 9110 section 7.6.1
@@ -85,6 +91,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("idem: body limits must be > 0")
 	case c.header == "":
 		return fmt.Errorf("idem: header name must not be empty")
+	case len(c.badMethods) > 0:
+		return fmt.Errorf("idem: WithMethods(%q): not an HTTP method token", c.badMethods[0])
 	}
 	return nil
 }
@@ -97,18 +105,43 @@ func WithHeader(name string) Option {
 
 // WithMethods adds methods to those covered by idempotency keys. Optional.
 // Default is POST and PATCH (IETF draft section 1: PUT and DELETE are
-// idempotent by definition); add PUT or DELETE here. GET, HEAD, OPTIONS and
-// TRACE are never covered and are ignored here.
+// idempotent by definition); add PUT or DELETE here. The methods of RFC
+// 9110 and PATCH are matched case-insensitively and stored in their
+// canonical upper case ("put" covers PUT); other names are taken literally
+// (methods are case-sensitive, RFC 9110 section 9.1) and must be tokens, or
+// New returns an error. GET, HEAD, OPTIONS and TRACE are never covered and
+// are ignored here.
 func WithMethods(methods ...string) Option {
 	return func(c *config) {
 		for _, m := range methods {
-			switch m {
-			case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+			for _, std := range standardMethods {
+				if strings.EqualFold(m, std) {
+					m = std
+				}
+			}
+			switch {
+			case m == http.MethodGet, m == http.MethodHead, m == http.MethodOptions, m == http.MethodTrace:
+			case !isToken(m):
+				c.badMethods = append(c.badMethods, m)
 			default:
 				c.methods[m] = true
 			}
 		}
 	}
+}
+
+var standardMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace}
+
+// isToken reports whether s is an RFC 9110 token (section 5.6.2).
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // WithLease sets how long an in-progress record locks its key before another
@@ -171,10 +204,51 @@ func WithCompletionRetry(d time.Duration) Option { return func(c *config) { c.co
 func WithRetryAfter(d time.Duration) Option { return func(c *config) { c.retryAfter = d } }
 
 // WithStoreAll stores every response the handler produced, 5xx included, as
-// Stripe does once execution has started ("Stripe mode"). Handler errors
+// Stripe does once execution has started ("Stripe mode"); it is
+// WithStorePolicy with a policy that stores everything. Handler errors
 // without a response and panics still release the key. Optional. Default is
 // off: 5xx, 408, 409, 425 and 429 release the key so that a retry executes again.
-func WithStoreAll() Option { return func(c *config) { c.storeAll = true } }
+func WithStoreAll() Option { return func(c *config) { c.storePolicy = func(int) bool { return true } } }
+
+// WithStorePolicy sets the function deciding, from the handler's final
+// status, whether its response is stored and replayed (true) or the key is
+// released so that a retry executes again (false), e.g. releasing 400 and
+// 404 too, as Stripe does not store requests that failed validation before
+// executing. It must be safe for concurrent use. Optional. Default stores
+// 2xx, 3xx and 4xx except 408, 409, 425 and 429, and releases 5xx.
+func WithStorePolicy(store func(status int) bool) Option {
+	return func(c *config) { c.storePolicy = store }
+}
+
+// WithKeyOptional lets covered requests without an idempotency key run
+// unprotected instead of being answered 400 "key-missing", for rolling idem
+// out on an API whose clients don't send keys yet (Fiber's idempotency
+// middleware and Stripe pass such requests through). Each is reported as
+// [EventUnprotected], so the share of clients still without keys can be
+// watched. Malformed keys are still refused. Optional. Default is off (IETF
+// draft section 2.7: a missing key is a client error).
+func WithKeyOptional() Option { return func(c *config) { c.keyOptional = true } }
+
+// WithKeyValidator sets a check of the idempotency key's form, run after
+// the draft's syntax (section 2) is verified, on the key as parsed (quotes
+// of an sf-string removed), e.g. requiring a UUID (Fiber's
+// KeyHeaderValidate). A non-nil error refuses the request with 400
+// "key-malformed", whose detail carries the error's text (so it must not
+// echo secrets). It must be safe for concurrent use. Optional. Default is
+// none: any 1 to 255 visible ASCII characters.
+func WithKeyValidator(fn func(key string) error) Option {
+	return func(c *config) { c.keyValidator = fn }
+}
+
+// WithProblemRenderer renders the errors idem answers itself (400, 401,
+// 409, 410, 413, 422, 500, 503) in the app's own error format: fn returns
+// the Content-Type and body for p; status, Retry-After and Location stay
+// idem's. It is called once per fixed answer when the engine is built, and
+// per answer for refused keys and responses not stored. Optional. Default
+// is RFC 9457 application/problem+json (Problem.Response).
+func WithProblemRenderer(fn func(p Problem) (contentType string, body []byte)) Option {
+	return func(c *config) { c.renderProblem = fn }
+}
 
 // WithFailOpen runs the handler unprotected when the store fails, logging each
 // occurrence at error level, instead of answering 503. Optional. Default is

@@ -38,15 +38,27 @@ func (p Problem) Response() *Response {
 type problems struct {
 	missing, malformed, tooLong, conflictingKeys, noPrincipal,
 	badBody, tooLarge, mismatch, inProgress, unavailable, unreadable *Response
+	render func(Problem) (contentType string, body []byte) // WithProblemRenderer; nil: RFC 9457
 }
 
-func newProblems(retryAfter time.Duration) problems {
+// response returns p as the engine answers it: RFC 9457, or as rendered.
+func (ps *problems) response(p Problem) *Response {
+	if ps.render == nil {
+		return p.Response()
+	}
+	ct, body := ps.render(p)
+	return &Response{Status: p.Status, Header: http.Header{"Content-Type": {ct}}, Body: body}
+}
+
+func newProblems(retryAfter time.Duration, render func(Problem) (string, []byte)) problems {
+	ps := &problems{render: render}
 	p := func(slug, title string, status int, detail string) *Response {
-		return Problem{Type: ProblemTypeBase + slug, Title: title, Status: status, Detail: detail}.Response()
+		return ps.response(Problem{Type: ProblemTypeBase + slug, Title: title, Status: status, Detail: detail})
 	}
 	ra := strconv.FormatInt(int64((retryAfter+time.Second-1)/time.Second), 10)
 	withRetry := func(r *Response) *Response { r.Header.Set("Retry-After", ra); return r }
 	return problems{
+		render: render,
 		missing: p("key-missing", "Idempotency key missing", http.StatusBadRequest,
 			"This operation requires an Idempotency-Key header: a unique value, e.g. a UUID, sent again unchanged with every retry."),
 		malformed: p("key-malformed", "Idempotency key malformed", http.StatusBadRequest,
@@ -84,13 +96,19 @@ func (p *problems) forKeyError(err error) *Response {
 	return p.malformed
 }
 
+// refusedKey is the answer to a key the [WithKeyValidator] function refused.
+func (p *problems) refusedKey(err error) *Response {
+	return p.response(Problem{Type: ProblemTypeBase + "key-malformed", Title: "Idempotency key malformed", Status: http.StatusBadRequest,
+		Detail: "The Idempotency-Key header does not have the form this service requires: " + err.Error()})
+}
+
 // notStored is what replays of a response above the stored-response limit answer.
 func (p *problems) notStored(status int, location string) *Response {
-	r := Problem{
+	r := p.response(Problem{
 		Type: ProblemTypeBase + "response-not-stored", Title: "Response not stored", Status: http.StatusGone,
 		Detail:         "The request with this Idempotency-Key was executed once, but its response was too large to store and cannot be replayed.",
 		OriginalStatus: status,
-	}.Response()
+	})
 	if location != "" {
 		r.Header.Set("Location", location)
 	}

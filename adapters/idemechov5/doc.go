@@ -14,7 +14,12 @@
 //	})))
 //
 // Mount it after authentication, so that the scope function can read the
-// principal. Handlers find the scoped key with
+// principal: per route, on a group or with e.Use. Requests no route
+// matched (Echo's 404 and 405, a group's catch-all) pass through untouched,
+// and WithSkipper exempts routes such as webhooks. Response header lines set
+// before idemechov5 runs (CORS, request ids) belong to each exchange and are
+// never stored or replayed. Built without WithScope for an engine without
+// idem.WithGlobalScope, New panics. Handlers find the scoped key with
 // idem.InfoFromContext(c.Request().Context()); on a replay, middleware
 // outside idemechov5 sees idem.Info{Replayed: true} there.
 //
@@ -44,15 +49,20 @@
 // into a response only after the middleware chain, so idemechov5 calls
 // c.Echo().HTTPErrorHandler(c, err) itself before recording: an
 // echo.NewHTTPError(402, ...) is stored and replayed as written, a plain
-// error becomes the error handler's 500 and the key is released; if the
-// error handler writes nothing, the key is released. The error is then
-// still returned, as Echo's RequestLogger (HandleError) does, so outer
-// middleware can log it; Echo's DefaultHTTPErrorHandler ignores it because
-// the response is committed (custom error handlers must check
-// echo.UnwrapResponse(c.Response()) Committed too, as Echo documents).
-// Custom error handlers must read the status with echo.StatusCode(err):
-// echo.ErrNotFound and the other predefined errors are no longer
-// *echo.HTTPError in v5.
+// error becomes the error handler's 500 and the key is released. The error
+// is then handled, so idemechov5 returns nil, as v4's idemecho does: the
+// app's HTTPErrorHandler (and the error reporter in it) runs once per
+// error. Outer middleware reads the error with HandledError; v5's own
+// RequestLogger (HandleError) returns a handled error instead and relies on
+// every error handler checking echo.UnwrapResponse(c.Response()).Committed.
+// If the error handler writes nothing, the key is released and the error is
+// returned for the outer chain to answer. Custom error handlers must read
+// the status with echo.StatusCode(err): echo.ErrNotFound and the other
+// predefined errors are no longer *echo.HTTPError in v5.
+//
+// Routes: v5 names Echo's 404 and 405 answers and RouteNotFound routes in
+// c.RouteInfo(), which idemechov5 reads to let unmatched requests through
+// (v4's adapter compares handlers and route tables for the same answer).
 //
 // Panics: v5's middleware.Recover returns the panic as an error instead of
 // calling the error handler itself as v4's did. Mounted before idemechov5,

@@ -31,12 +31,25 @@ func WithScope(fn func(*echo.Context) string) Option { return func(c *config) { 
 func WithRoute(fn func(*echo.Context) string) Option { return func(c *config) { c.route = fn } }
 
 // WithSkipper sets a function that, returning true, lets a request pass
-// through untouched (Echo's Skipper idiom). Optional. Default is
-// middleware.DefaultSkipper (skip nothing); methods the engine does not
-// cover always pass through.
+// through untouched, e.g. a webhook in a protected group (Echo's Skipper
+// idiom). Optional. Default is middleware.DefaultSkipper (skip nothing);
+// methods the engine does not cover and requests no route matched always
+// pass through.
 func WithSkipper(s middleware.Skipper) Option { return func(c *config) { c.skipper = s } }
 
-// New returns Echo v5 middleware enforcing idempotency keys with e.
+// handledErrorKey is the echo.Context key of HandledError.
+const handledErrorKey = "idemechov5.handled-error"
+
+// HandledError returns the error a handler returned that idemechov5 passed
+// to the app's error handler (and therefore did not return), or nil: for
+// outer middleware that logs errors.
+func HandledError(c *echo.Context) error {
+	err, _ := c.Get(handledErrorKey).(error)
+	return err
+}
+
+// New returns Echo v5 middleware enforcing idempotency keys with e. It
+// panics without WithScope unless e has idem.WithGlobalScope.
 func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 	cfg := config{skipper: middleware.DefaultSkipper, route: func(c *echo.Context) string {
 		if p := c.Path(); p != "" {
@@ -47,10 +60,11 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	e.MustHaveScope(cfg.scope != nil, "idemechov5.WithScope")
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c *echo.Context) error {
 			r := c.Request()
-			if !e.Covers(r.Method) || cfg.skipper(c) {
+			if !e.Covers(r.Method) || !matched(c) || cfg.skipper(c) {
 				return next(c)
 			}
 			principal := ""
@@ -69,6 +83,7 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 				return next(c)
 			}
 			c.SetRequest(r.WithContext(x.WithInfo(r.Context())))
+			x.OuterHeader(c.Response().Header())
 			// The capture goes beneath *echo.Response, so that it also sees
 			// handlers writing to echo.UnwrapResponse(c.Response()); on top
 			// when an outer middleware hid the *echo.Response.
@@ -96,15 +111,27 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 				}
 			}()
 			err := next(c)
-			if err != nil {
-				c.Echo().HTTPErrorHandler(c, err) // write the error response now, so it is recorded
-			}
-			if err != nil && cw.Status() == 0 {
-				x.Fail() // an error without a response
-			} else {
+			if err == nil {
 				x.Finish(cw.Status(), cw.Header())
+				return nil
 			}
-			return err
+			c.Echo().HTTPErrorHandler(c, err) // write the error response now, so it is recorded
+			if cw.Status() == 0 {
+				x.Fail() // an error without a response
+				return err
+			}
+			x.Finish(cw.Status(), cw.Header())
+			c.Set(handledErrorKey, err)
+			return nil // handled: the app's error handler runs once
 		}
 	}
+}
+
+// matched reports whether Echo's router matched a route for the request:
+// false for its 404 and 405 answers and for RouteNotFound routes, such as
+// the catch-all Echo adds for group middleware. v5 names them in the
+// RouteInfo (v4's adapter has to compare handlers).
+func matched(c *echo.Context) bool {
+	ri := c.RouteInfo()
+	return ri.Method != echo.RouteNotFound && ri.Name != echo.NotFoundRouteName && ri.Name != echo.MethodNotAllowedRouteName
 }

@@ -233,7 +233,7 @@ func responseHeader(h *fasthttp.ResponseHeader) http.Header {
 // or returns nil when there are none but fasthttp's default Content-Type.
 func outerHeader(c *fiber.Ctx) http.Header {
 	var out http.Header
-	c.Response().Header.VisitAll(func(k, v []byte) {
+	c.Response().Header.VisitAll(func(k, v []byte) { //nolint:staticcheck // VisitAll: fasthttp v1.51 has no All (see the note in New)
 		if out == nil {
 			if bytes.Equal(k, contentType) && bytes.Equal(v, defaultContentType) {
 				return

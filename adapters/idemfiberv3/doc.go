@@ -12,10 +12,16 @@
 //	})), createPayment)
 //
 // Mount it after authentication, so that the scope function can read the
-// principal, and on the route it protects: the default route scope is
-// c.Route().Path (c.FullPath()), which under app.Use and app.Group is the
-// prefix, so keys are then scoped per prefix (the same key sent to two
-// routes under it is answered 422); WithRoute changes that.
+// principal: per route, on a group (app.Group("/v2", auth, idem)) or with
+// app.Use. Under a group or Use, c.Route() (and c.FullPath()) is the
+// middleware's own route, its prefix, exactly as in v2, so idemfiberv3
+// finds the route the request will reach in the app's stack
+// (fiber.RoutePatternMatch, honouring CaseSensitive and StrictRouting) and
+// scopes the key by it; a request no route matches passes through
+// untouched (Fiber's 404 stays). WithNext exempts routes such as webhooks.
+// Response header lines set before idemfiberv3 runs (CORS, request ids)
+// belong to each exchange and are never stored or replayed. Built without
+// WithScope for an engine without idem.WithGlobalScope, New panics.
 //
 // # What changed from Fiber v2 (idemfiber)
 //
@@ -45,7 +51,7 @@
 //
 // New in v3, c.End() writes the response to the connection and closes it
 // before the chain returns: idemfiberv3 records that response, and a retry
-// gets it replayed. c.Drop() closes the connection without a response, and
+// gets it replayed (a retry that overtakes the recording gets 409 first). c.Drop() closes the connection without a response, and
 // neither the chain's result nor the response tells idemfiberv3 so: it
 // records the response as it stands (an empty 200) and replays it, so drop
 // requests (abuse, blocked clients) in middleware mounted before

@@ -107,7 +107,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stdout, "scoped key   %s\nno live record: the key is absent or expired (a request with it executes)\n", key)
 		return exitFail
 	}
-	printRecord(stdout, key, info)
+	printRecord(stdout, key, info, time.Now())
 	if cmd == "show" {
 		return exitOK
 	}
@@ -179,22 +179,24 @@ func open(ctx context.Context, o cmdFlags) (idem.Inspector, func(), error) {
 	return nil, nil, fmt.Errorf("-store %q: want a redis://, rediss://, mongodb:// or mongodb+srv:// URL", o.store)
 }
 
-// printRecord writes the operator's view of a record: state, time to live,
-// lease owner, fingerprint, and for completed records the stored status,
-// header lines (sorted by name) and body size.
-func printRecord(w io.Writer, key string, info idem.RecordInfo) {
+// printRecord writes the operator's view of a record: state, time to live
+// (and the expiry it gives from now), lease owner, fingerprint, and for
+// completed records the stored status, header lines (sorted by name) and
+// body size.
+func printRecord(w io.Writer, key string, info idem.RecordInfo, now time.Time) {
 	fmt.Fprintf(w, "scoped key   %s\n", key)
 	fmt.Fprintf(w, "state        %s\n", info.State)
 	ttl := info.TTL.Round(time.Millisecond)
 	if ttl >= time.Minute {
 		ttl = ttl.Round(time.Second)
 	}
+	at := now.Add(info.TTL).UTC().Format(time.RFC3339)
 	switch info.State {
 	case idem.StateInProgress:
-		fmt.Fprintf(w, "expires in   %v (lease: a handler that still runs renews it every lease/3)\n", ttl)
+		fmt.Fprintf(w, "expires in   %v, at %s (lease: a handler that still runs renews it every lease/3)\n", ttl, at)
 		fmt.Fprintf(w, "lease owner  %s\n", info.Token)
 	case idem.StateCompleted:
-		fmt.Fprintf(w, "expires in   %v (retention)\n", ttl)
+		fmt.Fprintf(w, "expires in   %v, at %s (retention)\n", ttl, at)
 	}
 	fmt.Fprintf(w, "fingerprint  %s\n", info.Fingerprint)
 	if r := info.Response; r != nil {

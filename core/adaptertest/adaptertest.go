@@ -51,6 +51,11 @@ type Config struct {
 	// mounting of App (an http.Handler) buffers; such adapters must test
 	// their framework's native streaming themselves.
 	SkipStreaming string
+	// Unsupported maps the names of suite checks the adapter does not pass
+	// yet ("OuterHeadersNotReplayed", "Group/ScopeByPrincipalAndRoute") to
+	// the reason; each is reported skipped with it. It is for an adapter
+	// catching up with a newly added check, never for a permanent gap.
+	Unsupported map[string]string
 }
 
 // Where says where Mount mounts the adapter's middleware.
@@ -143,21 +148,38 @@ func Run(t *testing.T, cfg Config) {
 		{"Skip", s.testSkip},
 		{"UnmatchedRoutePassesThrough", s.testUnmatched},
 		{"TransactionalUnitInHandlerContext", s.testTransactionalUnit},
+		{"KeyOptional", s.testKeyOptional},
+		{"ProblemRenderer", s.testProblemRenderer},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, tt.fn)
+		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))
 	}
 	for _, where := range []Where{Group, Global} {
 		m := &suite{cfg: cfg, where: where, client: s.client}
 		t.Run(where.String(), func(t *testing.T) {
-			t.Run("ExecuteThenReplay", m.testExecuteThenReplay)
-			t.Run("ScopeByPrincipalAndRoute", m.testScope)
-			t.Run("UncoveredMethodsPassThrough", m.testPassThrough)
-			t.Run("OuterHeadersNotReplayed", m.testOuterHeaders)
-			t.Run("Skip", m.testSkip)
-			t.Run("UnmatchedRoutePassesThrough", m.testUnmatched)
+			for _, tt := range []struct {
+				name string
+				fn   func(*testing.T)
+			}{
+				{"ExecuteThenReplay", m.testExecuteThenReplay},
+				{"ScopeByPrincipalAndRoute", m.testScope},
+				{"UncoveredMethodsPassThrough", m.testPassThrough},
+				{"OuterHeadersNotReplayed", m.testOuterHeaders},
+				{"Skip", m.testSkip},
+				{"UnmatchedRoutePassesThrough", m.testUnmatched},
+			} {
+				t.Run(tt.name, s.unlessUnsupported(where.String()+"/"+tt.name, tt.fn))
+			}
 		})
 	}
+}
+
+func (s *suite) unlessUnsupported(name string, fn func(*testing.T)) func(*testing.T) {
+	reason, ok := s.cfg.Unsupported[name]
+	if !ok {
+		return fn
+	}
+	return func(t *testing.T) { t.Skip("unsupported by this adapter yet: " + reason) }
 }
 
 // serve mounts a fresh App behind an engine with opts.
@@ -531,14 +553,26 @@ func (s *suite) testStoreDown(t *testing.T) {
 
 func (s *suite) testClientGone(t *testing.T) {
 	app, base := s.serve(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := s.send(base, call{path: "/a?sleep=400ms", body: `{}`, keys: []string{"gone"}, ctx: ctx}); err == nil {
-		t.Fatal("the client was supposed to time out")
+	sent := make(chan error, 1)
+	go func() {
+		_, err := s.send(base, call{path: "/a?hold=1", body: `{}`, keys: []string{"gone"}, ctx: ctx})
+		sent <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); app.Executions() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the handler did not start within 10s")
+		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	cancel() // the client hangs up while the handler runs
+	if err := <-sent; err == nil {
+		t.Fatal("the client was supposed to give up")
+	}
+	app.Release()
+	deadline := time.Now().Add(20 * time.Second)
 	for {
-		r := s.do(t, base, call{path: "/a?sleep=400ms", body: `{}`, keys: []string{"gone"}})
+		r := s.do(t, base, call{path: "/a?hold=1", body: `{}`, keys: []string{"gone"}})
 		if r.status == 201 && r.header.Get(idem.ReplayedHeader) == "true" {
 			break
 		}
@@ -597,7 +631,7 @@ func (s *suite) testCompletionRetried(t *testing.T) {
 	if first.status != 201 {
 		t.Fatalf("first: %d", first.status)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
 		if r.status == 201 && r.header.Get(idem.ReplayedHeader) == "true" && bytes.Equal(r.body, first.body) {
@@ -872,6 +906,31 @@ func (s *suite) testUnmatched(t *testing.T) {
 		if r.status != 404 || strings.HasPrefix(r.header.Get("Content-Type"), "application/problem+json") {
 			t.Fatalf("POST to a route that does not exist (keys %q): %d %q %s; want the framework's 404", keys, r.status, r.header.Get("Content-Type"), r.body)
 		}
+	}
+	wantExecutions(t, app, 0)
+}
+
+func (s *suite) testKeyOptional(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithKeyOptional())
+	for i := 0; i < 2; i++ {
+		if r := s.do(t, base, call{path: "/a", body: `{}`}); r.status != 201 || r.header.Get(idem.ReplayedHeader) != "" {
+			t.Fatalf("no key under WithKeyOptional, try %d: %d %s; want the handler to run", i, r.status, r.body)
+		}
+	}
+	s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}})
+	if r := s.do(t, base, call{path: "/a", body: `{}`, keys: []string{"k"}}); r.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatal("a request with a key was not replayed under WithKeyOptional")
+	}
+	wantExecutions(t, app, 3)
+}
+
+func (s *suite) testProblemRenderer(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithProblemRenderer(func(p idem.Problem) (string, []byte) {
+		return "application/vnd.api+json", []byte(`{"errors":[{"status":"` + itoa(p.Status) + `","code":"` + strings.TrimPrefix(p.Type, idem.ProblemTypeBase) + `"}]}`)
+	}))
+	r := s.do(t, base, call{path: "/a", body: `{}`})
+	if r.status != 400 || r.header.Get("Content-Type") != "application/vnd.api+json" || string(r.body) != `{"errors":[{"status":"400","code":"key-missing"}]}` {
+		t.Fatalf("missing key with a problem renderer: %d %q %s", r.status, r.header.Get("Content-Type"), r.body)
 	}
 	wantExecutions(t, app, 0)
 }

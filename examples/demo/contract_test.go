@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -38,6 +39,7 @@ func TestExamples(t *testing.T) {
 				}
 			})
 			t.Run("Contract", func(t *testing.T) { testContract(t, d) })
+			t.Run("RequestIDNotReplayed", func(t *testing.T) { testRequestID(t, d) })
 		})
 	}
 }
@@ -72,10 +74,13 @@ type reply struct {
 	body   []byte
 }
 
-func send(t *testing.T, d *demo, method, path, user, key, body string) reply {
+func send(t *testing.T, d *demo, method, path, user, key, body string, header ...string) reply {
 	t.Helper()
 	req, _ := http.NewRequest(method, d.url+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	if user != "" {
 		req.Header.Set("X-User-ID", user)
 	}
@@ -89,6 +94,23 @@ func send(t *testing.T, d *demo, method, path, user, key, body string) reply {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return reply{resp.StatusCode, resp.Header, b}
+}
+
+// testRequestID checks that a replay carries the X-Request-Id the request-id
+// middleware outside idem set for this exchange, not the first one's.
+func testRequestID(t *testing.T, d *demo) {
+	key := newKey()
+	first := send(t, d, "POST", "/v1/payments", "u1", key, `{"amount":700,"currency":"eur"}`, "X-Request-Id", "req-1")
+	again := send(t, d, "POST", "/v1/payments", "u1", key, `{"amount":700,"currency":"eur"}`, "X-Request-Id", "req-2")
+	if first.status != 201 || first.header.Get("X-Request-Id") != "req-1" {
+		t.Fatalf("first: %d X-Request-Id %q", first.status, first.header.Values("X-Request-Id"))
+	}
+	if again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("retry: %d replayed=%q; want the stored replay", again.status, again.header.Get("Idempotent-Replayed"))
+	}
+	if ids := again.header.Values("X-Request-Id"); len(ids) != 1 || ids[0] != "req-2" {
+		t.Errorf("replayed X-Request-Id = %q, want exactly [req-2] (this exchange's)", ids)
+	}
 }
 
 func testContract(t *testing.T, d *demo) {
@@ -185,5 +207,40 @@ func TestStoreUnreachableAtStartup(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestRequestIDEveryStore runs testRequestID through every example with the
+// Redis and MongoDB stores (TestExamples covers the memory store): the
+// header selection must hold whatever store keeps the response.
+func TestRequestIDEveryStore(t *testing.T) {
+	rc := redisClient(t)
+	prefix := "idem-demo-test:" + rand.Text()[:12] + ":"
+	t.Cleanup(func() { deleteKeys(rc, prefix) })
+	mongoURI := os.Getenv("IDEM_MONGO_URI")
+	if mongoURI == "" {
+		mongoURI = "mongodb://127.0.0.1:27017/"
+	}
+	mongoUp := mongoReachable(mongoURI)
+	if !mongoUp && os.Getenv("CI") == "true" {
+		t.Fatalf("MongoDB unreachable at %s (IDEM_MONGO_URI)", mongoURI)
+	}
+	dir := t.TempDir()
+	for _, name := range procs.Frameworks {
+		bin, err := procs.Build(context.Background(), dir, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(name+"/redis", func(t *testing.T) {
+			p := start(t, bin, "-store", "redis", "-redis-url", redisURL(), "-redis-prefix", prefix, "-charge-latency", "1ms")
+			testRequestID(t, &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}})
+		})
+		t.Run(name+"/mongo", func(t *testing.T) {
+			if !mongoUp {
+				t.Skipf("MongoDB unreachable at %s (IDEM_MONGO_URI); set CI=true to fail instead", mongoURI)
+			}
+			p := start(t, bin, "-store", "mongo", "-mongo-uri", mongoURI, "-charge-latency", "1ms")
+			testRequestID(t, &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}})
+		})
 	}
 }

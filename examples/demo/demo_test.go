@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // TestDemoOutput runs the demo itself against Redis, for one framework: it
@@ -22,14 +24,7 @@ import (
 func TestDemoOutput(t *testing.T) {
 	client := redisClient(t)
 	prefix := "idem-demo-test:" + rand.Text()[:12] + ":"
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			client.Unlink(ctx, iter.Val())
-		}
-	})
+	t.Cleanup(func() { deleteKeys(client, prefix) })
 	bin := filepath.Join(t.TempDir(), "demo")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -99,4 +94,26 @@ func redisClient(t *testing.T) *redis.Client {
 		t.Skip(msg + "; skipping (set CI=true to fail instead)")
 	}
 	return c
+}
+
+// deleteKeys deletes the Redis keys under prefix.
+func deleteKeys(c *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		c.Unlink(ctx, iter.Val())
+	}
+}
+
+// mongoReachable reports whether a MongoDB server answers a ping at uri.
+func mongoReachable(uri string) bool {
+	c, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(2 * time.Second))
+	if err != nil {
+		return false
+	}
+	defer func() { _ = c.Disconnect(context.Background()) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return c.Ping(ctx, nil) == nil
 }

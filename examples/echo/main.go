@@ -27,7 +27,7 @@ import (
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
@@ -66,13 +66,21 @@ func run(flags app.Flags) error {
 		idempotent = func(next echo.HandlerFunc) echo.HandlerFunc { return next }
 	}
 
-	// The routes: recovery outside everything, then authentication, then
-	// idem, then the handler (Echo runs route middleware in the order given).
+	// The routes: recovery and request ids outside everything (idem never
+	// stores or replays what they set: a replay carries this exchange's
+	// X-Request-Id), then authentication, then idem, then the handler (Echo runs route middleware in the order given).
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = problem
-	e.Use(middleware.Recover())
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	e.Use(middleware.Recover(), middleware.RequestID())
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	e.POST("/v1/payments", api.createPayment, authenticate, idempotent)
 	e.POST("/v1/refunds", api.createRefund, authenticate, idempotent)
 	e.POST("/v1/exports", api.createExport, authenticate, idempotent)

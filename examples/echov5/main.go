@@ -15,28 +15,43 @@ import (
 
 	"github.com/labstack/echo/v5"
 	"github.com/labstack/echo/v5/middleware"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemechov5"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
+	"github.com/idemkit/idem/observability/idemotel"
 )
 
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 
+	// Telemetry: OpenTelemetry metrics served on GET /metrics (Prometheus
+	// text), spans to -trace-file. idemotel turns the engine's events into metrics and span attributes.
+	metrics, stopTelemetry, err := app.Telemetry(flags)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	telemetry, err := idemotel.NewEventHook()
+	if err != nil {
+		return err
+	}
+
 	// The engine: the rules every protected route shares.
 	engine, err := idem.New(store,
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
+		idem.WithEventHook(telemetry),
 	)
 	if err != nil {
 		return err
@@ -51,19 +66,29 @@ func run(flags app.Flags) error {
 		idempotent = func(next echo.HandlerFunc) echo.HandlerFunc { return next }
 	}
 
-	// The routes: recovery outside everything, then authentication, then
-	// idem, then the handler (Echo runs route middleware in the order given).
+	// The routes: recovery and request ids outside everything (idem never
+	// stores or replays what they set: a replay carries this exchange's
+	// X-Request-Id), then authentication, then idem, then the handler (Echo runs route middleware in the order given).
 	e := echo.New()
 	e.HTTPErrorHandler = problem
-	e.Use(middleware.Recover())
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	e.Use(middleware.Recover(), middleware.RequestID())
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	e.POST("/v1/payments", api.createPayment, authenticate, idempotent)
 	e.POST("/v1/refunds", api.createRefund, authenticate, idempotent)
 	e.POST("/v1/exports", api.createExport, authenticate, idempotent)
 	e.GET("/v1/payments/:id", api.getPayment)
 	e.GET("/v1/stats", api.stats)
+	e.GET("/metrics", echo.WrapHandler(metrics))
 
-	return app.Serve(flags.Addr, app.HTTPServer(e), engine, api.svc)
+	// Tracing outermost, so that idem finds the request's span in its context.
+	return app.Serve(flags.Addr, app.HTTPServer(otelhttp.NewHandler(e, "payments")), engine, api.svc)
 }
 
 // authenticate stands in for real authentication: it trusts X-User-ID.

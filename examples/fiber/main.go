@@ -19,6 +19,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/gofiber/fiber/v2/middleware/requestid"
 
 	"github.com/idemkit/idem/adapters/idemfiber"
 	idem "github.com/idemkit/idem/core"
@@ -30,7 +31,7 @@ import (
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
@@ -69,12 +70,20 @@ func run(flags app.Flags) error {
 		idempotent = func(c *fiber.Ctx) error { return c.Next() }
 	}
 
-	// The routes: recovery outside everything, then authentication, then
-	// idem, then the handler. idemfiber is mounted on each route: its route
+	// The routes: recovery and request ids outside everything (idem never
+	// stores or replays what they set: a replay carries this exchange's
+	// X-Request-Id), then authentication, then idem, then the handler. idemfiber is mounted on each route: its route
 	// scope is the route it is mounted on.
 	a := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: problem})
-	a.Use(recover.New())
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	a.Use(recover.New(), requestid.New())
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	a.Post("/v1/payments", authenticate, idempotent, api.createPayment)
 	a.Post("/v1/refunds", authenticate, idempotent, api.createRefund)
 	a.Post("/v1/exports", authenticate, idempotent, api.createExport)

@@ -17,29 +17,45 @@ import (
 	"strings"
 
 	"github.com/gofiber/fiber/v3"
+	"github.com/gofiber/fiber/v3/middleware/adaptor"
 	"github.com/gofiber/fiber/v3/middleware/recover"
+	"github.com/gofiber/fiber/v3/middleware/requestid"
 
 	"github.com/idemkit/idem/adapters/idemfiberv3"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/app"
 	"github.com/idemkit/idem/examples/internal/payments"
+	"github.com/idemkit/idem/observability/idemotel"
 )
 
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 
+	// Telemetry: OpenTelemetry metrics served on GET /metrics (Prometheus
+	// text). idemotel turns the engine's events into metrics (Fiber is not net/http: no tracing middleware here).
+	metrics, stopTelemetry, err := app.Telemetry(flags)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	telemetry, err := idemotel.NewEventHook()
+	if err != nil {
+		return err
+	}
+
 	// The engine: the rules every protected route shares.
 	engine, err := idem.New(store,
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
+		idem.WithEventHook(telemetry),
 	)
 	if err != nil {
 		return err
@@ -53,17 +69,26 @@ func run(flags app.Flags) error {
 		idempotent = func(c fiber.Ctx) error { return c.Next() }
 	}
 
-	// The routes: recovery outside everything, then authentication, then
-	// idem, then the handler. idemfiberv3 is mounted on each route: its
+	// The routes: recovery and request ids outside everything (idem never
+	// stores or replays what they set: a replay carries this exchange's
+	// X-Request-Id), then authentication, then idem, then the handler. idemfiberv3 is mounted on each route: its
 	// route scope is the route it is mounted on.
 	a := fiber.New(fiber.Config{ErrorHandler: problem})
-	a.Use(recover.New())
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	a.Use(recover.New(), requestid.New())
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	a.Post("/v1/payments", authenticate, idempotent, api.createPayment)
 	a.Post("/v1/refunds", authenticate, idempotent, api.createRefund)
 	a.Post("/v1/exports", authenticate, idempotent, api.createExport)
 	a.Get("/v1/payments/:id", api.getPayment)
 	a.Get("/v1/stats", api.stats)
+	a.Get("/metrics", adaptor.HTTPHandler(metrics))
 
 	return app.Serve(flags.Addr, server{a}, engine, api.svc)
 }

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"crypto/rand"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -26,7 +27,7 @@ import (
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
@@ -64,12 +65,20 @@ func run(flags app.Flags) error {
 		idempotent = func(c *gin.Context) { c.Next() }
 	}
 
-	// The routes: recovery outside everything, then authentication, then
-	// idem, then the handler.
+	// The routes: recovery and request ids outside everything (idem never
+	// stores or replays what they set: a replay carries this exchange's
+	// X-Request-Id), then authentication, then idem, then the handler.
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
-	r.Use(gin.CustomRecovery(recovered))
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	r.Use(gin.CustomRecovery(recovered), requestID)
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	r.POST("/v1/payments", authenticate, idempotent, api.createPayment)
 	r.POST("/v1/refunds", authenticate, idempotent, api.createRefund)
 	r.POST("/v1/exports", authenticate, idempotent, api.createExport)
@@ -89,6 +98,16 @@ func authenticate(c *gin.Context) {
 		return
 	}
 	c.Set("user_id", user)
+}
+
+// requestID echoes the client's X-Request-Id, or a new one, on the response
+// (gin has no built-in; gin-contrib/requestid does the same).
+func requestID(c *gin.Context) {
+	id := c.GetHeader("X-Request-Id")
+	if id == "" {
+		id = rand.Text()
+	}
+	c.Header("X-Request-Id", id)
 }
 
 // recovered answers a panic with a 500 problem; idem has released the key.

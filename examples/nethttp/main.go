@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,7 +30,7 @@ import (
 func main() { app.Exit(run(app.ParseFlags())) }
 
 func run(flags app.Flags) error {
-	// The store: memory (one process), Redis or MongoDB (several instances).
+	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
 	store, closeStore, err := app.OpenStore(flags)
 	if err != nil {
 		return err
@@ -66,9 +67,17 @@ func run(flags app.Flags) error {
 		idempotent = func(h http.Handler) http.Handler { return h }
 	}
 
-	// The routes: recovery outside everything, then authentication, then
-	// idem, then the handler.
-	api := handlers{svc: payments.New(flags.ChargeLatency)}
+	// The routes: recovery and request ids outside everything (idem never
+	// stores or replays what they set: a replay carries this exchange's
+	// X-Request-Id), then authentication, then idem, then the handler.
+	// The payments ledger: rows in PostgreSQL with -store postgres (through
+	// the execution's transaction) or -payments-postgres, else none.
+	ledger, closeLedger, err := app.OpenLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", authenticate(idempotent(http.HandlerFunc(api.createPayment))))
 	mux.Handle("POST /v1/refunds", authenticate(idempotent(http.HandlerFunc(api.createRefund))))
@@ -78,7 +87,7 @@ func run(flags app.Flags) error {
 	mux.Handle("GET /metrics", metrics)
 
 	// Tracing outermost, so that idem finds the request's span in its context.
-	return app.Serve(flags.Addr, app.HTTPServer(otelhttp.NewHandler(recoverer(mux), "payments")), engine, api.svc)
+	return app.Serve(flags.Addr, app.HTTPServer(otelhttp.NewHandler(requestID(recoverer(mux)), "payments")), engine, api.svc)
 }
 
 type userKey struct{}
@@ -97,6 +106,18 @@ func authenticate(next http.Handler) http.Handler {
 
 // userID returns the principal authenticate stored.
 func userID(r *http.Request) string { s, _ := r.Context().Value(userKey{}).(string); return s }
+
+// requestID echoes the client's X-Request-Id, or a new one, on the response.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if id == "" {
+			id = rand.Text()
+		}
+		w.Header().Set("X-Request-Id", id)
+		next.ServeHTTP(w, r)
+	})
+}
 
 // recoverer turns a panic into a 500 problem; idem has released the key.
 func recoverer(next http.Handler) http.Handler {

@@ -2,6 +2,8 @@ package idemotel
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -72,6 +74,26 @@ type instruments struct {
 	store     metric.Float64Histogram
 	handler   metric.Float64Histogram
 	active    metric.Int64UpDownCounter
+
+	storeOps [5]metric.MeasurementOption // by idem.StoreOp, for calls that did not fail
+	sets     sync.Map                    // scopeKey → *scopeSets, at most maxCachedScopes
+	cached   atomic.Int64
+}
+
+// maxCachedScopes bounds the attribute sets kept for reuse (method, route
+// and outcome triples); past it they are built per event. Route templates
+// are few, so it is reached only when an adapter reports paths as routes.
+const maxCachedScopes = 4096
+
+type scopeKey struct {
+	method, route string
+	kind          idem.EventKind
+}
+
+// scopeSets are the measurement options of one method, route and outcome,
+// built once: attribute sets cost allocations on every event otherwise.
+type scopeSets struct {
+	scope, withOutcome metric.MeasurementOption
 }
 
 // NewEventHook returns a hook for [idem.WithEventHook] that records every
@@ -106,35 +128,53 @@ func NewEventHook(opts ...Option) (func(context.Context, idem.Event), error) {
 		metric.WithDescription("Executions holding an idempotency lease in this process.")); err != nil {
 		return nil, err
 	}
+	for op := idem.OpAcquire; op <= idem.OpExtend; op++ {
+		in.storeOps[op] = metric.WithAttributeSet(attribute.NewSet(StoreOperationKey.String(op.String())))
+	}
 	return in.record, nil
 }
 
-func (in *instruments) record(ctx context.Context, ev idem.Event) {
-	outcome := OutcomeKey.String(ev.Kind.String())
+// setsFor returns the measurement options of ev's method, route and outcome.
+func (in *instruments) setsFor(ev idem.Event) *scopeSets {
+	k := scopeKey{ev.Method, ev.Route, ev.Kind}
+	if v, ok := in.sets.Load(k); ok {
+		return v.(*scopeSets)
+	}
 	attrs := make([]attribute.KeyValue, 1, 3)
 	attrs[0] = semconv.HTTPRequestMethodKey.String(ev.Method)
 	if ev.Route != "" {
 		attrs = append(attrs, semconv.HTTPRouteKey.String(ev.Route))
 	}
 	scope := attrs // method and route
-	attrs = append(attrs, outcome)
-	withOutcome := metric.WithAttributes(attrs...)
-	in.decisions.Add(ctx, 1, withOutcome)
-	if ev.Kind == idem.EventAcquired {
-		in.active.Add(ctx, 1, metric.WithAttributes(scope...))
-	}
-	if ev.Ended {
-		in.active.Add(ctx, -1, metric.WithAttributes(scope...))
-		in.handler.Record(ctx, ev.HandlerDuration.Seconds(), withOutcome)
-	}
-	op := StoreOperationKey.String(ev.Op.String())
-	if ev.Op != 0 {
-		if ev.Kind == idem.EventStoreError {
-			in.store.Record(ctx, ev.StoreDuration.Seconds(), metric.WithAttributes(op, semconv.ErrorType(ev.Err)))
-		} else {
-			in.store.Record(ctx, ev.StoreDuration.Seconds(), metric.WithAttributes(op))
+	attrs = append(attrs, OutcomeKey.String(ev.Kind.String()))
+	s := &scopeSets{scope: metric.WithAttributes(scope...), withOutcome: metric.WithAttributes(attrs...)}
+	if in.cached.Load() < maxCachedScopes {
+		if _, loaded := in.sets.LoadOrStore(k, s); !loaded {
+			in.cached.Add(1)
 		}
 	}
+	return s
+}
+
+func (in *instruments) record(ctx context.Context, ev idem.Event) {
+	sets := in.setsFor(ev)
+	in.decisions.Add(ctx, 1, sets.withOutcome)
+	if ev.Kind == idem.EventAcquired {
+		in.active.Add(ctx, 1, sets.scope)
+	}
+	if ev.Ended {
+		in.active.Add(ctx, -1, sets.scope)
+		in.handler.Record(ctx, ev.HandlerDuration.Seconds(), sets.withOutcome)
+	}
+	op := StoreOperationKey.String(ev.Op.String())
+	switch {
+	case ev.Op == 0 || int(ev.Op) >= len(in.storeOps):
+	case ev.Kind == idem.EventStoreError:
+		in.store.Record(ctx, ev.StoreDuration.Seconds(), metric.WithAttributes(op, semconv.ErrorType(ev.Err)))
+	default:
+		in.store.Record(ctx, ev.StoreDuration.Seconds(), in.storeOps[ev.Op])
+	}
+	outcome := OutcomeKey.String(ev.Kind.String())
 
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {

@@ -13,7 +13,7 @@ import (
 	"github.com/idemkit/idem/stores/mongostore"
 )
 
-// Claims are documents with _id "<key>~<token of the version they end>"
+// Claims are documents with _id "<key>~<generation of the version they end>"
 // (README, "How it works"); these tests write them by hand to stand for a
 // request that claimed a version and then stalled or died.
 
@@ -22,10 +22,12 @@ const (
 	claimDeleting = int32(4)
 )
 
-func insertClaim(t *testing.T, coll *mongo.Collection, key, ended string, state int32, token, fp string, lease time.Time) {
+// insertClaim ends the version ended (a generation) of key, granting it to
+// token with generation gen until lease.
+func insertClaim(t *testing.T, coll *mongo.Collection, key, ended string, state int32, token, gen, fp string, lease time.Time) {
 	t.Helper()
 	if _, err := coll.InsertOne(ctxT(t), bson.D{
-		{Key: "_id", Value: key + "~" + ended}, {Key: "state", Value: state}, {Key: "token", Value: token},
+		{Key: "_id", Value: key + "~" + ended}, {Key: "state", Value: state}, {Key: "token", Value: token}, {Key: "gen", Value: gen},
 		{Key: "fingerprint", Value: fp}, {Key: "lease", Value: bson.NewDateTimeFromTime(lease)},
 		{Key: "expiresAt", Value: bson.NewDateTimeFromTime(time.Now().Add(time.Hour))},
 	}); err != nil {
@@ -33,27 +35,39 @@ func insertClaim(t *testing.T, coll *mongo.Collection, key, ended string, state 
 	}
 }
 
-// lapsed returns a key whose in-progress record, held by the returned
-// token, has lapsed (and is still stored).
-func lapsed(t *testing.T, s *mongostore.Store) (key, owner string) {
+// lapsed returns a key whose in-progress record, held by owner, has lapsed
+// (and is still stored), and the record's generation.
+func lapsed(t *testing.T, s *mongostore.Store, coll *mongo.Collection) (key, owner, gen string) {
 	t.Helper()
 	key, owner = storetest.Key(), storetest.Token()
 	if _, ok, err := s.Acquire(ctxT(t), key, owner, "fp-a", 100*time.Millisecond); err != nil || !ok {
 		t.Fatalf("Acquire = %v, %v", ok, err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	return key, owner
+	_, gen = recordOwner(t, coll, key)
+	return key, owner, gen
 }
 
-func recordToken(t *testing.T, coll *mongo.Collection, key string) string {
+// recordOwner returns the token and generation of key's record.
+func recordOwner(t *testing.T, coll *mongo.Collection, key string) (token, gen string) {
 	t.Helper()
 	var d struct {
 		Token string `bson:"token"`
+		Gen   string `bson:"gen"`
 	}
 	if err := coll.FindOne(ctxT(t), bson.D{{Key: "_id", Value: key}}).Decode(&d); err != nil {
 		t.Fatalf("record %s: %v", key[:8], err)
 	}
-	return d.Token
+	if d.Gen == "" {
+		t.Fatalf("record %s has no generation", key[:8])
+	}
+	return d.Token, d.Gen
+}
+
+func recordToken(t *testing.T, coll *mongo.Collection, key string) string {
+	t.Helper()
+	tok, _ := recordOwner(t, coll, key)
+	return tok
 }
 
 // TestClaimFollowed: a takeover that claimed a version but never rewrote
@@ -66,8 +80,8 @@ func TestClaimFollowed(t *testing.T) {
 	s := mongostore.New(coll)
 	ctx := ctxT(t)
 
-	key, owner := lapsed(t, s)
-	insertClaim(t, coll, key, owner, claimTakeover, "stalled", "fp-x", time.Now().Add(time.Hour))
+	key, owner, gen := lapsed(t, s, coll)
+	insertClaim(t, coll, key, gen, claimTakeover, "stalled", "stalled-gen", "fp-x", time.Now().Add(time.Hour))
 	rec, ok, err := s.Acquire(ctx, key, storetest.Token(), "fp-b", time.Minute)
 	if err != nil || ok || rec.State != idem.StateInProgress || rec.Token != "stalled" || rec.Fingerprint != "fp-x" {
 		t.Fatalf("Acquire while the stalled takeover's lease runs = %+v, %v, %v; want its in-progress record", rec, ok, err)
@@ -76,8 +90,8 @@ func TestClaimFollowed(t *testing.T) {
 		t.Fatalf("record rewritten to %q by a losing Acquire", got)
 	}
 
-	key, owner = lapsed(t, s)
-	insertClaim(t, coll, key, owner, claimTakeover, "dead", "fp-x", time.Now().Add(-time.Minute))
+	key, _, gen = lapsed(t, s, coll)
+	insertClaim(t, coll, key, gen, claimTakeover, "dead", "dead-gen", "fp-x", time.Now().Add(-time.Minute))
 	tok := storetest.Token()
 	if rec, ok, err := s.Acquire(ctx, key, tok, "fp-b", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire after the dead takeover's lease = %+v, %v, %v; want acquired", rec, ok, err)
@@ -85,7 +99,7 @@ func TestClaimFollowed(t *testing.T) {
 	if got := recordToken(t, coll, key); got != tok {
 		t.Fatalf("record token %q after the takeover; want %q", got, tok)
 	}
-	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: key + "~dead"}}); err != nil || n != 1 {
+	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: key + "~dead-gen"}}); err != nil || n != 1 {
 		t.Fatalf("claims on the dead takeover's version = %d, %v; want 1", n, err)
 	}
 	if err := s.Complete(ctx, key, tok, &idem.Response{Status: 201}, time.Hour); err != nil {
@@ -102,8 +116,8 @@ func TestDeletingClaim(t *testing.T) {
 	s := mongostore.New(coll)
 	ctx := ctxT(t)
 
-	key, owner := lapsed(t, s)
-	insertClaim(t, coll, key, owner, claimDeleting, "deleter", "", time.Now().Add(time.Hour))
+	key, owner, gen := lapsed(t, s, coll)
+	insertClaim(t, coll, key, gen, claimDeleting, "", "deleter-gen", "", time.Now().Add(time.Hour))
 	if _, _, err := s.Acquire(ctx, key, storetest.Token(), "fp-b", time.Minute); !errors.Is(err, mongostore.ErrContention) {
 		t.Fatalf("Acquire while the record is being deleted = %v; want ErrContention", err)
 	}
@@ -111,8 +125,8 @@ func TestDeletingClaim(t *testing.T) {
 		t.Fatalf("record rewritten to %q during its deletion", got)
 	}
 
-	key, owner = lapsed(t, s)
-	insertClaim(t, coll, key, owner, claimDeleting, "dead-deleter", "", time.Now().Add(-time.Minute))
+	key, _, gen = lapsed(t, s, coll)
+	insertClaim(t, coll, key, gen, claimDeleting, "", "dead-deleter-gen", "", time.Now().Add(-time.Minute))
 	if _, ok, err := s.Acquire(ctx, key, storetest.Token(), "fp-b", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire after the dead deleter's lease = %v, %v; want acquired", ok, err)
 	}
@@ -130,7 +144,8 @@ func TestReleaseFencedByClaim(t *testing.T) {
 	if _, ok, err := s.Acquire(ctx, key, owner, "fp-a", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire = %v, %v", ok, err)
 	}
-	insertClaim(t, coll, key, owner, claimTakeover, "successor", "fp-a", time.Now().Add(time.Hour))
+	_, gen := recordOwner(t, coll, key)
+	insertClaim(t, coll, key, gen, claimTakeover, "successor", "successor-gen", "fp-a", time.Now().Add(time.Hour))
 	if err := s.Release(ctx, key, owner); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("Release after a takeover claimed the version = %v; want ErrNotOwner", err)
 	}
@@ -138,26 +153,43 @@ func TestReleaseFencedByClaim(t *testing.T) {
 		t.Fatalf("record token %q; want the record left alone", got)
 	}
 
-	// A Release by a token that holds nothing withdraws its claim.
-	other := storetest.Token()
-	if err := s.Release(ctx, key, other); !errors.Is(err, idem.ErrNotOwner) {
-		t.Fatalf("Release by another token = %v; want ErrNotOwner", err)
+	// The owner's Release, when nothing was claimed, claims and deletes.
+	key2, owner2 := storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctx, key2, owner2, "fp-a", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
 	}
-	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: key + "~" + other}}); err != nil || n != 0 {
-		t.Fatalf("claims left by a refused Release = %d, %v; want 0", n, err)
+	_, gen2 := recordOwner(t, coll, key2)
+	if err := s.Release(ctx, key2, owner2); err != nil {
+		t.Fatalf("owner's Release: %v", err)
+	}
+	var c2 bson.M
+	if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: key2 + "~" + gen2}}).Decode(&c2); err != nil || c2["state"] != claimDeleting {
+		t.Fatalf("claim left by the owner's Release = %v, %v; want a deleting claim", c2, err)
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: key2}}); err != nil || n != 0 {
+		t.Fatalf("records left after the owner's Release = %d, %v", n, err)
 	}
 }
 
 // TestPurgeSkipsClaimed: Purge never deletes an expired record whose
-// version a takeover claimed: the takeover is about to rewrite it.
+// version a takeover claimed (the takeover is about to rewrite it), and
+// deletes claims past their own expiry.
 func TestPurgeSkipsClaimed(t *testing.T) {
 	c, _ := shared(t)
 	coll := collection(t, c)
 	s := mongostore.New(coll)
 	ctx := ctxT(t)
-	claimed, owner := lapsed(t, s)
-	free, _ := lapsed(t, s)
-	insertClaim(t, coll, claimed, owner, claimTakeover, "successor", "fp-b", time.Now().Add(time.Hour))
+	claimed, owner, gen := lapsed(t, s, coll)
+	free, _, _ := lapsed(t, s, coll)
+	insertClaim(t, coll, claimed, gen, claimTakeover, "successor", "successor-gen", "fp-b", time.Now().Add(time.Hour))
+	old := storetest.Key() + "~old-gen" // a claim past its own expiry: Purge deletes it
+	if _, err := coll.InsertOne(ctx, bson.D{
+		{Key: "_id", Value: old}, {Key: "state", Value: claimTakeover}, {Key: "token", Value: "t"}, {Key: "gen", Value: "g"},
+		{Key: "lease", Value: bson.NewDateTimeFromTime(time.Now().Add(-2 * time.Minute))},
+		{Key: "expiresAt", Value: bson.NewDateTimeFromTime(time.Now().Add(-time.Minute))},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := s.Purge(ctx); err != nil || n != 1 {
 		t.Fatalf("Purge = %d, %v; want 1 (the unclaimed record)", n, err)
 	}
@@ -166,6 +198,9 @@ func TestPurgeSkipsClaimed(t *testing.T) {
 	}
 	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: free}}); err != nil || n != 0 {
 		t.Fatalf("unclaimed expired record left = %d, %v", n, err)
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: old}}); err != nil || n != 0 {
+		t.Fatalf("expired claims left = %d, %v; want 0", n, err)
 	}
 }
 
@@ -183,7 +218,7 @@ func TestStaleOwnerWrite(t *testing.T) {
 	coll := collection(t, c)
 	s := mongostore.New(coll)
 	ctx := ctxT(t)
-	key, owner := lapsed(t, s)
+	key, owner, _ := lapsed(t, s, coll)
 	var stale bson.D
 	if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&stale); err != nil {
 		t.Fatal(err)
@@ -221,5 +256,85 @@ func TestStaleOwnerWrite(t *testing.T) {
 	}
 	if got := recordToken(t, coll, key); got != owner {
 		t.Fatalf("record token %q", got)
+	}
+}
+
+// TestRecordWithoutGeneration: records written before generations existed
+// are claimed by their token, taken over and released like the others.
+func TestRecordWithoutGeneration(t *testing.T) {
+	c, _ := shared(t)
+	coll := collection(t, c)
+	s := mongostore.New(coll)
+	ctx := ctxT(t)
+	insert := func(key, token string, expires time.Time) {
+		if _, err := coll.InsertOne(ctx, bson.D{
+			{Key: "_id", Value: key}, {Key: "state", Value: int32(1)}, {Key: "token", Value: token},
+			{Key: "fingerprint", Value: "fp-a"}, {Key: "expiresAt", Value: bson.NewDateTimeFromTime(expires)},
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expired, live := storetest.Key(), storetest.Key()
+	insert(expired, "old-owner", time.Now().Add(-time.Minute))
+	insert(live, "live-owner", time.Now().Add(time.Hour))
+
+	tok := storetest.Token()
+	if _, ok, err := s.Acquire(ctx, expired, tok, "fp-b", time.Minute); err != nil || !ok {
+		t.Fatalf("takeover of an expired record without generation = %v, %v", ok, err)
+	}
+	if got, _ := recordOwner(t, coll, expired); got != tok {
+		t.Fatalf("record token %q after the takeover; want %q", got, tok)
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: expired + "~old-owner"}}); err != nil || n != 1 {
+		t.Fatalf("claims on the token-named version = %d, %v; want 1", n, err)
+	}
+	if err := s.Release(ctx, live, "live-owner"); err != nil {
+		t.Fatalf("Release of a live record without generation: %v", err)
+	}
+	if _, found, err := s.Get(ctx, live); err != nil || found {
+		t.Fatalf("Get after the release = %v, %v; want absent", found, err)
+	}
+}
+
+// TestRenewalRacingCompletion: the engine keeps renewing a lease while it
+// completes the record. On a server whose updates read and then replace by
+// _id (FerretDB), a renewal reading the in-progress record before the
+// completion and writing after it would put the record back in progress,
+// and a retry would execute again once that lease lapsed. The store runs
+// one owner's Complete, Extend and Release one at a time.
+func TestRenewalRacingCompletion(t *testing.T) {
+	c, _ := shared(t)
+	s := mongostore.New(collection(t, c))
+	ctx := ctxT(t)
+	for i := range 40 {
+		key, tok := storetest.Key(), storetest.Token()
+		if _, ok, err := s.Acquire(ctx, key, tok, "fp", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire = %v, %v", ok, err)
+		}
+		start := make(chan struct{})
+		done := make(chan error, 4)
+		for range 3 {
+			go func() {
+				<-start
+				err := s.Extend(ctx, key, tok, time.Minute)
+				if errors.Is(err, idem.ErrNotOwner) { // completed first
+					err = nil
+				}
+				done <- err
+			}()
+		}
+		go func() {
+			<-start
+			done <- s.Complete(ctx, key, tok, &idem.Response{Status: 201}, time.Hour)
+		}()
+		close(start)
+		for range 4 {
+			if err := <-done; err != nil {
+				t.Fatalf("round %d: %v", i, err)
+			}
+		}
+		if rec, found, err := s.Get(ctx, key); err != nil || !found || rec.State != idem.StateCompleted {
+			t.Fatalf("round %d: record after a completion racing renewals = %+v, %v, %v; want completed", i, rec, found, err)
+		}
 	}
 }

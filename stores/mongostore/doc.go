@@ -7,19 +7,25 @@
 // One document per scoped key:
 //
 //	{ _id: <hashed scoped key, 64 hex>, state: 1 (in-progress) | 2 (completed),
-//	  token: <owner token>, fingerprint: <request fingerprint>,
+//	  token: <owner token>, gen: <generation, random, new with each owner>,
+//	  fingerprint: <request fingerprint>,
 //	  expiresAt: <BSON date: end of the lease or of retention>,
 //	  response: <BSON binary, completed records only> }
 //
-// The unique _id is the lock: Acquire is one findAndModify with upsert and
-// $setOnInsert, which inserts the in-progress record when the key is free and
-// otherwise returns the existing record unchanged. An expired record (lapsed
-// lease or retention over) is taken over by one conditional update filtered on
-// _id, the old token and the old expiresAt, so of two racing takeovers only one
-// matches. Complete, Release and Extend are filtered on _id, the owner token,
-// state in-progress and expiresAt > now. Every read treats expiresAt <= now as
-// absent, because the TTL monitor deletes expired documents only about once a
-// minute.
+// The only operation the store relies on being atomic is the insert of a
+// unique _id, so it is exactly-once on every MongoDB-wire server, including
+// FerretDB, whose conditional updates are not atomic. Acquire is one
+// findAndModify with upsert and $setOnInsert, which inserts the in-progress
+// record when the key is free and otherwise returns the existing record
+// unchanged. An expired record (lapsed lease or retention over) is taken over
+// by inserting a claim document whose _id is the key and the generation of the
+// version read: of any number of racing takeovers exactly one insert succeeds;
+// the winner then rewrites that version of the record, and the losers answer
+// from the claim, which names the winner. Release and Purge claim the version
+// before deleting it. Complete and Extend are one update filtered on _id, the
+// owner token, state in-progress and expiresAt > now. Every read treats
+// expiresAt <= now as absent, because the TTL monitor deletes expired
+// documents only about once a minute.
 //
 // The response is stored as one BSON binary field holding
 // [idem.Response.AppendBinary]'s encoding: BSON strings must be valid UTF-8,
@@ -40,8 +46,8 @@
 //
 // First execution: 2 (findAndModify that inserts, update on completion).
 // Replay, conflict (in progress) and fingerprint mismatch: 1. Takeover of an
-// expired record: 1 more. Plus one hello per store per clock refresh
-// interval.
+// expired record: 2 more (claim, rewrite). Release: 3 (read, claim, delete).
+// Plus one hello per store per clock refresh interval.
 //
 // # Write concern and read preference
 //
@@ -60,10 +66,11 @@
 //
 // # FerretDB
 //
-// The store runs on FerretDB v1 (the test server in tools/ferretdb) with two
-// limits: it rejects TTL indexes, so [Store.EnsureIndexes] logs and relies on
-// [Store.Purge]; and its conditional updates are not atomic under concurrency
-// (read, then write by _id), so racing takeovers of one expired record, or a
-// purge racing a takeover, are only safe on a real MongoDB. Racing acquires of
-// a free key are safe on both, since they rest on the unique _id insert.
+// The store runs on FerretDB v1 (the test server in tools/ferretdb) and
+// passes the whole conformance suite there. Its limits: it rejects TTL
+// indexes, so [Store.EnsureIndexes] logs and relies on [Store.Purge]; an
+// owner's Complete or Extend racing the takeover of its lapsed lease can
+// replace the new owner's record (never making a third request execute); and
+// its SQLite backend scans the collection on every lookup. The README states
+// both precisely, with the tests and benchmarks that show them.
 package mongostore

@@ -39,6 +39,7 @@ const (
 	fieldFingerprint = "fingerprint"
 	fieldExpiresAt   = "expiresAt"
 	fieldResponse    = "response"
+	fieldGen         = "gen"
 )
 
 // Values of the state field. Records hold 1 or 2; claims (see claim) 3 or 4.
@@ -63,8 +64,8 @@ const claimKeep = time.Minute
 // after it.
 const deleteLease = time.Minute
 
-// claimSep separates a record's key from the token of the version a claim
-// ends in the claim's _id. Tokens never contain it.
+// claimSep separates a record's key from the generation of the version a
+// claim ends in the claim's _id. Generations never contain it.
 const claimSep = "~"
 
 // docOverhead is a generous bound on the bytes of a record other than the
@@ -85,10 +86,58 @@ type Store struct {
 	refresh time.Duration
 	clk     clock
 
+	owners owners // one owner's writes, one at a time
+
 	mu      sync.Mutex
 	closed  bool
 	stop    context.CancelFunc // stops the purger; nil when none runs
 	stopped chan struct{}      // closed when the purger has returned
+}
+
+// owners serialises the writes of one owner (key and token) within a
+// Store: the engine renews a lease while it completes or releases the
+// record, and on a server whose updates read and then replace by _id
+// (FerretDB) a renewal overlapping a completion could write the
+// in-progress record back over the completed one.
+type owners struct {
+	mu sync.Mutex
+	m  map[string]*ownerTurn
+}
+
+type ownerTurn struct {
+	ch      chan struct{} // holds one token while a write runs
+	waiters int           // callers holding or waiting for ch
+}
+
+// lock waits for the turn of key's owner token, or for ctx; the returned
+// function ends the turn.
+func (o *owners) lock(ctx context.Context, key, token string) (func(), error) {
+	id := key + claimSep + token
+	o.mu.Lock()
+	if o.m == nil {
+		o.m = map[string]*ownerTurn{}
+	}
+	t := o.m[id]
+	if t == nil {
+		t = &ownerTurn{ch: make(chan struct{}, 1)}
+		o.m[id] = t
+	}
+	t.waiters++
+	o.mu.Unlock()
+	leave := func() {
+		o.mu.Lock()
+		if t.waiters--; t.waiters == 0 {
+			delete(o.m, id)
+		}
+		o.mu.Unlock()
+	}
+	select {
+	case t.ch <- struct{}{}:
+		return func() { <-t.ch; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return nil, ctx.Err()
+	}
 }
 
 // Option configures a Store.
@@ -133,10 +182,31 @@ type record struct {
 	ID          string        `bson:"_id"`
 	State       int32         `bson:"state"`
 	Token       string        `bson:"token"`
+	Gen         string        `bson:"gen,omitempty"` // random, new with each owner
 	Fingerprint string        `bson:"fingerprint"`
 	ExpiresAt   bson.DateTime `bson:"expiresAt"`
 	Response    []byte        `bson:"response,omitempty"`
 }
+
+// version names the version of the record a claim ends: its generation,
+// or its token for a record written before generations were.
+func (d *record) version() string {
+	if d.Gen != "" {
+		return d.Gen
+	}
+	return d.Token
+}
+
+// genIs matches the generation gen; "" matches a record without one.
+func genIs(gen string) bson.D {
+	if gen == "" {
+		return bson.D{{Key: "$exists", Value: false}}
+	}
+	return bson.D{{Key: "$eq", Value: gen}}
+}
+
+// newGen returns a fresh generation.
+func newGen() string { return rand.Text() }
 
 // toRecord converts a stored document to the record the engine sees.
 func (d *record) toRecord() (idem.Record, error) {
@@ -179,25 +249,26 @@ func owned(key, token string, now time.Time) bson.D {
 var acquireOpts = options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)
 
 // claim is the document that decides who ends one version of a record. Its
-// _id is the record's key, claimSep and the token of the version it ends
-// (claimID): the unique _id index admits one insert of it, so of all the
-// requests taking over one expired record exactly one wins, on every
+// _id is the record's key, claimSep and the generation of the version it
+// ends (claimID): the unique _id index admits one insert of it, so of all
+// the requests taking over one expired record exactly one wins, on every
 // MongoDB-wire server, including those whose conditional updates are not
 // atomic (FerretDB). It holds the successor the winner grants itself (its
-// token, fingerprint and lease end) so that losers can answer from it
-// before the winner has rewritten the record.
+// token, generation, fingerprint and lease end) so that losers can answer
+// from it before the winner has rewritten the record.
 type claim struct {
 	ID          string        `bson:"_id"`
 	State       int32         `bson:"state"` // stateClaimed or stateDeleting
 	Token       string        `bson:"token"`
+	Gen         string        `bson:"gen"`
 	Fingerprint string        `bson:"fingerprint"`
 	Lease       bson.DateTime `bson:"lease"`     // end of the successor's first lease
 	ExpiresAt   bson.DateTime `bson:"expiresAt"` // the claim's own expiry, for the TTL index and Purge
 }
 
-func claimID(key, token string) string { return key + claimSep + token }
+func claimID(key, version string) string { return key + claimSep + version }
 
-// insertClaim tries to end the version of key held by ended, granting c.
+// insertClaim tries to end the version ended of key, granting c.
 // It reports whether this call won; a loser gets the winner's claim, or
 // nil when the claim vanished meanwhile (purged).
 func (s *Store) insertClaim(ctx context.Context, key, ended string, c claim) (won bool, winner *claim, err error) {
@@ -233,6 +304,7 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	if lease <= 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
 	}
+	gen := newGen()
 attempts:
 	for range maxAcquireAttempts {
 		now, err := s.now(ctx)
@@ -242,6 +314,7 @@ attempts:
 		fresh := bson.D{
 			{Key: fieldState, Value: stateInProgress},
 			{Key: fieldToken, Value: token},
+			{Key: fieldGen, Value: gen},
 			{Key: fieldFingerprint, Value: fingerprint},
 			{Key: fieldExpiresAt, Value: date(now.Add(lease))},
 		}
@@ -266,23 +339,24 @@ attempts:
 		// A claim already taken names its successor: answer from it while
 		// its lease runs, else claim the successor's version in turn (its
 		// winner never rewrote the record, or did and lapsed meanwhile).
-		ended := old.Token
+		ended := old.version()
 		for range maxAcquireAttempts {
 			won, w, err := s.insertClaim(ctx, key, ended, claim{
-				State: stateClaimed, Token: token, Fingerprint: fingerprint,
+				State: stateClaimed, Token: token, Gen: gen, Fingerprint: fingerprint,
 				Lease: date(now.Add(lease)), ExpiresAt: date(now.Add(lease + claimKeep)),
 			})
 			if err != nil {
 				return idem.Record{}, false, err
 			}
 			switch {
-			case won || w != nil && w.Token == token:
+			case won || w != nil && w.Gen == gen: // won now, or in an earlier attempt
 				res, err := s.coll.UpdateOne(ctx,
 					bson.D{
 						{Key: "_id", Value: key},
 						{Key: fieldToken, Value: old.Token},
 						{Key: fieldState, Value: old.State},
 						{Key: fieldExpiresAt, Value: old.ExpiresAt},
+						{Key: fieldGen, Value: genIs(old.Gen)},
 					},
 					bson.D{
 						{Key: "$set", Value: fresh},
@@ -300,7 +374,7 @@ attempts:
 			case w.Lease > date(now):
 				return idem.Record{State: idem.StateInProgress, Token: w.Token, Fingerprint: w.Fingerprint}, false, nil
 			}
-			ended = w.Token
+			ended = w.Gen
 		}
 	}
 	return idem.Record{}, false, fmt.Errorf("mongostore: acquire %.16s: %w", key, ErrContention)
@@ -308,9 +382,10 @@ attempts:
 
 // Complete implements [idem.Store.Complete] in one round trip: a $set of
 // state, expiresAt and response on the record token holds, keeping its
-// fingerprint. Errors: ctx's error, [idem.ErrInvalidDuration] when
-// retention <= 0, [idem.ErrNotOwner], [ErrTooLarge] wrapped (nothing
-// written), server errors wrapped.
+// fingerprint. It waits for the same owner's Extend or Release in flight in
+// this Store, so that a renewal cannot undo the completion. Errors: ctx's
+// error, [idem.ErrInvalidDuration] when retention <= 0, [idem.ErrNotOwner],
+// [ErrTooLarge] wrapped (nothing written), server errors wrapped.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -322,6 +397,11 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	if err != nil {
 		return err
 	}
+	unlock, err := s.owners.lock(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	now, err := s.now(ctx)
 	if err != nil {
 		return err
@@ -343,21 +423,37 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	return nil
 }
 
-// Release implements [idem.Store.Release] in two round trips: the insert of
-// a claim ending token's version (so that no takeover of it can win while
-// the record is deleted), then a delete of the in-progress record token
-// holds; when there is nothing to delete, a third withdraws the claim.
-// Errors: ctx's error, [idem.ErrNotOwner], server errors wrapped.
+// Release implements [idem.Store.Release] in three round trips: a find of
+// the record (one when token does not hold it), the insert of a claim
+// ending its version (so that no takeover of it can win while the record
+// is deleted), then a delete of the in-progress record token holds; when
+// that finds nothing, a fourth withdraws the claim. Errors: ctx's error,
+// [idem.ErrNotOwner], server errors wrapped.
 func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	unlock, err := s.owners.lock(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	now, err := s.now(ctx)
 	if err != nil {
 		return err
 	}
-	won, w, err := s.insertClaim(ctx, key, token, claim{
-		State: stateDeleting, Token: rand.Text(),
+	var d record
+	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}, releaseOpts).Decode(&d)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return idem.ErrNotOwner
+	case err != nil:
+		return fmt.Errorf("mongostore: release: %w", err)
+	case d.Token != token || d.State != stateInProgress || d.ExpiresAt <= date(now):
+		return idem.ErrNotOwner
+	}
+	won, w, err := s.insertClaim(ctx, key, d.version(), claim{
+		State: stateDeleting, Gen: newGen(),
 		Lease: date(now.Add(deleteLease)), ExpiresAt: date(now.Add(deleteLease + claimKeep)),
 	})
 	if err != nil {
@@ -367,13 +463,13 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return idem.ErrNotOwner // taken over
 	}
 	// Won, or an earlier Release of token claimed and its delete failed.
-	res, err := s.coll.DeleteOne(ctx, owned(key, token, now))
+	res, err := s.coll.DeleteOne(ctx, append(owned(key, token, now), bson.E{Key: fieldGen, Value: genIs(d.Gen)}))
 	if err != nil {
 		return fmt.Errorf("mongostore: release: %w", err)
 	}
 	if res.DeletedCount == 0 {
-		if won { // nothing of token's to delete: take the claim back
-			if _, err := s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: claimID(key, token)}}); err != nil {
+		if won { // nothing left to delete: take the claim back
+			if _, err := s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: claimID(key, d.version())}}); err != nil {
 				return fmt.Errorf("mongostore: release: withdraw claim: %w", err)
 			}
 		}
@@ -381,6 +477,11 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	}
 	return nil
 }
+
+// releaseOpts leaves the response out of Release's read.
+var releaseOpts = options.FindOne().SetProjection(bson.D{
+	{Key: fieldState, Value: 1}, {Key: fieldToken, Value: 1}, {Key: fieldGen, Value: 1}, {Key: fieldExpiresAt, Value: 1},
+})
 
 // Extend implements [idem.Extender] in one round trip: a $set of expiresAt
 // to now+lease on the in-progress record token holds. Errors: ctx's error,
@@ -393,6 +494,11 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	if lease <= 0 {
 		return idem.ErrInvalidDuration
 	}
+	unlock, err := s.owners.lock(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	now, err := s.now(ctx)
 	if err != nil {
 		return err

@@ -2,7 +2,6 @@ package mongostore
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -74,7 +73,7 @@ func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 		return 0, err
 	}
 	cur, err := s.coll.Find(ctx, bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$lte", Value: date(now)}}}},
-		options.Find().SetProjection(bson.D{{Key: fieldState, Value: 1}, {Key: fieldToken, Value: 1}}))
+		options.Find().SetProjection(bson.D{{Key: fieldState, Value: 1}, {Key: fieldToken, Value: 1}, {Key: fieldGen, Value: 1}}))
 	if err != nil {
 		return 0, fmt.Errorf("mongostore: purge: %w", err)
 	}
@@ -91,7 +90,7 @@ func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 		}
 		records = append(records, r.ID)
 		docs = append(docs, claim{
-			ID: claimID(r.ID, r.Token), State: stateDeleting, Token: rand.Text(),
+			ID: claimID(r.ID, r.version()), State: stateDeleting, Gen: newGen(),
 			Lease: date(now.Add(deleteLease)), ExpiresAt: date(now.Add(deleteLease + claimKeep)),
 		})
 	}

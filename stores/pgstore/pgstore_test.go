@@ -465,7 +465,8 @@ func TestTransactional(t *testing.T) {
 	pool := newPool(t)
 	s, table := newStore(t, pool)
 	payments := createPayments(t, pool, table)
-	const lease = 2 * time.Second // long enough for a loaded machine: it is never renewed here
+	// Long enough for a loaded machine: it is never renewed here.
+	const lease = 2 * time.Second
 	noRenewal := struct { // no Extender: the lease is never renewed
 		idem.Store
 		idem.Transactional

@@ -701,8 +701,10 @@ func TestWithTimeout(t *testing.T) {
 	}
 	start := time.Now()
 	err := s.Complete(context.Background(), key, tok, &idem.Response{Status: 200}, time.Minute)
-	if d := time.Since(start); err == nil || d > 900*time.Millisecond {
-		t.Fatalf("Complete under WithTimeout(100ms) = %v after %v; want a timeout well before 1s", err, d)
+	// The error, not the clock, tells the 100ms timeout from the 1s WAIT
+	// (which would end in ErrNotReplicated); the bound only catches a hang.
+	if d := time.Since(start); err == nil || d > 10*time.Second {
+		t.Fatalf("Complete under WithTimeout(100ms) = %v after %v; want a timeout", err, d)
 	}
 	if !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "timeout") {
 		t.Fatalf("Complete error = %v; want a deadline error", err)

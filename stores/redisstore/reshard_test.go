@@ -108,19 +108,6 @@ func (s *errCountingStore) Release(ctx context.Context, key, token string) error
 	return s.failed(s.Store.Release(ctx, key, token))
 }
 
-// slotOwner returns the index of the master serving key's slot: the one
-// that answers for it rather than redirecting (no migration under way).
-func slotOwner(t *testing.T, nodes []*clusterNode, key string) int {
-	t.Helper()
-	for i, n := range nodes {
-		if err := n.c.Exists(context.Background(), key).Err(); err == nil {
-			return i
-		}
-	}
-	t.Fatalf("no master serves %s", key)
-	return -1
-}
-
 // clusterNode is one master of the private cluster, with a direct client.
 type clusterNode struct {
 	id, host, port string
@@ -189,7 +176,23 @@ func reshardUnderLoad(t *testing.T, addrs []string, opts []redisstore.Option) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	owner := func() int { return slotOwner(t, nodes, prefix+"x") }
+	owner := func() int {
+		slots, err := nodes[0].c.ClusterSlots(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) {
+				for i, n := range nodes {
+					if r.Nodes[0].ID == n.id {
+						return i
+					}
+				}
+			}
+		}
+		t.Fatalf("slot %d has no owner", slot)
+		return -1
+	}
 
 	// Three engines, each with its own cluster client. A lost lease or a
 	// store error at completion would be a lost completion: counted.
@@ -210,7 +213,7 @@ func reshardUnderLoad(t *testing.T, addrs []string, opts []redisstore.Option) {
 		t.Cleanup(func() { deletePrefix(c, prefix) })
 		store := &errCountingStore{Store: redisstore.New(c, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)}
 		stores = append(stores, store)
-		e, err := idem.New(store, onEvent, quiet, idem.WithStoreTimeout(5*time.Second))
+		e, err := idem.New(store, onEvent, quiet, idem.WithStoreTimeout(10*time.Second), idem.WithLease(time.Minute)) // lease >= 4 × store timeout
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -440,8 +443,21 @@ func TestClusterWaitReplicasDuringMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slotOwner(t, nodes, prefix+"x")
-	src, dst := nodes[i], nodes[(i+1)%3]
+	var src, dst *clusterNode
+	for i, n := range nodes {
+		slots, err := n.c.ClusterSlots(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && r.Nodes[0].ID == n.id {
+				src, dst = n, nodes[(i+1)%3]
+			}
+		}
+	}
+	if src == nil {
+		t.Fatalf("slot %d has no owner", slot)
+	}
 
 	// A replica for the source master only.
 	port, err := findPort(true)

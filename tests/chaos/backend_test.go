@@ -22,10 +22,6 @@ type backend struct {
 	// recovery bounds how long clients may take to find the server again
 	// after an outage.
 	recovery time.Duration
-	// racyTakeover says why two requests may both take over one lapsed lease
-	// on this server ("" when the takeover is atomic, as the Store contract
-	// requires).
-	racyTakeover string
 }
 
 func redisBackend(t *testing.T) backend {
@@ -80,10 +76,6 @@ func mongoBackend(t *testing.T) backend {
 		// The Go driver finds a server again on its heartbeat (10s by
 		// default) or on the next operation's server selection.
 		recovery: 20 * time.Second,
-		// tools/ferretdb's conditional updates are not atomic under
-		// concurrency (the mongostore conformance run skips the concurrent
-		// takeover case for it); on MongoDB they are.
-		racyTakeover: "FerretDB's conditional update (mongostore's takeover of a lapsed lease) is not atomic under concurrency",
 	}
 }
 

@@ -109,6 +109,7 @@ type service struct {
 	mu     sync.Mutex
 	stderr bytes.Buffer
 	final  int64 // from the "executions N" line printed on a clean stop; -1 until then
+	paused int   // "paused" lines: handlers held by -pause-after-record
 }
 
 // startService runs the example bin with args on addr ("" picks a free port)
@@ -164,6 +165,11 @@ func (s *service) start() error {
 			line := sc.Text()
 			if u, ok := strings.CutPrefix(line, "listening on "); ok {
 				url <- u
+			}
+			if strings.HasPrefix(line, "paused") {
+				s.mu.Lock()
+				s.paused++
+				s.mu.Unlock()
 			}
 			if n, ok := strings.CutPrefix(line, "executions "); ok {
 				v, _ := strconv.ParseInt(n, 10, 64)
@@ -281,6 +287,21 @@ func (s *service) waitExecutions(n int64) {
 		}
 	}
 	s.t.Fatalf("%s: executions did not reach %d", s.name, n)
+}
+
+// waitPaused waits until n handlers printed "paused" (-pause-after-record:
+// their payment row is written, their completion not yet run), or 10s pass.
+func (s *service) waitPaused(n int) {
+	s.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		s.mu.Lock()
+		p := s.paused
+		s.mu.Unlock()
+		if p >= n {
+			return
+		}
+	}
+	s.t.Fatalf("%s: %d handlers did not pause within 10s:\n%s", s.name, n, s.logs())
 }
 
 // ---- HTTP client side ----

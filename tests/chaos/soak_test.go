@@ -73,8 +73,8 @@ func soak(t *testing.T, be backend, dur time.Duration) {
 	// The store timeout stays below lease/3: a renewal that times out must
 	// not outlast the lease (with -store-timeout 1s and -lease 1s, one slow
 	// renewal under load lost the lease and a concurrent duplicate executed).
-	const lease = 2 * time.Second
-	args := append(be.flags(be.addr), "-charge-latency", "50ms", "-lease", lease.String(), "-store-timeout", "500ms")
+	const lease = 4 * time.Second // the floor: 4 × the store timeout
+	args := append(be.flags(be.addr), "-charge-latency", "50ms", "-lease", lease.String(), "-store-timeout", "1s")
 	insts := make([]*service, 3)
 	for i := range insts {
 		insts[i] = startService(t, "nethttp", "", args...)
@@ -84,11 +84,6 @@ func soak(t *testing.T, be backend, dur time.Duration) {
 		urls[i] = s.URL // restarts keep the port
 	}
 
-	if be.racyTakeover != "" {
-		// A SIGKILL leaves leases to lapse, and concurrent retries then race
-		// for the takeover: on this server two of them can both win.
-		t.Logf("%s: SIGTERM only: %s", be.name, be.racyTakeover)
-	}
 	var st soakStats
 	var finals atomic.Int64 // executions of finished incarnations
 	deadline := time.Now().Add(dur)
@@ -103,7 +98,7 @@ func soak(t *testing.T, be backend, dur time.Duration) {
 			case <-time.After(1500*time.Millisecond + rand.N(1500*time.Millisecond)):
 			}
 			s := insts[rand.N(len(insts))]
-			if (st.restarts.Load() == 1 || rand.N(10) < 3) && be.racyTakeover == "" { // the second restart is always a crash
+			if st.restarts.Load() == 1 || rand.N(10) < 3 { // the second restart is always a crash
 				n, err := statsOf(s.URL) // a lower bound: what runs after this is lost with the process
 				if err != nil {
 					t.Errorf("stats before SIGKILL: %v", err)
@@ -261,9 +256,11 @@ func soakOne(st *soakStats, urls []string, fail func(string, ...any)) {
 }
 
 // attempt sends the request through random instances until it gets a final
-// answer (not 409, not 503, not a transport error), for at most 60 tries.
+// answer (not 409, not 503, not a transport error), for at most a minute: a
+// loaded machine makes the store slow (503s for seconds), which is not a
+// fault; a request without a final answer after a minute is.
 func attempt(st *soakStats, urls []string, user, key string, amount int) answer {
-	for range 60 {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
 		a := pay(urls[rand.N(len(urls))], user, key, amount)
 		if took := int64(a.took); took > st.maxTook.Load() {
 			st.maxTook.Store(took)

@@ -113,13 +113,8 @@ type target struct {
 	// and takes the new fingerprint and lease. Other stores answer it like
 	// any other duplicate: not acquired, record unchanged.
 	sameTokenReacquire bool
-	// racyTakeover: concurrent takeovers of an expired record are not
-	// atomic (FerretDB), so concurrent acquires only run on keys that were
-	// never created or were released.
-	racyTakeover bool
-
-	mem        *memstore.Store // memstore only: Len and Cleanup are checked too
-	maxRecords int             // memstore only: WithMaxRecords, 0 = default
+	mem                *memstore.Store // memstore only: Len and Cleanup are checked too
+	maxRecords         int             // memstore only: WithMaxRecords, 0 = default
 }
 
 // rec is the model of one key.
@@ -132,7 +127,7 @@ type rec struct {
 	// present: a record (live or expired) physically exists in the store;
 	// false when the key was never acquired or was released (or, for
 	// memstore, deleted by Cleanup). Redis deletes expired keys itself, so
-	// it is only exact for memstore and used as "vacant" for racyTakeover.
+	// it is only exact for memstore.
 	present bool
 }
 
@@ -451,9 +446,6 @@ func (mc *machine) Advance(t *rapid.T) {
 // live record (the previous one, or the winner's).
 func (mc *machine) ConcurrentAcquire(t *rapid.T) {
 	i := rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
-	if mc.tg.racyTakeover && mc.m[i].present {
-		t.Skip("concurrent takeover of an existing record is not atomic on this server")
-	}
 	if mc.tg.maxRecords > 0 && !mc.m[i].present && mc.present() >= mc.tg.maxRecords {
 		t.Skip("memstore full")
 	}

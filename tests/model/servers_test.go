@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
@@ -125,12 +124,6 @@ func TestModelMongo(t *testing.T) {
 	if err := c.Ping(ctx, readpref.Primary()); err != nil {
 		unavailable(t, "MongoDB-wire server unreachable at %s (IDEM_MONGO_URI): %v", u, err)
 	}
-	raw, err := c.Database("admin").RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Raw()
-	if err != nil {
-		t.Fatalf("buildInfo: %v", err)
-	}
-	_, ferr := raw.LookupErr("ferretdbVersion")
-	ferret := ferr == nil
 	coll := c.Database("idem_model_test").Collection("m_"+rand.Text()[:12],
 		options.Collection().SetWriteConcern(writeconcern.Majority()).SetReadPreference(readpref.Primary()))
 	t.Cleanup(func() {
@@ -142,7 +135,7 @@ func TestModelMongo(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	run(t, 35, func(*rapid.T) *target {
 		return &target{
-			store: s, clk: realClock{}, margin: realMargin, racyTakeover: ferret,
+			store: s, clk: realClock{}, margin: realMargin,
 			leases: realLeases, retentions: realRetentions, advances: realAdvances,
 		}
 	})

@@ -27,9 +27,13 @@ type graphReport struct {
 	Nodes    int      // distinct module@version in it
 	Paths    int      // distinct module paths in it
 	Problems []string // modules in the graph that only a test of Module needs
+	Command  bool     // no importable package: users go install it, nothing imports it
 }
 
 func (r graphReport) String() string {
+	if r.Command {
+		return fmt.Sprintf("%s: a command (no importable package): nothing to check", r.Module.Dir)
+	}
 	s := fmt.Sprintf("%s: consumer graph %d edges, %d module versions, %d module paths", r.Module.Dir, r.Edges, r.Nodes, r.Paths)
 	if len(r.Problems) > 0 {
 		s += "\n  " + strings.Join(r.Problems, "\n  ")
@@ -59,6 +63,10 @@ func checkGraph(root string, mod module, published []module) (graphReport, error
 	pkgs, err := importablePackages(filepath.Join(root, mod.Dir))
 	if err != nil {
 		return rep, err
+	}
+	if len(pkgs) == 0 {
+		rep.Command = true
+		return rep, nil
 	}
 	replace := map[string]string{}
 	for _, p := range published {

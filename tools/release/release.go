@@ -229,16 +229,31 @@ func verify(root string, mods []module, v string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := writeConsumer(cdir, m, v, pkgs, replace); err != nil {
-			return err
-		}
-		if _, err := goRun(cdir, "mod", "tidy"); err != nil {
-			return fmt.Errorf("verify %s from a user's module: %w", m.Dir, err)
-		}
-		// the module's packages as the user's module resolves them (not the
-		// user's main package: no link step)
-		if _, err := goRun(cdir, append([]string{"build"}, pkgs...)...); err != nil {
-			return fmt.Errorf("verify %s from a user's module: %w", m.Dir, err)
+		if len(pkgs) == 0 { // a command: build its main packages as go install would resolve them
+			out, err := goRun(dir, "list", "-f", "{{if eq .Name \"main\"}}{{.ImportPath}}{{end}}", "./...")
+			if err != nil {
+				return err
+			}
+			if err := writeConsumer(cdir, m, v, nil, replace); err != nil {
+				return err
+			}
+			for _, p := range lines(out) {
+				if _, err := goRun(cdir, "build", "-o", os.DevNull, p); err != nil {
+					return fmt.Errorf("verify %s from a user's module: %w", m.Dir, err)
+				}
+			}
+		} else {
+			if err := writeConsumer(cdir, m, v, pkgs, replace); err != nil {
+				return err
+			}
+			if _, err := goRun(cdir, "mod", "tidy"); err != nil {
+				return fmt.Errorf("verify %s from a user's module: %w", m.Dir, err)
+			}
+			// the module's packages as the user's module resolves them (not the
+			// user's main package: no link step)
+			if _, err := goRun(cdir, append([]string{"build"}, pkgs...)...); err != nil {
+				return fmt.Errorf("verify %s from a user's module: %w", m.Dir, err)
+			}
 		}
 		fmt.Fprintf(out, "verified %s: builds on its own and as %s@%s from a user's module\n", m.Dir, m.Path, v)
 		if warn, err := installWarning(dir); err != nil {

@@ -74,7 +74,7 @@ func overheadPlot(r *results) (*plot.Plot, error) {
 		_, ok1 := r.ns(pe.builtin + "/path=fresh")
 		_, ok2 := r.ns(bare)
 		if ok1 && ok2 {
-			groups = append(groups, group{label: pe.fw + " built-in", bare: bare,
+			groups = append(groups, group{label: pe.fw + "\nbuilt-in", bare: bare,
 				paths: map[string]string{"fresh": pe.builtin + "/path=fresh", "replay": pe.builtin + "/path=replay"}})
 		}
 	}

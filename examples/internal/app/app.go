@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -27,13 +29,14 @@ import (
 	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/stores/memstore"
 	"github.com/idemkit/idem/stores/mongostore"
+	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
 // Flags holds the command line every example accepts.
 type Flags struct {
 	Addr          string
-	Store         string // memory, redis or mongo
+	Store         string // memory, redis, mongo or postgres
 	RedisURL      string
 	RedisPrefix   string // redisstore.WithPrefix
 	MongoURI      string
@@ -46,13 +49,25 @@ type Flags struct {
 	RedisWaitReplicas int
 	NoIdem            bool   // serve without idempotency (the benchmarks' baseline)
 	TraceFile         string // spans as JSON lines, see Telemetry
+	PostgresURL       string
+	// PostgresSchema holds the example's tables: idem_records (pgstore)
+	// and payments (the ledger).
+	PostgresSchema string
+	// PaymentsPostgres records payments as rows in PostgreSQL with any
+	// store (on its own connection unless -store postgres).
+	PaymentsPostgres bool
+	// Test hooks (tests/chaos): NoRenewal hides the store's lease renewal
+	// from the engine; PauseAfterRecord holds each handler after its
+	// payment row is written, printing "paused", until SIGUSR1.
+	NoRenewal        bool
+	PauseAfterRecord bool
 }
 
 // ParseFlags parses the command line shared by the examples.
 func ParseFlags() Flags {
 	var f Flags
 	flag.StringVar(&f.Addr, "addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
-	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis or mongo")
+	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis, mongo or postgres")
 	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
 	flag.StringVar(&f.RedisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key, for -store redis")
 	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection idempotency)")
@@ -62,6 +77,11 @@ func ParseFlags() Flags {
 	flag.DurationVar(&f.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store operation")
 	flag.IntVar(&f.RedisWaitReplicas, "redis-wait-replicas", 0, "with -store redis: replicas that must acknowledge each completion (Redis WAIT)")
 	flag.BoolVar(&f.NoIdem, "no-idem", false, "serve without idempotency (for benchmarks only)")
+	flag.StringVar(&f.PostgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL URL for -store postgres and -payments-postgres")
+	flag.StringVar(&f.PostgresSchema, "postgres-schema", "public", "PostgreSQL schema of the tables idem_records and payments (created if missing)")
+	flag.BoolVar(&f.PaymentsPostgres, "payments-postgres", false, "record payments as rows in PostgreSQL (always with -store postgres, through the execution's transaction)")
+	flag.BoolVar(&f.NoRenewal, "no-renewal", false, "test hook: never renew leases")
+	flag.BoolVar(&f.PauseAfterRecord, "pause-after-record", false, "test hook: hold each handler after its payment row is written, print \"paused\", go on at SIGUSR1")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
 	flag.Parse()
 	return f
@@ -72,6 +92,21 @@ func ParseFlags() Flags {
 // down at start-up makes protected routes answer 503 until it is back. The
 // returned function closes the store and its client.
 func OpenStore(f Flags) (idem.Store, func(), error) {
+	s, closeStore, err := openStore(f)
+	if err != nil || !f.NoRenewal {
+		return s, closeStore, err
+	}
+	// Hide Extend, keep the rest: the engine then never renews a lease.
+	if tx, ok := s.(idem.Transactional); ok {
+		return struct {
+			idem.Store
+			idem.Transactional
+		}{s, tx}, closeStore, nil
+	}
+	return struct{ idem.Store }{s}, closeStore, nil
+}
+
+func openStore(f Flags) (idem.Store, func(), error) {
 	switch f.Store {
 	case "memory":
 		s := memstore.New()
@@ -103,8 +138,109 @@ func OpenStore(f Flags) (idem.Store, func(), error) {
 			s.Close()
 			_ = client.Disconnect(context.Background())
 		}, nil
+	case "postgres":
+		pool, err := openPostgres(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		s := pgstore.New(pool, pgstore.WithTable(f.PostgresSchema+".idem_records"))
+		if err := s.StartPurger(time.Hour); err != nil {
+			return nil, nil, err
+		}
+		return s, func() { s.Close(); pool.Close() }, nil
 	}
-	return nil, nil, fmt.Errorf("-store %q: want memory, redis or mongo", f.Store)
+	return nil, nil, fmt.Errorf("-store %q: want memory, redis, mongo or postgres", f.Store)
+}
+
+// openPostgres returns a pool on f.PostgresURL (it connects lazily) after
+// creating the schema, idem_records and payments when they are missing;
+// when the server is down at start-up it logs and goes on, and requests
+// fail until the tables exist.
+func openPostgres(f Flags) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.New(context.Background(), f.PostgresURL)
+	if err != nil {
+		return nil, fmt.Errorf("-postgres-url: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	schema := pgx.Identifier{f.PostgresSchema}.Sanitize()
+	err = errors.Join(
+		exec(ctx, pool, `CREATE SCHEMA IF NOT EXISTS `+schema),
+		pgstore.New(pool, pgstore.WithTable(f.PostgresSchema+".idem_records")).EnsureSchema(ctx),
+		exec(ctx, pool, `CREATE TABLE IF NOT EXISTS `+schema+`.payments (
+  id text PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, currency text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now())`))
+	if err != nil {
+		slog.Warn("postgres: creating the tables failed; requests fail until they exist", "err", err)
+	}
+	return pool, nil
+}
+
+func exec(ctx context.Context, pool *pgxpool.Pool, sql string) error {
+	_, err := pool.Exec(ctx, sql)
+	return err
+}
+
+// OpenLedger returns the payments ledger f asks for: rows in the payments
+// table of f.PostgresSchema, written through the execution's transaction
+// (pgstore.Tx) with -store postgres, on a pool of its own with
+// -payments-postgres and another store; nil without either. The returned
+// function closes what it opened.
+func OpenLedger(f Flags) (payments.Ledger, func(), error) {
+	l := &ledger{insert: `INSERT INTO ` + pgx.Identifier{f.PostgresSchema, "payments"}.Sanitize() +
+		` (id, user_id, amount, currency) VALUES ($1, $2, $3, $4)`}
+	closeLedger := func() {}
+	switch {
+	case f.Store == "postgres":
+		l.write = func(ctx context.Context, sql string, args ...any) error {
+			tx, err := pgstore.Tx(ctx) // the execution's transaction: committed with the completed record
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, sql, args...)
+			return err
+		}
+	case f.PaymentsPostgres:
+		pool, err := openPostgres(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		l.write = func(ctx context.Context, sql string, args ...any) error {
+			_, err := pool.Exec(ctx, sql, args...) // committed at once, whatever becomes of the execution
+			return err
+		}
+		closeLedger = pool.Close
+	default:
+		return nil, closeLedger, nil
+	}
+	if f.PauseAfterRecord {
+		l.resume = make(chan os.Signal, 1)
+		signal.Notify(l.resume, syscall.SIGUSR1)
+	}
+	return l, closeLedger, nil
+}
+
+// ledger writes payment rows.
+type ledger struct {
+	insert string
+	write  func(ctx context.Context, sql string, args ...any) error
+	resume chan os.Signal // -pause-after-record
+}
+
+// Record implements payments.Ledger. Like the charge itself, the row is
+// not abandoned when the client hangs up: the engine completes the
+// execution anyway, so its writes must be there.
+func (l *ledger) Record(ctx context.Context, p payments.Payment) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := l.write(ctx, l.insert, p.ID, p.UserID, p.Amount, p.Currency); err != nil {
+		return err
+	}
+	if l.resume != nil {
+		fmt.Println("paused", p.ID)
+		<-l.resume
+	}
+	return nil
 }
 
 // Server is an HTTP server Serve can run: *http.Server (see HTTPServer), or

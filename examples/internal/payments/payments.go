@@ -90,17 +90,27 @@ type Stats struct {
 	Executions int64 `json:"executions"`
 }
 
+// Ledger records each successful payment before it is answered, e.g. as a
+// row in the service's database. Charge fails (a 500, so the key is
+// released) when Record does. Record receives the handler's request
+// context, where a transactional store's execution lives.
+type Ledger interface {
+	Record(ctx context.Context, p Payment) error
+}
+
 // Service is the fake provider. It is safe for concurrent use.
 type Service struct {
 	latency    time.Duration
+	ledger     Ledger // nil: payments are only kept in memory
 	executions atomic.Int64
 	mu         sync.RWMutex
 	payments   map[string]Payment
 }
 
-// New returns a Service whose provider calls take latency.
-func New(latency time.Duration) *Service {
-	return &Service{latency: latency, payments: make(map[string]Payment)}
+// New returns a Service whose provider calls take latency and which
+// records payments in ledger (nil: none).
+func New(latency time.Duration, ledger Ledger) *Service {
+	return &Service{latency: latency, ledger: ledger, payments: make(map[string]Payment)}
 }
 
 // Stats returns the number of executions that reached the provider.
@@ -150,6 +160,11 @@ func (s *Service) Charge(ctx context.Context, user string, req ChargeRequest) (P
 		panic(fmt.Sprintf("payments: provider crashed on amount %d", req.Amount))
 	}
 	p := Payment{ID: newID("pay_"), Amount: req.Amount, Currency: req.Currency, UserID: user}
+	if s.ledger != nil {
+		if err := s.ledger.Record(ctx, p); err != nil {
+			return Payment{}, fmt.Errorf("payments: record %s: %w", p.ID, err)
+		}
+	}
 	s.mu.Lock()
 	s.payments[p.ID] = p
 	s.mu.Unlock()

@@ -374,12 +374,16 @@ func TestClientGoneCancelsHandlerContext(t *testing.T) {
 	}, idemecho.New(engine(t), idemecho.WithScope(scope)))
 	url := serve(t, r) + "/x"
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { time.Sleep(100 * time.Millisecond); cancel() }()
+	go func() { // hang up once the handler runs (not on a timer a loaded machine can beat)
+		for deadline := time.Now().Add(20 * time.Second); runs.Load() == 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		}
+		cancel()
+	}()
 	if _, err := http.DefaultClient.Do(newRequest(ctx, url, "gone", `{}`)); err == nil {
 		t.Fatal("want the client to give up")
 	}
 	<-cancelled
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		got := post(t, url, "gone", `{}`)
 		if got.status == 201 && replayed(got) && got.body == "done after hang-up" {

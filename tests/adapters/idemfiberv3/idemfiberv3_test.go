@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"reflect"
@@ -25,7 +24,7 @@ import (
 	"github.com/idemkit/idem/adapters/idemfiberv3"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/adaptertest"
-	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/tests/adapters/internal/client"
 )
 
 func TestMain(m *testing.M) {
@@ -35,12 +34,6 @@ func TestMain(m *testing.M) {
 		// fasthttp's worker pool cleaner sees the stop signal only after its
 		// idle-worker sleep ends; it holds nothing of ours.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"))
-}
-
-func newStore(t *testing.T) idem.Store {
-	s := memstore.New()
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 func scope(c fiber.Ctx) string { return c.Get(adaptertest.PrincipalHeader) }
@@ -78,69 +71,47 @@ func serve(t *testing.T, app *fiber.App) string {
 
 // mount registers the suite's http.Handler directly: Fiber v3 adapts
 // net/http handlers itself (through fasthttpadaptor).
-func mount(t *testing.T, e *idem.Engine, app http.Handler) string {
+func mount(t *testing.T, m adaptertest.Mount) string {
 	f := newApp()
-	f.Use(recover.New())
-	mw := idemfiberv3.New(e, idemfiberv3.WithScope(scope))
-	f.All("/a", mw, app)
-	f.All("/b", mw, app)
-	return serve(t, f)
+	f.Use(recover.New(), outer)
+	mw := idemfiberv3.New(m.Engine, idemfiberv3.WithScope(scope),
+		idemfiberv3.WithNext(func(c fiber.Ctx) bool { return m.Skip(c.Path()) }))
+	var routes fiber.Router = f
+	handlers := []any{m.App}
+	switch m.Where {
+	case adaptertest.PerRoute:
+		handlers = []any{mw, m.App}
+	case adaptertest.Group:
+		routes = f.Group("/g", mw)
+	case adaptertest.Global:
+		f.Use(mw)
+	}
+	for _, p := range []string{"/a", "/b", "/skipped"} {
+		routes.All(p, handlers[0], handlers[1:]...)
+	}
+	url := serve(t, f)
+	if m.Where == adaptertest.Group {
+		url += "/g"
+	}
+	return url
+}
+
+// outer is the app's CORS and request-id middleware, outside idem.
+func outer(c fiber.Ctx) error {
+	for k, v := range adaptertest.OuterHeaders(c.Get("Origin"), c.Get("X-Request-Id")) {
+		c.Set(k, v[0])
+	}
+	return c.Next()
 }
 
 func TestBehaviour(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Config{
 		Mount:    mount,
-		NewStore: newStore,
+		NewStore: client.NewStore,
 		SkipStreaming: "Fiber v3 runs an http.Handler through fasthttpadaptor, which buffers its whole response " +
 			"(Flush is a no-op); native streaming (SendStreamWriter) is tested in TestStreaming",
 	})
 }
-
-func engine(t *testing.T, opts ...idem.Option) *idem.Engine {
-	opts = append([]idem.Option{idem.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	e, err := idem.New(newStore(t), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func newRequest(ctx context.Context, url, key, body string) *http.Request {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(adaptertest.PrincipalHeader, "alice")
-	if key != "" {
-		req.Header.Set(idem.DefaultHeader, key)
-	}
-	return req
-}
-
-func do(t *testing.T, req *http.Request) reply {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reply{resp.StatusCode, resp.Header, string(b)}
-}
-
-func post(t *testing.T, url, key, body string) reply {
-	t.Helper()
-	return do(t, newRequest(context.Background(), url, key, body))
-}
-
-func replayed(r reply) bool { return r.header.Get(idem.ReplayedHeader) == "true" }
 
 // v3 trap: Ctx is itself a context.Context whose Value reads Locals, not
 // c.Context(). The handler binds the body after idemfiberv3 took its
@@ -158,7 +129,7 @@ func TestBindAndInfo(t *testing.T) {
 		outer <- seen{a, b}
 		return err
 	})
-	app.Post("/pay", idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
+	app.Post("/pay", idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
 		runs.Add(1)
 		var in struct {
 			Amount int `json:"amount"`
@@ -174,13 +145,13 @@ func TestBindAndInfo(t *testing.T) {
 		return c.Status(201).JSON(fiber.Map{"amount": in.Amount, "key": viaCtx.Key})
 	})
 	url := serve(t, app) + "/pay"
-	first := post(t, url, "k1", `{"amount":42}`)
-	second := post(t, url, "k1", `{"amount":42}`)
-	if first.status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}$`).MatchString(first.body) {
-		t.Fatalf("first: %d %s; want the bound amount and a 64-hex key", first.status, first.body)
+	first := client.Post(t, url, "k1", `{"amount":42}`)
+	second := client.Post(t, url, "k1", `{"amount":42}`)
+	if first.Status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}$`).MatchString(first.Body) {
+		t.Fatalf("first: %d %s; want the bound amount and a 64-hex key", first.Status, first.Body)
 	}
-	if second.status != 201 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
-		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
+	if second.Status != 201 || second.Body != first.Body || !second.Replayed() || runs.Load() != 1 {
+		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.Status, second.Body, second.Replayed(), runs.Load())
 	}
 	o1, o2 := <-outer, <-outer
 	if o1.viaCtx.Replayed || len(o1.viaCtx.Key) != 64 || o1.viaCtx != o1.viaContext {
@@ -208,7 +179,7 @@ func TestBufferReuse(t *testing.T) {
 				}
 			})
 			app := newApp(fiber.Config{Immutable: immutable})
-			app.Post("/echo/:id", idemfiberv3.New(engine(t, hook), idemfiberv3.WithScope(scope),
+			app.Post("/echo/:id", idemfiberv3.New(client.Engine(t, hook), idemfiberv3.WithScope(scope),
 				idemfiberv3.WithRoute(func(c fiber.Ctx) string { return c.Path() })), // aliases the request buffer unless Immutable
 				func(c fiber.Ctx) error {
 					c.Response().Header.Add("X-Echo", c.Params("id"))
@@ -219,15 +190,15 @@ func TestBufferReuse(t *testing.T) {
 			ids := []string{"aaaa", "bbbb", "cccc", "dddd"}
 			for _, id := range ids { // one keep-alive connection, same-sized requests
 				body := strings.Repeat(id, 50)
-				if got := post(t, base+"/echo/"+id, "key-"+id, body); got.status != 201 || got.body != body {
-					t.Fatalf("%s: %d %q", id, got.status, got.body)
+				if got := client.Post(t, base+"/echo/"+id, "key-"+id, body); got.Status != 201 || got.Body != body {
+					t.Fatalf("%s: %d %q", id, got.Status, got.Body)
 				}
 			}
 			for _, id := range ids {
 				body := strings.Repeat(id, 50)
-				got := post(t, base+"/echo/"+id, "key-"+id, body)
-				if !replayed(got) || got.body != body || !reflect.DeepEqual(got.header.Values("X-Echo"), []string{id, body}) {
-					t.Fatalf("replay of %s: %q %q", id, got.body, got.header.Values("X-Echo"))
+				got := client.Post(t, base+"/echo/"+id, "key-"+id, body)
+				if !got.Replayed() || got.Body != body || !reflect.DeepEqual(got.Header.Values("X-Echo"), []string{id, body}) {
+					t.Fatalf("replay of %s: %q %q", id, got.Body, got.Header.Values("X-Echo"))
 				}
 			}
 			mu.Lock()
@@ -256,7 +227,7 @@ func TestReturnedErrors(t *testing.T) {
 		}
 		return c.Status(500).SendString(err.Error())
 	}})
-	mw := idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope))
+	mw := idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope))
 	app.Post("/fiber-error", mw, func(fiber.Ctx) error {
 		runs.Add(1)
 		return fiber.NewError(402, "card declined")
@@ -266,17 +237,17 @@ func TestReturnedErrors(t *testing.T) {
 		return errors.New("database gone")
 	})
 	base := serve(t, app)
-	first := post(t, base+"/fiber-error", "k", `{}`)
-	second := post(t, base+"/fiber-error", "k", `{}`)
-	if first.status != 402 || first.body != `{"error":"card declined"}` {
-		t.Fatalf("fiber.NewError(402): %d %q", first.status, first.body)
+	first := client.Post(t, base+"/fiber-error", "k", `{}`)
+	second := client.Post(t, base+"/fiber-error", "k", `{}`)
+	if first.Status != 402 || first.Body != `{"error":"card declined"}` {
+		t.Fatalf("fiber.NewError(402): %d %q", first.Status, first.Body)
 	}
-	if second.status != 402 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
-		t.Fatalf("retry of a 402: %d %q replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
+	if second.Status != 402 || second.Body != first.Body || !second.Replayed() || runs.Load() != 1 {
+		t.Fatalf("retry of a 402: %d %q replayed=%v runs=%d", second.Status, second.Body, second.Replayed(), runs.Load())
 	}
 	for i := 0; i < 2; i++ {
-		if got := post(t, base+"/plain-error", "k", `{}`); got.status != 500 || got.body != "database gone" || replayed(got) {
-			t.Fatalf("plain error try %d: %d %q replayed=%v", i, got.status, got.body, replayed(got))
+		if got := client.Post(t, base+"/plain-error", "k", `{}`); got.Status != 500 || got.Body != "database gone" || got.Replayed() {
+			t.Fatalf("plain error try %d: %d %q replayed=%v", i, got.Status, got.Body, got.Replayed())
 		}
 	}
 	if runs.Load() != 3 {
@@ -297,7 +268,7 @@ func TestPanicRecoveryOrder(t *testing.T) {
 				return c.Status(201).SendString("ok")
 			}
 			app := newApp()
-			mw := idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope))
+			mw := idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope))
 			if order == "recover-before-idem" {
 				app.Post("/x", recover.New(), mw, handler)
 			} else {
@@ -305,12 +276,12 @@ func TestPanicRecoveryOrder(t *testing.T) {
 			}
 			url := serve(t, app) + "/x"
 			for i := 0; i < 2; i++ {
-				if got := post(t, url, "k", `{}`); got.status != 500 || got.body != "boom" {
-					t.Fatalf("panic %d: %d %q, want 500 from recover", i, got.status, got.body)
+				if got := client.Post(t, url, "k", `{}`); got.Status != 500 || got.Body != "boom" {
+					t.Fatalf("panic %d: %d %q, want 500 from recover", i, got.Status, got.Body)
 				}
 			}
-			if got := post(t, url, "k", `{}`); got.status != 201 || replayed(got) || runs.Load() != 3 {
-				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.status, replayed(got), runs.Load())
+			if got := client.Post(t, url, "k", `{}`); got.Status != 201 || got.Replayed() || runs.Load() != 3 {
+				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.Status, got.Replayed(), runs.Load())
 			}
 		})
 	}
@@ -323,7 +294,7 @@ func TestHeaderLines(t *testing.T) {
 	for _, normalize := range []bool{true, false} {
 		t.Run(fmt.Sprintf("normalize=%v", normalize), func(t *testing.T) {
 			app := newApp(fiber.Config{DisableHeaderNormalizing: !normalize})
-			app.Post("/x", idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
+			app.Post("/x", idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
 				h := &c.Response().Header
 				h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
 				h.Add("Link", `</c>; rel="last"`)
@@ -332,21 +303,21 @@ func TestHeaderLines(t *testing.T) {
 				return c.Status(201).SendString("body")
 			})
 			url := serve(t, app) + "/x"
-			send := func() reply {
-				req := newRequest(context.Background(), url, "", `{}`)
+			send := func() client.Reply {
+				req := client.NewRequest(context.Background(), url, "", `{}`)
 				req.Header["idempotency-key"] = []string{"k"} // sent as is, lower case
-				return do(t, req)
+				return client.Do(t, req)
 			}
 			first, second := send(), send()
-			if first.status != 201 || !replayed(second) || second.body != "body" {
-				t.Fatalf("first %d %q, retry %d %q replayed=%v", first.status, first.body, second.status, second.body, replayed(second))
+			if first.Status != 201 || !second.Replayed() || second.Body != "body" {
+				t.Fatalf("first %d %q, retry %d %q replayed=%v", first.Status, first.Body, second.Status, second.Body, second.Replayed())
 			}
 			for _, name := range []string{"Link", "X-Lower-Case", "Content-Type"} {
-				if !reflect.DeepEqual(second.header.Values(name), first.header.Values(name)) || len(first.header.Values(name)) == 0 {
-					t.Fatalf("%s replayed as %q, sent as %q", name, second.header.Values(name), first.header.Values(name))
+				if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 {
+					t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
 				}
 			}
-			if got := second.header.Values("Link"); len(got) != 2 || got[0] != `</a>; rel="next", </b>; rel="prev"` {
+			if got := second.Header.Values("Link"); len(got) != 2 || got[0] != `</a>; rel="next", </b>; rel="prev"` {
 				t.Fatalf("Link lines = %q", got)
 			}
 		})
@@ -363,7 +334,7 @@ func TestStreaming(t *testing.T) {
 	done := func() { once.Do(func() { close(release) }) }
 	var runs atomic.Int64
 	app := newApp()
-	app.Post("/events", idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
+	app.Post("/events", idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
 		runs.Add(1)
 		c.Set("Content-Type", "text/event-stream")
 		c.Set("Location", "/streams/1")
@@ -379,7 +350,7 @@ func TestStreaming(t *testing.T) {
 	})
 	url := serve(t, app) + "/events"
 	t.Cleanup(done) // runs before the app's shutdown, so a failing test doesn't hang
-	resp, err := http.DefaultClient.Do(newRequest(context.Background(), url, "s", `{}`))
+	resp, err := http.DefaultClient.Do(client.NewRequest(context.Background(), url, "s", `{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,12 +360,12 @@ func TestStreaming(t *testing.T) {
 		t.Fatalf("first event before the stream ended: %q %v", line, err)
 	}
 	check := func(when string) {
-		got := post(t, url, "s", `{}`)
+		got := client.Post(t, url, "s", `{}`)
 		var p idem.Problem
-		_ = json.Unmarshal([]byte(got.body), &p)
-		if got.status != 410 || !replayed(got) || p.Type != idem.ProblemTypeBase+"response-not-stored" ||
-			p.OriginalStatus != 200 || got.header.Get("Location") != "/streams/1" {
-			t.Fatalf("retry %s the stream: %d %s Location %q; want 410 response-not-stored for a 200", when, got.status, got.body, got.header.Get("Location"))
+		_ = json.Unmarshal([]byte(got.Body), &p)
+		if got.Status != 410 || !got.Replayed() || p.Type != idem.ProblemTypeBase+"response-not-stored" ||
+			p.OriginalStatus != 200 || got.Header.Get("Location") != "/streams/1" {
+			t.Fatalf("retry %s the stream: %d %s Location %q; want 410 response-not-stored for a 200", when, got.Status, got.Body, got.Header.Get("Location"))
 		}
 	}
 	check("during")
@@ -414,24 +385,24 @@ func TestStreaming(t *testing.T) {
 func TestNextAndRoute(t *testing.T) {
 	var runs atomic.Int64
 	app := newApp()
-	mw := idemfiberv3.New(engine(t), idemfiberv3.WithScope(scope),
+	mw := idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope),
 		idemfiberv3.WithNext(func(c fiber.Ctx) bool { return c.Get("X-Webhook") != "" }))
 	app.Post("/items/:id", mw, func(c fiber.Ctx) error {
 		runs.Add(1)
 		return c.Status(201).SendString(c.Params("id"))
 	})
 	base := serve(t, app)
-	req := newRequest(context.Background(), base+"/items/1", "", `{}`)
+	req := client.NewRequest(context.Background(), base+"/items/1", "", `{}`)
 	req.Header.Set("X-Webhook", "1")
-	if got := do(t, req); got.status != 201 {
-		t.Fatalf("skipped request without a key: %d", got.status)
+	if got := client.Do(t, req); got.Status != 201 {
+		t.Fatalf("skipped request without a key: %d", got.Status)
 	}
-	if got := post(t, base+"/items/1", "", `{}`); got.status != 400 {
-		t.Fatalf("covered request without a key: %d, want 400", got.status)
+	if got := client.Post(t, base+"/items/1", "", `{}`); got.Status != 400 {
+		t.Fatalf("covered request without a key: %d, want 400", got.Status)
 	}
-	post(t, base+"/items/1", "k", `{}`)
-	if got := post(t, base+"/items/2", "k", `{}`); got.status != 422 {
-		t.Fatalf("same key on another path of the same route template: %d, want 422 (one scope)", got.status)
+	client.Post(t, base+"/items/1", "k", `{}`)
+	if got := client.Post(t, base+"/items/2", "k", `{}`); got.Status != 422 {
+		t.Fatalf("same key on another path of the same route template: %d, want 422 (one scope)", got.Status)
 	}
 	if runs.Load() != 2 {
 		t.Fatalf("runs = %d, want 2", runs.Load())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -291,6 +292,45 @@ func TestNoRoute(t *testing.T) {
 	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 		if v, ok := dp.Attributes.Value("http.route"); ok {
 			t.Errorf("http.route = %q without a route template", v.String())
+		}
+	}
+}
+
+// TestRoutes checks that events of several methods and routes, interleaved,
+// are counted under their own attributes (the hook reuses attribute sets
+// per method, route and outcome).
+func TestRoutes(t *testing.T) {
+	f := newFixture(t)
+	routes := []string{"/v1/payments", "/v1/refunds", "/v1/payments/:id"}
+	for i := range 7 {
+		for j, route := range routes {
+			method := "POST"
+			if j == 2 {
+				method = "PATCH"
+			}
+			req := &idem.Request{Method: method, Route: route, Path: route, Principal: "u1", Keys: []string{strconv.Itoa(i % (j + 1))}}
+			if x, _ := f.engine.Begin(context.Background(), req); x != nil {
+				x.Finish(200, nil)
+			}
+		}
+	}
+	// Route j sees j+1 distinct keys among 7 requests: j+1 executions, 6-j replays.
+	m, _ := find(f.collect(), idemotel.DecisionsName)
+	got := map[string]int64{}
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		got[str(dp.Attributes, "http.request.method")+" "+str(dp.Attributes, "http.route")+" "+str(dp.Attributes, idemotel.OutcomeKey)] += dp.Value
+	}
+	want := map[string]int64{
+		"POST /v1/payments acquired": 1, "POST /v1/payments completed": 1, "POST /v1/payments replayed": 6,
+		"POST /v1/refunds acquired": 2, "POST /v1/refunds completed": 2, "POST /v1/refunds replayed": 5,
+		"PATCH /v1/payments/:id acquired": 3, "PATCH /v1/payments/:id completed": 3, "PATCH /v1/payments/:id replayed": 4,
+	}
+	if len(got) != len(want) {
+		t.Errorf("data points %v, want %v", got, want)
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("%s{%s} = %d, want %d", idemotel.DecisionsName, k, got[k], n)
 		}
 	}
 }

@@ -1,0 +1,77 @@
+// Package client is what the adapter tests share to talk to a real server:
+// requests carrying the suite's principal and an idempotency key, their
+// replies, and engines on a fresh memstore.
+package client
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/adaptertest"
+	"github.com/idemkit/idem/stores/memstore"
+)
+
+// Reply is what a client got.
+type Reply struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+// Replayed reports whether r carries the replay marker.
+func (r Reply) Replayed() bool { return r.Header.Get(idem.ReplayedHeader) == "true" }
+
+// NewStore returns a memstore closed when t ends.
+func NewStore(t *testing.T) idem.Store {
+	s := memstore.New()
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Engine returns an engine on a fresh memstore with opts, logging nothing.
+func Engine(t *testing.T, opts ...idem.Option) *idem.Engine {
+	opts = append([]idem.Option{idem.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	e, err := idem.New(NewStore(t), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// NewRequest returns a JSON POST of body to url as the principal "alice",
+// with the idempotency key key unless it is empty.
+func NewRequest(ctx context.Context, url, key, body string) *http.Request {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(adaptertest.PrincipalHeader, "alice")
+	if key != "" {
+		req.Header.Set(idem.DefaultHeader, key)
+	}
+	return req
+}
+
+// Do sends req and reads the whole reply; it fails t on a transport error.
+func Do(t *testing.T, req *http.Request) Reply {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+// Post is Do(NewRequest(context.Background(), url, key, body)).
+func Post(t *testing.T, url, key, body string) Reply {
+	t.Helper()
+	return Do(t, NewRequest(context.Background(), url, key, body))
+}
