@@ -18,11 +18,12 @@ import (
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/mongostore"
+	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-// TestUnreadableRecord writes, with the store's own driver, a value under a
-// key that its store cannot decode (a completed record whose response is
+// TestUnreadableRecord writes, with the store's own driver (Redis, MongoDB,
+// PostgreSQL), a value under a key that its store cannot decode (a completed record whose response is
 // garbage, or a foreign value), then sends the request with that key: it
 // gets its own answer, 500 "stored-result-unreadable" without Retry-After
 // (a retry cannot help), nothing executes, the log names the hashed key once
@@ -96,6 +97,29 @@ func TestUnreadableRecord(t *testing.T) {
 					put(t, bson.D{{Key: "_id", Value: scoped}, {Key: "state", Value: int32(7)}, {Key: "fingerprint", Value: fp},
 						{Key: "expiresAt", Value: expires}})
 				}, del},
+			}
+		}},
+		{"postgres", func(t *testing.T) (idem.Store, []corruption) {
+			_, schema, pool := pgDatabase(t)
+			table := schema + ".idem_records"
+			s := pgstore.New(pool, pgstore.WithTable(table))
+			if err := s.EnsureSchema(ctx); err != nil {
+				t.Fatal(err)
+			}
+			del := func(t *testing.T, scoped string) {
+				if _, err := pool.Exec(ctx, `DELETE FROM `+table+` WHERE key = $1`, scoped); err != nil {
+					t.Fatal(err)
+				}
+			}
+			put := func(t *testing.T, scoped, fp string, state int, response []byte) {
+				if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (key, state, token, fingerprint, response, expires_at)
+VALUES ($1, $2, '', $3, $4, now() + interval '1 hour')`, scoped, state, fp, response); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return s, []corruption{
+				{"garbage-response", func(t *testing.T, scoped, fp string) { put(t, scoped, fp, 2, []byte("\xffnot a response")) }, del},
+				{"foreign-state", func(t *testing.T, scoped, fp string) { put(t, scoped, fp, 7, nil) }, del},
 			}
 		}},
 	}

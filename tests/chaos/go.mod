@@ -6,6 +6,7 @@ require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
+	github.com/idemkit/idem/stores/pgstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -45,5 +46,6 @@ require (
 replace (
 	github.com/idemkit/idem/core => ../../core
 	github.com/idemkit/idem/stores/mongostore => ../../stores/mongostore
+	github.com/idemkit/idem/stores/pgstore => ../../stores/pgstore
 	github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
 )
