@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"unsafe"
 )
 
 // errCorrupt is returned by UnmarshalBinary for bytes MarshalBinary did not produce.
@@ -83,16 +84,17 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 		return errCorrupt
 	}
 	headerEnd := len(data) - len(d.b)
-	body := cloneBytes(d.b)
-	if body == nil {
-		body = []byte{}
-	}
-	// Second pass: slice names and values out of one string.
-	str := string(data[:headerEnd])
+	// Second pass: one copy of data holds the body (the caller's to modify)
+	// and, before it, the header names and values as one string that no
+	// slice reaches (body is cut with its capacity starting at headerEnd).
+	all := make([]byte, len(data))
+	copy(all, data)
+	body := all[headerEnd:len(data):len(data)]
+	str := unsafe.String(unsafe.SliceData(all), headerEnd)
 	sd := strDecoder{s: str[1:]}
 	sd.uvarint()
 	sd.uvarint()
-	h := make(http.Header, n)
+	h := make(http.Header, n+1) // room for the replay's Idempotent-Replayed line
 	values := make([]string, total)
 	for range n {
 		k := sd.string()

@@ -28,11 +28,37 @@ func TestResponseCodec(t *testing.T) {
 	if out.Body[len(out.Body)-1] != 0 {
 		t.Fatal("decoded body aliases the encoded bytes")
 	}
+	// Header strings and body share one allocation: writing or appending to
+	// the body must leave every header value intact.
+	for i := range out.Body {
+		out.Body[i] = 'Z'
+	}
+	out.Body = append(out.Body, "more"...)
+	if !reflect.DeepEqual(out.Header, in.Header) {
+		t.Fatalf("header after writing the body = %v, want %v", out.Header, in.Header)
+	}
+	var empty Response
+	if err := empty.UnmarshalBinary(mustMarshal(t, &Response{Status: 204, Header: http.Header{"A": {"1"}}})); err != nil || empty.Body == nil || len(empty.Body) != 0 {
+		t.Fatalf("empty body decoded as %#v, %v; want a non-nil empty slice", empty.Body, err)
+	}
+	empty.Body = append(empty.Body, 'x')
+	if got := empty.Header.Get("A"); got != "1" {
+		t.Fatalf("appending to an empty decoded body changed the header: A = %q", got)
+	}
 	for _, bad := range [][]byte{nil, {9}, {1}, {1, 0xc8, 0x01, 5}} {
 		if err := new(Response).UnmarshalBinary(bad); err == nil {
 			t.Errorf("UnmarshalBinary(%x) accepted corrupt input", bad)
 		}
 	}
+}
+
+func mustMarshal(t *testing.T, r *Response) []byte {
+	t.Helper()
+	b, err := r.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // FuzzResponseCodec checks that decoding never panics and that whatever

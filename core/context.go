@@ -22,7 +22,9 @@ func ContextWithInfo(ctx context.Context, info Info) context.Context {
 	if info.Replayed && info.Key == "" && info.unit == nil { // every replay: share one
 		return context.WithValue(ctx, infoKey{}, replayedInfo)
 	}
-	return context.WithValue(ctx, infoKey{}, &info)
+	p := new(Info) // not &info: the parameter would move to the heap on every call
+	*p = info
+	return context.WithValue(ctx, infoKey{}, p)
 }
 
 // replayedInfo is the Info of every replay; readers get copies.

@@ -211,7 +211,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			if resp.Header == nil {
 				resp.Header = make(http.Header, 1)
 			}
-			resp.Header[ReplayedHeader] = []string{"true"}
+			resp.Header[ReplayedHeader] = replayedValue[:1:1]
 			return nil, resp
 		}
 		// In progress: wait for it when configured, else 409.
@@ -296,6 +296,7 @@ type Execution struct {
 	fp       string
 	header   http.Header // stored header lines, from SnapshotHeader or Finish
 	outer    http.Header // header lines present when the execution began (OuterHeader)
+	resp     Response    // what Finish stores, held here: no allocation
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
@@ -351,7 +352,15 @@ func (x *Execution) Unreplayable() { x.unreplayable = true }
 // [WithStoreAll]); others release the key so that a retry executes again.
 // Store errors are logged and reported as events; the client's response is
 // never changed by them.
-func (x *Execution) Finish(status int, header http.Header) {
+func (x *Execution) Finish(status int, header http.Header) { x.finish(status, header, false) }
+
+// FinishOwned is Finish for a header the adapter built for this call and
+// never touches again (e.g. a copy of a framework's own header type, as
+// idemfiber makes): the lines not worth storing are deleted from it in
+// place instead of copying the rest.
+func (x *Execution) FinishOwned(status int, header http.Header) { x.finish(status, header, true) }
+
+func (x *Execution) finish(status int, header http.Header, owned bool) {
 	x.finishing() // the lease stays renewed while completion is tried
 	if status == 0 {
 		status = http.StatusOK
@@ -361,18 +370,26 @@ func (x *Execution) Finish(status int, header http.Header) {
 		x.stopRenewal()
 		return
 	}
+	var location string                      // read before keepStored may delete it
+	if v := header["Location"]; len(v) > 0 { // as header.Get: the name is canonical
+		location = v[0]
+	}
+	if x.header == nil && owned {
+		x.header = x.e.keepStored(header, x.outer)
+	}
 	if x.header == nil {
 		x.header = x.e.storedHeader(header, x.outer)
 	}
-	resp := &Response{Status: status, Header: x.header, Body: x.body}
+	x.resp = Response{Status: status, Header: x.header, Body: x.body}
+	resp := &x.resp
 	if x.unreplayable || len(x.body) > x.e.cfg.maxResponseBytes {
-		resp = x.e.problems.notStored(status, header.Get("Location"))
+		resp = x.e.problems.notStored(status, location)
 	}
 	ev := x.event(EventCompleted)
 	ev.Status = status
 	err := x.complete(resp)
 	if errors.Is(err, ErrTooLarge) {
-		resp = x.e.problems.notStored(status, header.Get("Location"))
+		resp = x.e.problems.notStored(status, location)
 		err = x.complete(resp)
 	}
 	if transient(err) { // a blip: try once more before the client gets its answer
@@ -734,18 +751,43 @@ func (x *Execution) ended(ev Event, op StoreOp, d time.Duration) Event {
 func (e *Engine) storedHeader(h, outer http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if len(v) == 0 || e.cfg.unstored[k] || e.cfg.stored != nil && !e.cfg.stored[k] || slices.Equal(outer[k], v) && outer[k] != nil {
-			continue
+		if e.stores(k, v, outer) {
+			out[k] = v
 		}
-		out[k] = v
 	}
 	return out
+}
+
+// keepStored is storedHeader deleting from h in place; it returns h, or
+// an empty header when h is nil.
+func (e *Engine) keepStored(h, outer http.Header) http.Header {
+	if h == nil {
+		return http.Header{}
+	}
+	for k, v := range h {
+		if !e.stores(k, v, outer) {
+			delete(h, k)
+		}
+	}
+	return h
+}
+
+// stores reports whether the header line k: v is worth replaying (see storedHeader).
+func (e *Engine) stores(k string, v []string, outer http.Header) bool {
+	return len(v) > 0 && !e.cfg.unstored[k] && (e.cfg.stored == nil || e.cfg.stored[k]) && !(slices.Equal(outer[k], v) && outer[k] != nil)
 }
 
 // IsReplay reports whether resp is a stored response being replayed (it
 // carries "Idempotent-Replayed: true"), as opposed to a problem the engine
 // answered with.
-func (resp *Response) IsReplay() bool { return resp.Header.Get(ReplayedHeader) == "true" }
+func (resp *Response) IsReplay() bool {
+	v := resp.Header[ReplayedHeader] // canonical: no Get, which canonicalises
+	return len(v) > 0 && v[0] == "true"
+}
+
+// replayedValue is the value slice of the ReplayedHeader line of every
+// replay (shared: capacity 1, so an append copies).
+var replayedValue = []string{"true"}
 
 // Send writes resp to w: header lines (replacing any of the same name), status
 // and body. Adapters on net/http based frameworks use it for Begin's answers.

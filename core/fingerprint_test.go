@@ -1,6 +1,8 @@
 package idem
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net/url"
 	"reflect"
 	"testing"
@@ -110,5 +112,18 @@ func BenchmarkFingerprint(b *testing.B) {
 				Fingerprint("POST", "/v1/payments", q.query, "application/json", body)
 			}
 		})
+	}
+}
+
+// appendHex must agree with encoding/hex for every byte value.
+func TestAppendHex(t *testing.T) {
+	for start := 0; start < 256; start += sha256.Size {
+		var sum [sha256.Size]byte
+		for i := range sum {
+			sum[i] = byte(start + i)
+		}
+		if got, want := string(appendHex([]byte("x"), sum)), "x"+hex.EncodeToString(sum[:]); got != want {
+			t.Fatalf("appendHex = %s, want %s", got, want)
+		}
 	}
 }

@@ -68,6 +68,9 @@ func parseMember(v string) (key, rest string, err error) {
 		if err != nil {
 			return "", "", err
 		}
+		if err := checkKey(key); err != nil {
+			return "", "", err
+		}
 	} else {
 		for i < len(v) && v[i] != ',' && v[i] != ' ' && v[i] != '\t' {
 			if c := v[i]; c < 0x21 || c > 0x7e || c == '"' {
@@ -76,9 +79,9 @@ func parseMember(v string) (key, rest string, err error) {
 			i++
 		}
 		key = v[:i]
-	}
-	if err := checkKey(key); err != nil {
-		return "", "", err
+		if err := checkKeyLength(key); err != nil { // characters checked above
+			return "", "", err
+		}
 	}
 	tail := strings.TrimLeft(v[i:], " \t")
 	if tail == "" {
@@ -118,12 +121,20 @@ func parseSFString(v string) (string, int, error) {
 	return "", 0, ErrKeyMalformed
 }
 
-func checkKey(k string) error {
+// checkKeyLength refuses an empty key or one over [MaxKeyLength].
+func checkKeyLength(k string) error {
 	if k == "" {
 		return ErrKeyMalformed
 	}
 	if len(k) > MaxKeyLength {
 		return ErrKeyTooLong
+	}
+	return nil
+}
+
+func checkKey(k string) error {
+	if err := checkKeyLength(k); err != nil {
+		return err
 	}
 	for i := 0; i < len(k); i++ {
 		if k[i] < 0x21 || k[i] > 0x7e {

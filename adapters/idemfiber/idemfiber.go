@@ -50,6 +50,7 @@ package idemfiber
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -136,7 +137,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		x, resp := e.Begin(c.UserContext(), &req)
 		if resp != nil {
 			if resp.IsReplay() {
-				c.SetUserContext(idem.ContextWithInfo(c.UserContext(), idem.Info{Replayed: true}))
+				c.SetUserContext(replayedContext(c.UserContext()))
 			}
 			h := &c.Response().Header
 			for k, vs := range resp.Header {
@@ -171,9 +172,21 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		} else {
 			x.Write(res.Body()) // copies
 		}
-		x.Finish(res.StatusCode(), responseHeader(&res.Header))
+		x.FinishOwned(res.StatusCode(), responseHeader(&res.Header))
 		return nil
 	}
+}
+
+// replayedBackground is the context of a replay whose user context was
+// never set (Fiber's default, context.Background()): built once, shared.
+var replayedBackground = idem.ContextWithInfo(context.Background(), idem.Info{Replayed: true})
+
+// replayedContext returns ctx carrying idem.Info{Replayed: true}.
+func replayedContext(ctx context.Context) context.Context {
+	if ctx == context.Background() {
+		return replayedBackground
+	}
+	return idem.ContextWithInfo(ctx, idem.Info{Replayed: true})
 }
 
 // stableMethod returns m, which may alias a request buffer, as a string
