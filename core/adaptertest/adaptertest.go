@@ -73,6 +73,7 @@ const (
 	Global
 )
 
+// String returns the mount's name (PerRoute, Group, Global), used in subtest names.
 func (w Where) String() string { return [...]string{"PerRoute", "Group", "Global"}[w] }
 
 // Mount is what Config.Mount mounts.
