@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -24,16 +23,10 @@ import (
 	"github.com/idemkit/idem/adapters/idemecho"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/adaptertest"
-	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/tests/adapters/internal/client"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func newStore(t *testing.T) idem.Store {
-	s := memstore.New()
-	t.Cleanup(func() { s.Close() })
-	return s
-}
 
 func scope(c echo.Context) string { return c.Request().Header.Get(adaptertest.PrincipalHeader) }
 
@@ -84,7 +77,7 @@ func outer(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 func TestBehaviour(t *testing.T) {
-	adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: newStore})
+	adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: client.NewStore})
 }
 
 func serve(t *testing.T, r *echo.Echo) string {
@@ -92,47 +85,6 @@ func serve(t *testing.T, r *echo.Echo) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
-
-func engine(t *testing.T, opts ...idem.Option) *idem.Engine {
-	opts = append([]idem.Option{idem.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	e, err := idem.New(newStore(t), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func newRequest(ctx context.Context, url, key, body string) *http.Request {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(adaptertest.PrincipalHeader, "alice")
-	if key != "" {
-		req.Header.Set(idem.DefaultHeader, key)
-	}
-	return req
-}
-
-func post(t *testing.T, url, key, body string) reply {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(newRequest(context.Background(), url, key, body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reply{resp.StatusCode, resp.Header, string(b)}
-}
-
-func replayed(r reply) bool { return r.header.Get(idem.ReplayedHeader) == "true" }
 
 // The handler binds the body after idemecho took its fingerprint, and sees
 // the scoped key; middleware outside idemecho sees the replay marker.
@@ -158,15 +110,15 @@ func TestBindAndInfo(t *testing.T) {
 		}
 		info, _ := idem.InfoFromContext(c.Request().Context())
 		return c.JSON(201, map[string]any{"amount": in.Amount, "key": info.Key})
-	}, idemecho.New(engine(t), idemecho.WithScope(scope)))
+	}, idemecho.New(client.Engine(t), idemecho.WithScope(scope)))
 	url := serve(t, r) + "/pay"
-	first := post(t, url, "k1", `{"amount":42}`)
-	second := post(t, url, "k1", `{"amount":42}`)
-	if first.status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}\n$`).MatchString(first.body) {
-		t.Fatalf("first: %d %s; want the bound amount and a 64-hex key", first.status, first.body)
+	first := client.Post(t, url, "k1", `{"amount":42}`)
+	second := client.Post(t, url, "k1", `{"amount":42}`)
+	if first.Status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}\n$`).MatchString(first.Body) {
+		t.Fatalf("first: %d %s; want the bound amount and a 64-hex key", first.Status, first.Body)
 	}
-	if second.status != 201 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
-		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
+	if second.Status != 201 || second.Body != first.Body || !second.Replayed() || runs.Load() != 1 {
+		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.Status, second.Body, second.Replayed(), runs.Load())
 	}
 	if o1, o2 := <-outer, <-outer; o1.Replayed || len(o1.Key) != 64 || !o2.Replayed {
 		t.Fatalf("outer middleware saw %+v then %+v; want the key, then Replayed", o1, o2)
@@ -196,7 +148,7 @@ func TestReturnedErrors(t *testing.T) {
 			return err
 		}
 	})
-	mw := idemecho.New(engine(t), idemecho.WithScope(scope))
+	mw := idemecho.New(client.Engine(t), idemecho.WithScope(scope))
 	r.POST("/http-error", func(c echo.Context) error {
 		runs.Add(1)
 		return echo.NewHTTPError(402, "card declined")
@@ -207,13 +159,13 @@ func TestReturnedErrors(t *testing.T) {
 	}, mw)
 	base := serve(t, r)
 
-	first := post(t, base+"/http-error", "k", `{}`)
-	second := post(t, base+"/http-error", "k", `{}`)
-	if first.status != 402 || first.body != "{\"message\":\"card declined\"}\n" {
-		t.Fatalf("HTTPError 402: %d %q; want the error handler's body once", first.status, first.body)
+	first := client.Post(t, base+"/http-error", "k", `{}`)
+	second := client.Post(t, base+"/http-error", "k", `{}`)
+	if first.Status != 402 || first.Body != "{\"message\":\"card declined\"}\n" {
+		t.Fatalf("HTTPError 402: %d %q; want the error handler's body once", first.Status, first.Body)
 	}
-	if second.status != 402 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
-		t.Fatalf("retry of a 402: %d %q replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
+	if second.Status != 402 || second.Body != first.Body || !second.Replayed() || runs.Load() != 1 {
+		t.Fatalf("retry of a 402: %d %q replayed=%v runs=%d", second.Status, second.Body, second.Replayed(), runs.Load())
 	}
 	if err := <-outerErrs; err == nil || !strings.Contains(err.Error(), "card declined") {
 		t.Fatalf("outer middleware saw %v, want the handler's error", err)
@@ -223,9 +175,9 @@ func TestReturnedErrors(t *testing.T) {
 	}
 
 	for i := 0; i < 2; i++ {
-		got := post(t, base+"/plain-error", "k", `{}`)
-		if got.status != 500 || replayed(got) || got.body != "{\"message\":\"Internal Server Error\"}\n" {
-			t.Fatalf("plain error try %d: %d %q replayed=%v", i, got.status, got.body, replayed(got))
+		got := client.Post(t, base+"/plain-error", "k", `{}`)
+		if got.Status != 500 || got.Replayed() || got.Body != "{\"message\":\"Internal Server Error\"}\n" {
+			t.Fatalf("plain error try %d: %d %q replayed=%v", i, got.Status, got.Body, got.Replayed())
 		}
 	}
 	if runs.Load() != 3 {
@@ -249,7 +201,7 @@ func TestPanicRecoveryOrder(t *testing.T) {
 				return c.String(201, "ok")
 			}
 			r := newEcho()
-			mw := idemecho.New(engine(t), idemecho.WithScope(scope))
+			mw := idemecho.New(client.Engine(t), idemecho.WithScope(scope))
 			if order == "recover-before-idem" {
 				r.POST("/x", handler, recoverer(), mw)
 			} else {
@@ -257,12 +209,12 @@ func TestPanicRecoveryOrder(t *testing.T) {
 			}
 			url := serve(t, r) + "/x"
 			for i := 0; i < 2; i++ {
-				if got := post(t, url, "k", `{}`); got.status != 500 {
-					t.Fatalf("panic %d: status %d, want 500 from middleware.Recover", i, got.status)
+				if got := client.Post(t, url, "k", `{}`); got.Status != 500 {
+					t.Fatalf("panic %d: status %d, want 500 from middleware.Recover", i, got.Status)
 				}
 			}
-			if got := post(t, url, "k", `{}`); got.status != 201 || replayed(got) || runs.Load() != 3 {
-				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.status, replayed(got), runs.Load())
+			if got := client.Post(t, url, "k", `{}`); got.Status != 201 || got.Replayed() || runs.Load() != 3 {
+				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.Status, got.Replayed(), runs.Load())
 			}
 		})
 	}
@@ -278,19 +230,19 @@ func TestHeaderLines(t *testing.T) {
 		h.Add("Link", `</c>; rel="last"`)
 		h.Add("X-Empty-Comma", ",")
 		return c.Blob(201, "text/plain; charset=utf-8", []byte("body"))
-	}, idemecho.New(engine(t), idemecho.WithScope(scope)))
+	}, idemecho.New(client.Engine(t), idemecho.WithScope(scope)))
 	url := serve(t, r) + "/x"
-	first := post(t, url, "k", `{}`)
-	second := post(t, url, "k", `{}`)
-	if !replayed(second) || second.body != "body" {
-		t.Fatalf("retry: %d %q replayed=%v", second.status, second.body, replayed(second))
+	first := client.Post(t, url, "k", `{}`)
+	second := client.Post(t, url, "k", `{}`)
+	if !second.Replayed() || second.Body != "body" {
+		t.Fatalf("retry: %d %q replayed=%v", second.Status, second.Body, second.Replayed())
 	}
 	for _, name := range []string{"Link", "X-Empty-Comma", "Content-Type"} {
-		if !reflect.DeepEqual(second.header.Values(name), first.header.Values(name)) || len(first.header.Values(name)) == 0 {
-			t.Fatalf("%s replayed as %q, sent as %q", name, second.header.Values(name), first.header.Values(name))
+		if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 {
+			t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
 		}
 	}
-	if got := second.header.Values("Link"); len(got) != 2 {
+	if got := second.Header.Values("Link"); len(got) != 2 {
 		t.Fatalf("Link lines = %q, want 2", got)
 	}
 }
@@ -316,10 +268,10 @@ func TestStreaming(t *testing.T) {
 			res.Flush()
 		}
 		return nil
-	}, idemecho.New(engine(t), idemecho.WithScope(scope)))
+	}, idemecho.New(client.Engine(t), idemecho.WithScope(scope)))
 	url := serve(t, r) + "/events"
 	t.Cleanup(done) // runs before the server's Close, so a failing test doesn't hang
-	resp, err := http.DefaultClient.Do(newRequest(context.Background(), url, "s", `{}`))
+	resp, err := http.DefaultClient.Do(client.NewRequest(context.Background(), url, "s", `{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,8 +280,8 @@ func TestStreaming(t *testing.T) {
 	if line, err := br.ReadString('\n'); err != nil || line != "data: 1\n" {
 		t.Fatalf("first event before the handler ended: %q %v", line, err)
 	}
-	if got := post(t, url, "s", `{}`); got.status != 409 {
-		t.Fatalf("retry during the stream: %d %s, want 409", got.status, got.body)
+	if got := client.Post(t, url, "s", `{}`); got.Status != 409 {
+		t.Fatalf("retry during the stream: %d %s, want 409", got.Status, got.Body)
 	}
 	done()
 	rest, _ := io.ReadAll(br)
@@ -337,9 +289,9 @@ func TestStreaming(t *testing.T) {
 	if full != "data: 1\n\ndata: 2\n\ndata: 3\n\n" {
 		t.Fatalf("stream = %q", full)
 	}
-	got := post(t, url, "s", `{}`)
-	if got.status != 200 || got.body != full || !replayed(got) || got.header.Get("Content-Type") != "text/event-stream" || runs.Load() != 1 {
-		t.Fatalf("retry after the stream: %d %q %q runs=%d; want the whole stream replayed", got.status, got.body, got.header.Get("Content-Type"), runs.Load())
+	got := client.Post(t, url, "s", `{}`)
+	if got.Status != 200 || got.Body != full || !got.Replayed() || got.Header.Get("Content-Type") != "text/event-stream" || runs.Load() != 1 {
+		t.Fatalf("retry after the stream: %d %q %q runs=%d; want the whole stream replayed", got.Status, got.Body, got.Header.Get("Content-Type"), runs.Load())
 	}
 }
 
@@ -347,16 +299,16 @@ func TestStreaming(t *testing.T) {
 func TestSkipper(t *testing.T) {
 	r := newEcho()
 	skip := func(c echo.Context) bool { return c.Path() == "/webhook" }
-	r.Use(idemecho.New(engine(t), idemecho.WithScope(scope), idemecho.WithSkipper(skip)))
+	r.Use(idemecho.New(client.Engine(t), idemecho.WithScope(scope), idemecho.WithSkipper(skip)))
 	h := func(c echo.Context) error { return c.String(201, "ok") }
 	r.POST("/webhook", h)
 	r.POST("/pay", h)
 	base := serve(t, r)
-	if got := post(t, base+"/webhook", "", `{}`); got.status != 201 {
-		t.Fatalf("skipped route without a key: %d", got.status)
+	if got := client.Post(t, base+"/webhook", "", `{}`); got.Status != 201 {
+		t.Fatalf("skipped route without a key: %d", got.Status)
 	}
-	if got := post(t, base+"/pay", "", `{}`); got.status != 400 {
-		t.Fatalf("covered route without a key: %d, want 400", got.status)
+	if got := client.Post(t, base+"/pay", "", `{}`); got.Status != 400 {
+		t.Fatalf("covered route without a key: %d, want 400", got.Status)
 	}
 }
 
@@ -371,7 +323,7 @@ func TestClientGoneCancelsHandlerContext(t *testing.T) {
 		<-c.Request().Context().Done()
 		close(cancelled)
 		return c.String(201, "done after hang-up")
-	}, idemecho.New(engine(t), idemecho.WithScope(scope)))
+	}, idemecho.New(client.Engine(t), idemecho.WithScope(scope)))
 	url := serve(t, r) + "/x"
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { // hang up once the handler runs (not on a timer a loaded machine can beat)
@@ -379,18 +331,18 @@ func TestClientGoneCancelsHandlerContext(t *testing.T) {
 		}
 		cancel()
 	}()
-	if _, err := http.DefaultClient.Do(newRequest(ctx, url, "gone", `{}`)); err == nil {
+	if _, err := http.DefaultClient.Do(client.NewRequest(ctx, url, "gone", `{}`)); err == nil {
 		t.Fatal("want the client to give up")
 	}
 	<-cancelled
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		got := post(t, url, "gone", `{}`)
-		if got.status == 201 && replayed(got) && got.body == "done after hang-up" {
+		got := client.Post(t, url, "gone", `{}`)
+		if got.Status == 201 && got.Replayed() && got.Body == "done after hang-up" {
 			break
 		}
-		if got.status != 409 || time.Now().After(deadline) {
-			t.Fatalf("retry: %d %q; want 409 then the replay", got.status, got.body)
+		if got.Status != 409 || time.Now().After(deadline) {
+			t.Fatalf("retry: %d %q; want 409 then the replay", got.Status, got.Body)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -26,7 +26,7 @@ import (
 	"github.com/idemkit/idem/adapters/idemfiber"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/adaptertest"
-	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/tests/adapters/internal/client"
 )
 
 func TestMain(m *testing.M) {
@@ -36,12 +36,6 @@ func TestMain(m *testing.M) {
 		// fasthttp's worker pool cleaner sees the stop signal only after its
 		// idle-worker sleep (10s) ends; it holds nothing of ours.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"))
-}
-
-func newStore(t *testing.T) idem.Store {
-	s := memstore.New()
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 func scope(c *fiber.Ctx) string { return c.Get(adaptertest.PrincipalHeader) }
@@ -114,57 +108,11 @@ func outer(c *fiber.Ctx) error {
 func TestBehaviour(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Config{
 		Mount:    mount,
-		NewStore: newStore,
+		NewStore: client.NewStore,
 		SkipStreaming: "fiber's adaptor (fasthttpadaptor) buffers an http.Handler's whole response: its Flush is a no-op; " +
 			"native streaming is tested in TestStreaming",
 	})
 }
-
-func engine(t *testing.T, opts ...idem.Option) *idem.Engine {
-	opts = append([]idem.Option{idem.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	e, err := idem.New(newStore(t), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func newRequest(ctx context.Context, url, key, body string) *http.Request {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(adaptertest.PrincipalHeader, "alice")
-	if key != "" {
-		req.Header.Set(idem.DefaultHeader, key)
-	}
-	return req
-}
-
-func do(t *testing.T, req *http.Request) reply {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reply{resp.StatusCode, resp.Header, string(b)}
-}
-
-func post(t *testing.T, url, key, body string) reply {
-	t.Helper()
-	return do(t, newRequest(context.Background(), url, key, body))
-}
-
-func replayed(r reply) bool { return r.header.Get(idem.ReplayedHeader) == "true" }
 
 // The handler parses the body after idemfiber took its fingerprint, and
 // sees the scoped key; middleware outside idemfiber sees the replay marker.
@@ -178,7 +126,7 @@ func TestBodyParserAndInfo(t *testing.T) {
 		outer <- info
 		return err
 	})
-	app.Post("/pay", idemfiber.New(engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+	app.Post("/pay", idemfiber.New(client.Engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
 		runs.Add(1)
 		var in struct {
 			Amount int `json:"amount"`
@@ -190,13 +138,13 @@ func TestBodyParserAndInfo(t *testing.T) {
 		return c.Status(201).JSON(fiber.Map{"amount": in.Amount, "key": info.Key})
 	})
 	url := serve(t, app) + "/pay"
-	first := post(t, url, "k1", `{"amount":42}`)
-	second := post(t, url, "k1", `{"amount":42}`)
-	if first.status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}$`).MatchString(first.body) {
-		t.Fatalf("first: %d %s; want the parsed amount and a 64-hex key", first.status, first.body)
+	first := client.Post(t, url, "k1", `{"amount":42}`)
+	second := client.Post(t, url, "k1", `{"amount":42}`)
+	if first.Status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}$`).MatchString(first.Body) {
+		t.Fatalf("first: %d %s; want the parsed amount and a 64-hex key", first.Status, first.Body)
 	}
-	if second.status != 201 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
-		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
+	if second.Status != 201 || second.Body != first.Body || !second.Replayed() || runs.Load() != 1 {
+		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.Status, second.Body, second.Replayed(), runs.Load())
 	}
 	if o1, o2 := <-outer, <-outer; o1.Replayed || len(o1.Key) != 64 || !o2.Replayed {
 		t.Fatalf("outer middleware saw %+v then %+v; want the key, then Replayed", o1, o2)
@@ -217,7 +165,7 @@ func TestBufferReuse(t *testing.T) {
 		}
 	})
 	app := newApp()
-	app.Post("/echo/:id", idemfiber.New(engine(t, hook), idemfiber.WithScope(scope),
+	app.Post("/echo/:id", idemfiber.New(client.Engine(t, hook), idemfiber.WithScope(scope),
 		idemfiber.WithRoute(func(c *fiber.Ctx) string { return c.Path() })), // aliases the request buffer
 		func(c *fiber.Ctx) error {
 			c.Response().Header.Add("X-Echo", c.Params("id"))
@@ -228,15 +176,15 @@ func TestBufferReuse(t *testing.T) {
 	ids := []string{"aaaa", "bbbb", "cccc", "dddd"}
 	for _, id := range ids { // one keep-alive connection, same-sized requests
 		body := strings.Repeat(id, 50)
-		if got := post(t, base+"/echo/"+id, "key-"+id, body); got.status != 201 || got.body != body {
-			t.Fatalf("%s: %d %q", id, got.status, got.body)
+		if got := client.Post(t, base+"/echo/"+id, "key-"+id, body); got.Status != 201 || got.Body != body {
+			t.Fatalf("%s: %d %q", id, got.Status, got.Body)
 		}
 	}
 	for _, id := range ids {
 		body := strings.Repeat(id, 50)
-		got := post(t, base+"/echo/"+id, "key-"+id, body)
-		if !replayed(got) || got.body != body || !reflect.DeepEqual(got.header.Values("X-Echo"), []string{id, body}) {
-			t.Fatalf("replay of %s: %q %q", id, got.body, got.header.Values("X-Echo"))
+		got := client.Post(t, base+"/echo/"+id, "key-"+id, body)
+		if !got.Replayed() || got.Body != body || !reflect.DeepEqual(got.Header.Values("X-Echo"), []string{id, body}) {
+			t.Fatalf("replay of %s: %q %q", id, got.Body, got.Header.Values("X-Echo"))
 		}
 	}
 	mu.Lock()
@@ -256,7 +204,7 @@ func TestBufferReuse(t *testing.T) {
 func TestReturnedErrors(t *testing.T) {
 	var runs atomic.Int64
 	app := newApp()
-	mw := idemfiber.New(engine(t), idemfiber.WithScope(scope))
+	mw := idemfiber.New(client.Engine(t), idemfiber.WithScope(scope))
 	app.Post("/fiber-error", mw, func(c *fiber.Ctx) error {
 		runs.Add(1)
 		return fiber.NewError(402, "card declined")
@@ -266,17 +214,17 @@ func TestReturnedErrors(t *testing.T) {
 		return errors.New("database gone")
 	})
 	base := serve(t, app)
-	first := post(t, base+"/fiber-error", "k", `{}`)
-	second := post(t, base+"/fiber-error", "k", `{}`)
-	if first.status != 402 || first.body != "card declined" {
-		t.Fatalf("fiber.NewError(402): %d %q", first.status, first.body)
+	first := client.Post(t, base+"/fiber-error", "k", `{}`)
+	second := client.Post(t, base+"/fiber-error", "k", `{}`)
+	if first.Status != 402 || first.Body != "card declined" {
+		t.Fatalf("fiber.NewError(402): %d %q", first.Status, first.Body)
 	}
-	if second.status != 402 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
-		t.Fatalf("retry of a 402: %d %q replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
+	if second.Status != 402 || second.Body != first.Body || !second.Replayed() || runs.Load() != 1 {
+		t.Fatalf("retry of a 402: %d %q replayed=%v runs=%d", second.Status, second.Body, second.Replayed(), runs.Load())
 	}
 	for i := 0; i < 2; i++ {
-		if got := post(t, base+"/plain-error", "k", `{}`); got.status != 500 || got.body != "database gone" || replayed(got) {
-			t.Fatalf("plain error try %d: %d %q replayed=%v", i, got.status, got.body, replayed(got))
+		if got := client.Post(t, base+"/plain-error", "k", `{}`); got.Status != 500 || got.Body != "database gone" || got.Replayed() {
+			t.Fatalf("plain error try %d: %d %q replayed=%v", i, got.Status, got.Body, got.Replayed())
 		}
 	}
 	if runs.Load() != 3 {
@@ -297,7 +245,7 @@ func TestPanicRecoveryOrder(t *testing.T) {
 				return c.Status(201).SendString("ok")
 			}
 			app := newApp()
-			mw := idemfiber.New(engine(t), idemfiber.WithScope(scope))
+			mw := idemfiber.New(client.Engine(t), idemfiber.WithScope(scope))
 			if order == "recover-before-idem" {
 				app.Post("/x", recover.New(), mw, handler)
 			} else {
@@ -305,12 +253,12 @@ func TestPanicRecoveryOrder(t *testing.T) {
 			}
 			url := serve(t, app) + "/x"
 			for i := 0; i < 2; i++ {
-				if got := post(t, url, "k", `{}`); got.status != 500 || got.body != "boom" {
-					t.Fatalf("panic %d: %d %q, want 500 from recover", i, got.status, got.body)
+				if got := client.Post(t, url, "k", `{}`); got.Status != 500 || got.Body != "boom" {
+					t.Fatalf("panic %d: %d %q, want 500 from recover", i, got.Status, got.Body)
 				}
 			}
-			if got := post(t, url, "k", `{}`); got.status != 201 || replayed(got) || runs.Load() != 3 {
-				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.status, replayed(got), runs.Load())
+			if got := client.Post(t, url, "k", `{}`); got.Status != 201 || got.Replayed() || runs.Load() != 3 {
+				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.Status, got.Replayed(), runs.Load())
 			}
 		})
 	}
@@ -323,7 +271,7 @@ func TestHeaderLines(t *testing.T) {
 	for _, normalize := range []bool{true, false} {
 		t.Run(fmt.Sprintf("normalize=%v", normalize), func(t *testing.T) {
 			app := newApp(fiber.Config{DisableHeaderNormalizing: !normalize})
-			app.Post("/x", idemfiber.New(engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+			app.Post("/x", idemfiber.New(client.Engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
 				h := &c.Response().Header
 				h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
 				h.Add("Link", `</c>; rel="last"`)
@@ -332,21 +280,21 @@ func TestHeaderLines(t *testing.T) {
 				return c.Status(201).SendString("body")
 			})
 			url := serve(t, app) + "/x"
-			send := func() reply {
-				req := newRequest(context.Background(), url, "", `{}`)
+			send := func() client.Reply {
+				req := client.NewRequest(context.Background(), url, "", `{}`)
 				req.Header["idempotency-key"] = []string{"k"} // sent as is, lower case
-				return do(t, req)
+				return client.Do(t, req)
 			}
 			first, second := send(), send()
-			if first.status != 201 || !replayed(second) || second.body != "body" {
-				t.Fatalf("first %d %q, retry %d %q replayed=%v", first.status, first.body, second.status, second.body, replayed(second))
+			if first.Status != 201 || !second.Replayed() || second.Body != "body" {
+				t.Fatalf("first %d %q, retry %d %q replayed=%v", first.Status, first.Body, second.Status, second.Body, second.Replayed())
 			}
 			for _, name := range []string{"Link", "X-Lower-Case", "Content-Type"} {
-				if !reflect.DeepEqual(second.header.Values(name), first.header.Values(name)) || len(first.header.Values(name)) == 0 {
-					t.Fatalf("%s replayed as %q, sent as %q", name, second.header.Values(name), first.header.Values(name))
+				if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 {
+					t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
 				}
 			}
-			if got := second.header.Values("Link"); len(got) != 2 || got[0] != `</a>; rel="next", </b>; rel="prev"` {
+			if got := second.Header.Values("Link"); len(got) != 2 || got[0] != `</a>; rel="next", </b>; rel="prev"` {
 				t.Fatalf("Link lines = %q", got)
 			}
 		})
@@ -363,7 +311,7 @@ func TestStreaming(t *testing.T) {
 	done := func() { once.Do(func() { close(release) }) }
 	var runs atomic.Int64
 	app := newApp()
-	app.Post("/events", idemfiber.New(engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+	app.Post("/events", idemfiber.New(client.Engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
 		runs.Add(1)
 		c.Set("Content-Type", "text/event-stream")
 		c.Set("Location", "/streams/1")
@@ -380,7 +328,7 @@ func TestStreaming(t *testing.T) {
 	})
 	url := serve(t, app) + "/events"
 	t.Cleanup(done) // runs before the app's shutdown, so a failing test doesn't hang
-	resp, err := http.DefaultClient.Do(newRequest(context.Background(), url, "s", `{}`))
+	resp, err := http.DefaultClient.Do(client.NewRequest(context.Background(), url, "s", `{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,12 +338,12 @@ func TestStreaming(t *testing.T) {
 		t.Fatalf("first event before the stream ended: %q %v", line, err)
 	}
 	check := func(when string) {
-		got := post(t, url, "s", `{}`)
+		got := client.Post(t, url, "s", `{}`)
 		var p idem.Problem
-		_ = json.Unmarshal([]byte(got.body), &p)
-		if got.status != 410 || !replayed(got) || p.Type != idem.ProblemTypeBase+"response-not-stored" ||
-			p.OriginalStatus != 200 || got.header.Get("Location") != "/streams/1" {
-			t.Fatalf("retry %s the stream: %d %s Location %q; want 410 response-not-stored for a 200", when, got.status, got.body, got.header.Get("Location"))
+		_ = json.Unmarshal([]byte(got.Body), &p)
+		if got.Status != 410 || !got.Replayed() || p.Type != idem.ProblemTypeBase+"response-not-stored" ||
+			p.OriginalStatus != 200 || got.Header.Get("Location") != "/streams/1" {
+			t.Fatalf("retry %s the stream: %d %s Location %q; want 410 response-not-stored for a 200", when, got.Status, got.Body, got.Header.Get("Location"))
 		}
 	}
 	check("during")
@@ -415,24 +363,24 @@ func TestStreaming(t *testing.T) {
 func TestNextAndRoute(t *testing.T) {
 	var runs atomic.Int64
 	app := newApp()
-	mw := idemfiber.New(engine(t), idemfiber.WithScope(scope),
+	mw := idemfiber.New(client.Engine(t), idemfiber.WithScope(scope),
 		idemfiber.WithNext(func(c *fiber.Ctx) bool { return c.Get("X-Webhook") != "" }))
 	app.Post("/items/:id", mw, func(c *fiber.Ctx) error {
 		runs.Add(1)
 		return c.Status(201).SendString(c.Params("id"))
 	})
 	base := serve(t, app)
-	req := newRequest(context.Background(), base+"/items/1", "", `{}`)
+	req := client.NewRequest(context.Background(), base+"/items/1", "", `{}`)
 	req.Header.Set("X-Webhook", "1")
-	if got := do(t, req); got.status != 201 {
-		t.Fatalf("skipped request without a key: %d", got.status)
+	if got := client.Do(t, req); got.Status != 201 {
+		t.Fatalf("skipped request without a key: %d", got.Status)
 	}
-	if got := post(t, base+"/items/1", "", `{}`); got.status != 400 {
-		t.Fatalf("covered request without a key: %d, want 400", got.status)
+	if got := client.Post(t, base+"/items/1", "", `{}`); got.Status != 400 {
+		t.Fatalf("covered request without a key: %d, want 400", got.Status)
 	}
-	post(t, base+"/items/1", "k", `{}`)
-	if got := post(t, base+"/items/2", "k", `{}`); got.status != 422 {
-		t.Fatalf("same key on another path of the same route template: %d, want 422 (one scope)", got.status)
+	client.Post(t, base+"/items/1", "k", `{}`)
+	if got := client.Post(t, base+"/items/2", "k", `{}`); got.Status != 422 {
+		t.Fatalf("same key on another path of the same route template: %d, want 422 (one scope)", got.Status)
 	}
 	if runs.Load() != 2 {
 		t.Fatalf("runs = %d, want 2", runs.Load())
@@ -466,7 +414,7 @@ func (u *countingUnit) Release(ctx context.Context) error {
 // through it. (adaptertest's App runs behind fiber's net/http adaptor,
 // which does not carry the user context.)
 func TestTransactionalUnit(t *testing.T) {
-	store := &unitStore{Store: newStore(t)}
+	store := &unitStore{Store: client.NewStore(t)}
 	e, err := idem.New(store, idem.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
@@ -477,8 +425,8 @@ func TestTransactionalUnit(t *testing.T) {
 		sawUnit.Store(idem.UnitFromContext(c.UserContext()) != nil)
 		return c.SendStatus(201)
 	})
-	if r := post(t, serve(t, app)+"/pay", "k1", `{}`); r.status != 201 {
-		t.Fatalf("status %d", r.status)
+	if r := client.Post(t, serve(t, app)+"/pay", "k1", `{}`); r.Status != 201 {
+		t.Fatalf("status %d", r.Status)
 	}
 	if !sawUnit.Load() || store.completed.Load() != 1 {
 		t.Fatalf("handler saw a unit: %v; completions through it: %d; want true, 1", sawUnit.Load(), store.completed.Load())

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -23,18 +22,12 @@ import (
 	"github.com/idemkit/idem/adapters/idemgin"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/adaptertest"
-	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/tests/adapters/internal/client"
 )
 
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.ReleaseMode)
 	goleak.VerifyTestMain(m)
-}
-
-func newStore(t *testing.T) idem.Store {
-	s := memstore.New()
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 func scope(c *gin.Context) string { return c.GetHeader(adaptertest.PrincipalHeader) }
@@ -72,7 +65,7 @@ func outer(c *gin.Context) {
 }
 
 func TestBehaviour(t *testing.T) {
-	adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: newStore})
+	adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: client.NewStore})
 }
 
 // serve runs r over a real listener with an engine on a fresh memstore.
@@ -81,41 +74,6 @@ func serve(t *testing.T, r *gin.Engine) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
-
-func engine(t *testing.T, opts ...idem.Option) *idem.Engine {
-	opts = append([]idem.Option{idem.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	e, err := idem.New(newStore(t), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func post(t *testing.T, url, key, body string) reply {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(adaptertest.PrincipalHeader, "alice")
-	req.Header.Set(idem.DefaultHeader, key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reply{resp.StatusCode, resp.Header, string(b)}
-}
-
-func replayed(r reply) bool { return r.header.Get(idem.ReplayedHeader) == "true" }
 
 // The handler binds the body after idemgin took its fingerprint, and sees
 // the scoped key; middleware outside idemgin sees the replay marker.
@@ -128,7 +86,7 @@ func TestBindAndInfo(t *testing.T) {
 		info, _ := idem.InfoFromContext(c.Request.Context())
 		outer <- info
 	})
-	r.POST("/pay", idemgin.New(engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
+	r.POST("/pay", idemgin.New(client.Engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
 		runs.Add(1)
 		var in struct{ Amount int }
 		if err := c.ShouldBindJSON(&in); err != nil {
@@ -139,13 +97,13 @@ func TestBindAndInfo(t *testing.T) {
 		c.JSON(201, gin.H{"amount": in.Amount, "key": info.Key})
 	})
 	url := serve(t, r) + "/pay"
-	first := post(t, url, "k1", `{"amount":42}`)
-	second := post(t, url, "k1", `{"amount":42}`)
-	if first.status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}$`).MatchString(first.body) {
-		t.Fatalf("first: %d %s; want the bound amount and a 64-hex key", first.status, first.body)
+	first := client.Post(t, url, "k1", `{"amount":42}`)
+	second := client.Post(t, url, "k1", `{"amount":42}`)
+	if first.Status != 201 || !regexp.MustCompile(`^\{"amount":42,"key":"[0-9a-f]{64}"\}$`).MatchString(first.Body) {
+		t.Fatalf("first: %d %s; want the bound amount and a 64-hex key", first.Status, first.Body)
 	}
-	if second.status != 201 || second.body != first.body || !replayed(second) || runs.Load() != 1 {
-		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.status, second.body, replayed(second), runs.Load())
+	if second.Status != 201 || second.Body != first.Body || !second.Replayed() || runs.Load() != 1 {
+		t.Fatalf("retry: %d %s replayed=%v runs=%d", second.Status, second.Body, second.Replayed(), runs.Load())
 	}
 	if o1, o2 := <-outer, <-outer; o1.Replayed || len(o1.Key) != 64 || !o2.Replayed {
 		t.Fatalf("outer middleware saw %+v then %+v; want the key, then Replayed", o1, o2)
@@ -156,7 +114,7 @@ func TestBindAndInfo(t *testing.T) {
 func TestAbort(t *testing.T) {
 	var runs atomic.Int64
 	r := gin.New()
-	r.POST("/:status", idemgin.New(engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
+	r.POST("/:status", idemgin.New(client.Engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
 		runs.Add(1)
 		if c.Param("status") == "500" {
 			c.AbortWithStatus(500)
@@ -166,17 +124,17 @@ func TestAbort(t *testing.T) {
 	})
 	base := serve(t, r)
 	for i := 0; i < 2; i++ {
-		if got := post(t, base+"/500", "k", `{}`); got.status != 500 || replayed(got) {
-			t.Fatalf("AbortWithStatus(500) try %d: %d replayed=%v", i, got.status, replayed(got))
+		if got := client.Post(t, base+"/500", "k", `{}`); got.Status != 500 || got.Replayed() {
+			t.Fatalf("AbortWithStatus(500) try %d: %d replayed=%v", i, got.Status, got.Replayed())
 		}
 	}
 	if runs.Load() != 2 {
 		t.Fatalf("AbortWithStatus(500) ran %d times, want 2 (released)", runs.Load())
 	}
-	first := post(t, base+"/402", "k", `{}`)
-	second := post(t, base+"/402", "k", `{}`)
-	if first.status != 402 || second.status != 402 || second.body != first.body || !replayed(second) || runs.Load() != 3 {
-		t.Fatalf("AbortWithStatusJSON(402): %d %s then %d %s; runs %d", first.status, first.body, second.status, second.body, runs.Load())
+	first := client.Post(t, base+"/402", "k", `{}`)
+	second := client.Post(t, base+"/402", "k", `{}`)
+	if first.Status != 402 || second.Status != 402 || second.Body != first.Body || !second.Replayed() || runs.Load() != 3 {
+		t.Fatalf("AbortWithStatusJSON(402): %d %s then %d %s; runs %d", first.Status, first.Body, second.Status, second.Body, runs.Load())
 	}
 }
 
@@ -191,7 +149,7 @@ func TestErrorWithoutResponse(t *testing.T) {
 			c.JSON(503, gin.H{"error": c.Errors.Last().Error()})
 		}
 	})
-	r.POST("/x", idemgin.New(engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
+	r.POST("/x", idemgin.New(client.Engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
 		if runs.Add(1) == 1 {
 			_ = c.Error(errors.New("downstream down"))
 			return
@@ -199,14 +157,14 @@ func TestErrorWithoutResponse(t *testing.T) {
 		c.String(201, "ok")
 	})
 	url := serve(t, r) + "/x"
-	if got := post(t, url, "k", `{}`); got.status != 503 || !strings.Contains(got.body, "downstream down") {
-		t.Fatalf("first: %d %s; want the error middleware's 503", got.status, got.body)
+	if got := client.Post(t, url, "k", `{}`); got.Status != 503 || !strings.Contains(got.Body, "downstream down") {
+		t.Fatalf("first: %d %s; want the error middleware's 503", got.Status, got.Body)
 	}
-	if got := post(t, url, "k", `{}`); got.status != 201 || got.body != "ok" || replayed(got) {
-		t.Fatalf("retry: %d %q replayed=%v; want a second execution", got.status, got.body, replayed(got))
+	if got := client.Post(t, url, "k", `{}`); got.Status != 201 || got.Body != "ok" || got.Replayed() {
+		t.Fatalf("retry: %d %q replayed=%v; want a second execution", got.Status, got.Body, got.Replayed())
 	}
-	if got := post(t, url, "k", `{}`); got.status != 201 || !replayed(got) || runs.Load() != 2 {
-		t.Fatalf("third: %d replayed=%v runs=%d", got.status, replayed(got), runs.Load())
+	if got := client.Post(t, url, "k", `{}`); got.Status != 201 || !got.Replayed() || runs.Load() != 2 {
+		t.Fatalf("third: %d replayed=%v runs=%d", got.Status, got.Replayed(), runs.Load())
 	}
 }
 
@@ -223,7 +181,7 @@ func TestPanicRecoveryOrder(t *testing.T) {
 				c.String(201, "ok")
 			}
 			r := gin.New()
-			mw := idemgin.New(engine(t), idemgin.WithScope(scope))
+			mw := idemgin.New(client.Engine(t), idemgin.WithScope(scope))
 			rec := gin.RecoveryWithWriter(io.Discard)
 			if order == "recovery-before-idem" {
 				r.POST("/x", rec, mw, handler)
@@ -232,12 +190,12 @@ func TestPanicRecoveryOrder(t *testing.T) {
 			}
 			url := serve(t, r) + "/x"
 			for i := 0; i < 2; i++ {
-				if got := post(t, url, "k", `{}`); got.status != 500 {
-					t.Fatalf("panic %d: status %d, want 500 from gin.Recovery", i, got.status)
+				if got := client.Post(t, url, "k", `{}`); got.Status != 500 {
+					t.Fatalf("panic %d: status %d, want 500 from gin.Recovery", i, got.Status)
 				}
 			}
-			if got := post(t, url, "k", `{}`); got.status != 201 || replayed(got) || runs.Load() != 3 {
-				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.status, replayed(got), runs.Load())
+			if got := client.Post(t, url, "k", `{}`); got.Status != 201 || got.Replayed() || runs.Load() != 3 {
+				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.Status, got.Replayed(), runs.Load())
 			}
 		})
 	}
@@ -247,7 +205,7 @@ func TestPanicRecoveryOrder(t *testing.T) {
 // exactly.
 func TestHeaderLines(t *testing.T) {
 	r := gin.New()
-	r.POST("/x", idemgin.New(engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
+	r.POST("/x", idemgin.New(client.Engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
 		h := c.Writer.Header()
 		h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
 		h.Add("Link", `</c>; rel="last"`)
@@ -255,17 +213,17 @@ func TestHeaderLines(t *testing.T) {
 		c.Data(201, "text/plain; charset=utf-8", []byte("body"))
 	})
 	url := serve(t, r) + "/x"
-	first := post(t, url, "k", `{}`)
-	second := post(t, url, "k", `{}`)
-	if !replayed(second) || second.body != "body" {
-		t.Fatalf("retry: %d %q replayed=%v", second.status, second.body, replayed(second))
+	first := client.Post(t, url, "k", `{}`)
+	second := client.Post(t, url, "k", `{}`)
+	if !second.Replayed() || second.Body != "body" {
+		t.Fatalf("retry: %d %q replayed=%v", second.Status, second.Body, second.Replayed())
 	}
 	for _, name := range []string{"Link", "X-Empty-Comma", "Content-Type"} {
-		if !reflect.DeepEqual(second.header.Values(name), first.header.Values(name)) || len(first.header.Values(name)) == 0 {
-			t.Fatalf("%s replayed as %q, sent as %q", name, second.header.Values(name), first.header.Values(name))
+		if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 {
+			t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
 		}
 	}
-	if got := second.header.Values("Link"); len(got) != 2 {
+	if got := second.Header.Values("Link"); len(got) != 2 {
 		t.Fatalf("Link lines = %q, want 2", got)
 	}
 }
@@ -278,7 +236,7 @@ func TestStreaming(t *testing.T) {
 	done := func() { once.Do(func() { close(release) }) }
 	var runs atomic.Int64
 	r := gin.New()
-	r.POST("/events", idemgin.New(engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
+	r.POST("/events", idemgin.New(client.Engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
 		runs.Add(1)
 		c.Header("Content-Type", "text/event-stream")
 		c.Status(200)
@@ -307,8 +265,8 @@ func TestStreaming(t *testing.T) {
 	if line, err := br.ReadString('\n'); err != nil || line != "data: 1\n" {
 		t.Fatalf("first event before the handler ended: %q %v", line, err)
 	}
-	if got := post(t, url, "s", `{}`); got.status != 409 {
-		t.Fatalf("retry during the stream: %d %s, want 409", got.status, got.body)
+	if got := client.Post(t, url, "s", `{}`); got.Status != 409 {
+		t.Fatalf("retry during the stream: %d %s, want 409", got.Status, got.Body)
 	}
 	done()
 	rest, _ := io.ReadAll(br)
@@ -316,9 +274,9 @@ func TestStreaming(t *testing.T) {
 	if full != "data: 1\n\ndata: 2\n\ndata: 3\n\n" {
 		t.Fatalf("stream = %q", full)
 	}
-	got := post(t, url, "s", `{}`)
-	if got.status != 200 || got.body != full || !replayed(got) || got.header.Get("Content-Type") != "text/event-stream" || runs.Load() != 1 {
-		t.Fatalf("retry after the stream: %d %q %q runs=%d; want the whole stream replayed", got.status, got.body, got.header.Get("Content-Type"), runs.Load())
+	got := client.Post(t, url, "s", `{}`)
+	if got.Status != 200 || got.Body != full || !got.Replayed() || got.Header.Get("Content-Type") != "text/event-stream" || runs.Load() != 1 {
+		t.Fatalf("retry after the stream: %d %q %q runs=%d; want the whole stream replayed", got.Status, got.Body, got.Header.Get("Content-Type"), runs.Load())
 	}
 }
 
@@ -328,7 +286,7 @@ func TestClientGoneCancelsHandlerContext(t *testing.T) {
 	cancelled := make(chan struct{})
 	var runs atomic.Int64
 	r := gin.New()
-	r.POST("/x", idemgin.New(engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
+	r.POST("/x", idemgin.New(client.Engine(t), idemgin.WithScope(scope)), func(c *gin.Context) {
 		runs.Add(1)
 		<-c.Request.Context().Done()
 		close(cancelled)
@@ -351,12 +309,12 @@ func TestClientGoneCancelsHandlerContext(t *testing.T) {
 	<-cancelled
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		got := post(t, url, "gone", `{}`)
-		if got.status == 201 && replayed(got) && got.body == "done after hang-up" {
+		got := client.Post(t, url, "gone", `{}`)
+		if got.Status == 201 && got.Replayed() && got.Body == "done after hang-up" {
 			break
 		}
-		if got.status != 409 || time.Now().After(deadline) {
-			t.Fatalf("retry: %d %q; want 409 then the replay", got.status, got.body)
+		if got.Status != 409 || time.Now().After(deadline) {
+			t.Fatalf("retry: %d %q; want 409 then the replay", got.Status, got.Body)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
