@@ -1,37 +1,16 @@
 package idemfiber_test
 
 import (
-	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/adapters/idemfiber"
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/tests/adapters/internal/client"
 )
 
 // An adapter built without a scope function for an engine without
 // WithGlobalScope would answer 401 to every request: New refuses it, naming
 // the fix.
 func TestNewWithoutScopePanics(t *testing.T) {
-	store := memstore.New()
-	defer store.Close()
-	e, err := idem.New(store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	func() {
-		defer func() {
-			p := fmt.Sprint(recover())
-			if !strings.Contains(p, "idemfiber.WithScope") || !strings.Contains(p, "idem.WithGlobalScope") {
-				t.Fatalf("New without WithScope: panic %q; want one naming idemfiber.WithScope and idem.WithGlobalScope", p)
-			}
-		}()
-		idemfiber.New(e)
-	}()
-	g, err := idem.New(store, idem.WithGlobalScope())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = idemfiber.New(g) // no principals declared: no scope needed
+	client.NewWithoutScopePanics(t, "idemfiber", func(e *idem.Engine) { _ = idemfiber.New(e) })
 }

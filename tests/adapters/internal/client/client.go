@@ -5,6 +5,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -74,4 +75,33 @@ func Do(t *testing.T, req *http.Request) Reply {
 func Post(t *testing.T, url, key, body string) Reply {
 	t.Helper()
 	return Do(t, NewRequest(context.Background(), url, key, body))
+}
+
+// NewWithoutScopePanics checks an adapter's New, called by build with no
+// scope function: for an engine without WithGlobalScope it must panic with a
+// message naming pkg.WithScope and idem.WithGlobalScope (the fixes), and for
+// one with WithGlobalScope it must not panic. pkg is the adapter's package
+// name, such as "idemgin".
+func NewWithoutScopePanics(t *testing.T, pkg string, build func(*idem.Engine)) {
+	t.Helper()
+	store := memstore.New()
+	defer store.Close()
+	e, err := idem.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			p := fmt.Sprint(recover())
+			if !strings.Contains(p, pkg+".WithScope") || !strings.Contains(p, "idem.WithGlobalScope") {
+				t.Fatalf("New without WithScope: panic %q; want one naming %s.WithScope and idem.WithGlobalScope", p, pkg)
+			}
+		}()
+		build(e)
+	}()
+	g, err := idem.New(store, idem.WithGlobalScope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	build(g) // no principals declared: no scope needed
 }
