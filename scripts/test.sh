@@ -6,6 +6,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 source scripts/services.sh
+# Every service is up now: a test that finds one missing fails instead of skipping.
+export CI=${CI:-true}
 
 status=0
 # first, so that the tests of tools/release, which build them again from a
