@@ -258,8 +258,9 @@ func HTTPServer(h http.Handler) Server {
 // Serve listens on addr, prints "listening on http://ADDR" once it accepts
 // connections, and serves srv until SIGINT or SIGTERM. Then it shuts srv
 // down (in-flight requests finish), waits for the completions engine is
-// still retrying after a store error (idem.Engine.Close), all within 5s,
-// and prints "executions N", the provider executions of svc (tests/chaos
+// still retrying after a store error (idem.Engine.Close), all within 10s
+// (more than the 5s net/http waits for a connection that has not sent a
+// request yet), and prints "executions N", the provider executions of svc (tests/chaos
 // reads both lines).
 func Serve(addr string, srv Server, engine *idem.Engine, svc *payments.Service) error {
 	ln, err := net.Listen("tcp", addr)
@@ -276,7 +277,7 @@ func Serve(addr string, srv Server, engine *idem.Engine, svc *payments.Service) 
 		return err
 	case <-ctx.Done():
 	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(shutdown); err != nil {
 		return err
