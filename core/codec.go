@@ -24,10 +24,11 @@ func (r *Response) MarshalBinary() ([]byte, error) {
 
 // AppendBinary appends the encoding of [Response.MarshalBinary] to b.
 func (r *Response) AppendBinary(b []byte) ([]byte, error) {
+	header := r.header()
 	var stack [16]string
 	names := stack[:0]
 	size := 1 + 2*binary.MaxVarintLen64 + len(r.Body)
-	for k, vs := range r.Header {
+	for k, vs := range header {
 		names = append(names, k)
 		size += binary.MaxVarintLen64*(2+len(vs)) + len(k)
 		for _, v := range vs {
@@ -38,10 +39,10 @@ func (r *Response) AppendBinary(b []byte) ([]byte, error) {
 	b = slices.Grow(b, size)
 	b = append(b, codecVersion)
 	b = binary.AppendUvarint(b, uint64(r.Status))
-	b = binary.AppendUvarint(b, uint64(len(r.Header)))
+	b = binary.AppendUvarint(b, uint64(len(header)))
 	for _, k := range names {
 		b = appendString(b, k)
-		vs := r.Header[k]
+		vs := header[k]
 		b = binary.AppendUvarint(b, uint64(len(vs)))
 		for _, v := range vs {
 			b = appendString(b, v)
@@ -58,45 +59,20 @@ func appendString(b []byte, s string) []byte {
 // copying out of data: all header names and values share one string
 // allocation, the body gets its own. It implements encoding.BinaryUnmarshaler.
 func (r *Response) UnmarshalBinary(data []byte) error {
-	// First pass: validate and size, without allocating.
-	d := decoder{b: data}
-	if d.byte() != codecVersion {
+	l, ok := scanEncoding(data)
+	if !ok {
 		return errCorrupt
 	}
-	status := d.uvarint()
-	n := d.uvarint()
-	if d.err || status > 999 || n > uint64(len(d.b)) {
-		return errCorrupt
-	}
-	total := uint64(0)
-	for range n {
-		d.skip()
-		nv := d.uvarint()
-		if d.err || nv > uint64(len(d.b)) {
-			return errCorrupt
-		}
-		for range nv {
-			d.skip()
-		}
-		total += nv
-	}
-	if d.err {
-		return errCorrupt
-	}
-	headerEnd := len(data) - len(d.b)
-	// Second pass: one copy of data holds the body (the caller's to modify)
-	// and, before it, the header names and values as one string that no
-	// slice reaches (body is cut with its capacity starting at headerEnd).
+	// One copy of data holds the body (the caller's to modify) and, before
+	// it, the header names and values as one string that no slice reaches
+	// (body is cut with its capacity starting at headerEnd).
 	all := make([]byte, len(data))
 	copy(all, data)
-	body := all[headerEnd:len(data):len(data)]
-	str := unsafe.String(unsafe.SliceData(all), headerEnd)
-	sd := strDecoder{s: str[1:]}
-	sd.uvarint()
-	sd.uvarint()
-	h := make(http.Header, n+1) // room for the replay's Idempotent-Replayed line
-	values := make([]string, total)
-	for range n {
+	body := all[l.headerEnd:len(data):len(data)]
+	sd := strDecoder{s: unsafe.String(unsafe.SliceData(all), l.headerEnd)[l.linesStart:]}
+	h := make(http.Header, l.names+1) // room for the replay's Idempotent-Replayed line
+	values := make([]string, l.values)
+	for range l.names {
 		k := sd.string()
 		nv := int(sd.uvarint())
 		vs := values[:nv:nv]
@@ -106,8 +82,116 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 		}
 		h[k] = vs
 	}
-	r.Status, r.Header, r.Body = int(status), h, body
+	r.Status, r.Header, r.Body = l.status, h, body
 	return nil
+}
+
+// layout is where the parts of a valid encoding lie.
+type layout struct {
+	status, names, values int // names and values: header lines' counts
+	linesStart, headerEnd int // the header names and values are data[linesStart:headerEnd]; the body follows
+}
+
+// scanEncoding validates data as an encoding of [Response.MarshalBinary]
+// without allocating.
+func scanEncoding(data []byte) (layout, bool) {
+	d := decoder{b: data}
+	if d.byte() != codecVersion {
+		return layout{}, false
+	}
+	status := d.uvarint()
+	n := d.uvarint()
+	if d.err || status > 999 || n > uint64(len(d.b)) {
+		return layout{}, false
+	}
+	l := layout{status: int(status), names: int(n), linesStart: len(data) - len(d.b)}
+	for range n {
+		d.skip()
+		nv := d.uvarint()
+		if d.err || nv > uint64(len(d.b)) {
+			return layout{}, false
+		}
+		for range nv {
+			d.skip()
+		}
+		l.values += int(nv)
+	}
+	if d.err {
+		return layout{}, false
+	}
+	l.headerEnd = len(data) - len(d.b)
+	return l, true
+}
+
+// sharedReplay returns the replay of the response encoded in data, reading
+// it in place: Body and the header lines ([Response.EachHeader]) alias
+// data, which the store never modifies afterwards. Header is nil.
+func sharedReplay(data []byte) (*Response, error) {
+	l, ok := scanEncoding(data)
+	if !ok {
+		return nil, errCorrupt
+	}
+	return &Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)], wire: wire{
+		lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart),
+		names: l.names, values: l.values, replayed: true,
+	}}, nil
+}
+
+// wire is the header of a [Response] read in place from its encoding (see
+// sharedReplay): the encoded header names and values and their counts.
+type wire struct {
+	lines         string
+	names, values int
+	replayed      bool // Idempotent-Replayed: true follows the stored lines
+}
+
+// EachHeader calls fn for every header line of resp, lines of one name in a
+// row: the lines of Header, or, for a replay the engine read in place from
+// its stored encoding (Header is nil then), the stored lines followed by
+// "Idempotent-Replayed: true". Adapters that write Begin's answers to a
+// framework's own header type use it; name and value are read-only.
+func (resp *Response) EachHeader(fn func(name, value string)) {
+	if resp.Header != nil || !resp.wire.replayed {
+		for k, vs := range resp.Header {
+			for _, v := range vs {
+				fn(k, v)
+			}
+		}
+		return
+	}
+	d := strDecoder{s: resp.wire.lines}
+	for range resp.wire.names {
+		k := d.string()
+		for range d.uvarint() {
+			fn(k, d.string())
+		}
+	}
+	fn(ReplayedHeader, "true")
+}
+
+// header returns resp's header lines as an http.Header (Header, or for a
+// replay read in place, a new map whose strings alias the encoding; its
+// value slices share one array, each capped so that an append copies).
+func (resp *Response) header() http.Header {
+	if resp.Header != nil || !resp.wire.replayed {
+		return resp.Header
+	}
+	h := make(http.Header, resp.wire.names+1)
+	values := make([]string, resp.wire.values+1)
+	d := strDecoder{s: resp.wire.lines}
+	for range resp.wire.names {
+		k := d.string()
+		nv := int(d.uvarint())
+		vs := values[:nv:nv]
+		values = values[nv:]
+		for j := range vs {
+			vs[j] = d.string()
+		}
+		h[k] = vs
+	}
+	values[0] = "true"
+	h[ReplayedHeader] = values[:1:1]
+	return h
 }
 
 type decoder struct {

@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -51,6 +53,7 @@ type Engine struct {
 	store    Store
 	extender Extender
 	tx       Transactional // nil unless the store offers transactional completion
+	encoded  EncodedAcquirer
 	local    bool          // the store does no I/O: no timeout contexts
 	cfg      config
 
@@ -90,6 +93,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
+	e.encoded, _ = store.(EncodedAcquirer)
 	if l, ok := store.(LocalStore); ok {
 		e.local = l.Local()
 	}
@@ -177,9 +181,9 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		deadline = time.Now().Add(e.cfg.wait)
 	}
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
-		start := time.Now()
-		rec, acquired, err := e.acquire(ctx, scoped, token, fp)
-		now := time.Now()
+		start := e.clock()
+		rec, encoded, acquired, err := e.acquire(ctx, scoped, token, fp)
+		now := e.clock()
 		ev.Op, ev.StoreDuration = OpAcquire, now.Sub(start)
 		switch {
 		case errors.Is(err, ErrCorrupt):
@@ -204,6 +208,15 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			ev.Kind = EventMismatch
 			e.emit(ctx, ev)
 			return nil, e.problems.mismatch
+		case rec.State == StateCompleted && encoded != nil:
+			resp, err := sharedReplay(encoded)
+			if err != nil {
+				e.reportUnreadable(ctx, ev, fmt.Errorf("%w: %w", ErrCorrupt, err))
+				return nil, e.problems.unreadable
+			}
+			ev.Kind = EventReplayed
+			e.emit(ctx, ev)
+			return nil, resp
 		case rec.State == StateCompleted && rec.Response != nil:
 			ev.Kind = EventReplayed
 			e.emit(ctx, ev)
@@ -425,14 +438,17 @@ func transient(err error) bool {
 }
 
 func (x *Execution) complete(resp *Response) error {
-	start := time.Now()
-	defer func() { x.storeDur = time.Since(start) }()
+	start := x.e.clock()
+	var err error
 	if x.e.local {
-		return x.storeComplete(x.ctx, resp)
+		err = x.storeComplete(x.ctx, resp)
+	} else {
+		ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+		err = x.storeComplete(ctx, resp)
+		cancel()
 	}
-	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
-	defer cancel()
-	return x.storeComplete(ctx, resp)
+	x.storeDur = x.e.clock().Sub(start)
+	return err
 }
 
 // storeComplete completes through x's Unit when it has one, else the Store.
@@ -620,21 +636,28 @@ func storable(status int) bool {
 	return status >= 200 && status < 500
 }
 
-func (e *Engine) acquire(ctx context.Context, key, token, fp string) (Record, bool, error) {
+// acquire calls the store's AcquireEncoded when it has one, else Acquire;
+// encoded is a completed record's stored encoding, or nil.
+func (e *Engine) acquire(ctx context.Context, key, token, fp string) (rec Record, encoded []byte, acquired bool, err error) {
+	lease := e.cfg.lease
 	if e.local {
-		lease := e.cfg.lease
 		if e.extender != nil {
 			lease = localLease
 		}
-		return e.store.Acquire(ctx, key, token, fp, lease)
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.cfg.storeTimeout)
+		defer cancel()
 	}
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.storeTimeout)
-	defer cancel()
-	return e.store.Acquire(ctx, key, token, fp, e.cfg.lease)
+	if e.encoded != nil {
+		return e.encoded.AcquireEncoded(ctx, key, token, fp, lease)
+	}
+	rec, acquired, err = e.store.Acquire(ctx, key, token, fp, lease)
+	return rec, nil, acquired, err
 }
 
 func (x *Execution) release() {
-	start := time.Now()
+	start := x.e.clock()
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	var err error
 	if x.unit != nil {
@@ -643,7 +666,7 @@ func (x *Execution) release() {
 		err = x.e.store.Release(ctx, x.key, x.token)
 	}
 	cancel()
-	ev := x.ended(x.ev, OpRelease, time.Since(start))
+	ev := x.ended(x.ev, OpRelease, x.e.clock().Sub(start))
 	switch {
 	case errors.Is(err, ErrNotOwner):
 		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before release")
@@ -706,7 +729,7 @@ func (x *Execution) renew() {
 // finishing marks the handler as done and measures how long it ran;
 // renewal continues until stopRenewal.
 func (x *Execution) finishing() {
-	x.handler = time.Since(x.started)
+	x.handler = x.e.clock().Sub(x.started)
 	x.mu.Lock()
 	x.finished = true
 	x.mu.Unlock()
@@ -781,6 +804,9 @@ func (e *Engine) stores(k string, v []string, outer http.Header) bool {
 // carries "Idempotent-Replayed: true"), as opposed to a problem the engine
 // answered with.
 func (resp *Response) IsReplay() bool {
+	if resp.wire.replayed {
+		return true
+	}
 	v := resp.Header[ReplayedHeader] // canonical: no Get, which canonicalises
 	return len(v) > 0 && v[0] == "true"
 }
@@ -793,8 +819,12 @@ var replayedValue = []string{"true"}
 // and body. Adapters on net/http based frameworks use it for Begin's answers.
 func (resp *Response) Send(w http.ResponseWriter) {
 	h := w.Header()
-	for k, v := range resp.Header {
-		h[k] = append([]string(nil), v...)
+	if resp.wire.replayed {
+		maps.Copy(h, resp.header()) // a new map: its value slices are h's to keep
+	} else {
+		for k, v := range resp.Header {
+			h[k] = append([]string(nil), v...)
+		}
 	}
 	if bodyAllowed(resp.Status) {
 		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))

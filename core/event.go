@@ -91,6 +91,16 @@ type Event struct {
 	Ended bool
 }
 
+// clock returns the time for an [Event]'s durations: time.Now with an
+// event hook, else the zero time, sparing the request path clock reads
+// (about 50ns each on a VM) that nobody would see.
+func (e *Engine) clock() time.Time {
+	if e.cfg.onEvent == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
 func (e *Engine) emit(ctx context.Context, ev Event) {
 	if e.cfg.onEvent != nil {
 		e.cfg.onEvent(ctx, ev)

@@ -62,10 +62,17 @@ func (s State) String() string {
 // Response is a captured HTTP response as stored and replayed.
 // Header holds only the header lines worth replaying (see [WithUnstoredHeaders]);
 // Body is the exact byte sequence the handler wrote.
+//
+// A replay the [Engine] answers from a store's encoding in place (see
+// [EncodedAcquirer]) has a nil Header: its lines are read with
+// [Response.EachHeader], written with [Response.Send], and copied into a
+// Header by [Response.Clone].
 type Response struct {
 	Status int
 	Header http.Header
 	Body   []byte
+
+	wire wire // a replay read in place: its header lines (Header is nil)
 }
 
 // Clone returns a deep copy of r, for stores that keep responses as values
@@ -74,7 +81,7 @@ func (r *Response) Clone() *Response {
 	if r == nil {
 		return nil
 	}
-	return &Response{Status: r.Status, Header: r.Header.Clone(), Body: cloneBytes(r.Body)}
+	return &Response{Status: r.Status, Header: r.header().Clone(), Body: cloneBytes(r.Body)}
 }
 
 func cloneBytes(b []byte) []byte {
@@ -144,6 +151,20 @@ type Extender interface {
 	// given duration from now. It returns [ErrNotOwner] when token does not
 	// hold a live lease.
 	Extend(ctx context.Context, key, token string, lease time.Duration) error
+}
+
+// EncodedAcquirer is implemented by stores that keep completed responses
+// in the encoding of [Response.MarshalBinary] and can hand it out without
+// decoding or copying it (memstore). The [Engine] then calls AcquireEncoded
+// instead of Acquire and replays straight from the encoding: no header map,
+// no copy of the body.
+type EncodedAcquirer interface {
+	// AcquireEncoded is [Store.Acquire], except that a completed record's
+	// Response is nil and its encoding is returned in encoded instead. The
+	// store must never modify those bytes afterwards (it replaces a record,
+	// never edits it in place); the caller only reads them. Bytes that do
+	// not decode make the engine answer as for [ErrCorrupt].
+	AcquireEncoded(ctx context.Context, key, token, fingerprint string, lease time.Duration) (rec Record, encoded []byte, acquired bool, err error)
 }
 
 // LocalStore is implemented by stores that do no I/O (memstore): the

@@ -89,13 +89,14 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			if resp.IsReplay() {
 				setContext(c, idem.ContextWithInfo(c.Context(), idem.Info{Replayed: true}))
 			}
-			h := &c.Response().Header
-			for k, vs := range resp.Header {
-				h.Del(k)
-				for _, v := range vs {
-					h.Add(k, v)
+			h, prev := &c.Response().Header, ""
+			resp.EachHeader(func(k, v string) { // replaces lines of the same name
+				if k != prev {
+					h.Del(k)
+					prev = k
 				}
-			}
+				h.Add(k, v)
+			})
 			c.Status(resp.Status)
 			c.Response().SetBody(resp.Body) // copies
 			return nil

@@ -10,7 +10,8 @@
 // winner among racing goroutines; owner-only complete, release and extend;
 // lease and retention expiry (with real time, in tenths of a second);
 // cancelled contexts; binary bodies and multi-value headers; defensive copies;
-// the optional [idem.Extender] and [idem.Inspector] when the store has them.
+// the optional [idem.Extender], [idem.Inspector] and [idem.EncodedAcquirer]
+// when the store has them.
 package storetest
 
 import (
@@ -63,6 +64,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"LargeBody", testLargeBody},
 		{"DefensiveCopies", testDefensiveCopies},
 		{"Inspector", testInspector},
+		{"EncodedAcquirer", testEncodedAcquirer},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })

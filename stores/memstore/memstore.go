@@ -33,6 +33,7 @@ const numShards = 64
 var _ idem.Store = (*Store)(nil)
 var _ idem.Extender = (*Store)(nil)
 var _ idem.LocalStore = (*Store)(nil)
+var _ idem.EncodedAcquirer = (*Store)(nil)
 
 // Store is an in-memory idem.Store, safe for concurrent use.
 type Store struct {
@@ -142,11 +143,32 @@ func (s *Store) Local() bool { return true }
 
 // Acquire implements [idem.Store.Acquire].
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
+	live, acquired, err := s.acquire(ctx, key, token, fingerprint, lease)
+	if err != nil || acquired {
+		return idem.Record{}, acquired, err
+	}
+	rec, err := record(live)
+	return rec, false, err
+}
+
+// AcquireEncoded implements [idem.EncodedAcquirer]: a completed record's
+// response comes back as the stored encoding itself, which is never
+// modified (Complete replaces it).
+func (s *Store) AcquireEncoded(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, []byte, bool, error) {
+	live, acquired, err := s.acquire(ctx, key, token, fingerprint, lease)
+	if err != nil || acquired {
+		return idem.Record{}, nil, acquired, err
+	}
+	return idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token}, live.resp, false, nil
+}
+
+// acquire takes the lease, or returns a copy of the live entry.
+func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (entry, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Record{}, false, err
+		return entry{}, false, err
 	}
 	if lease <= 0 {
-		return idem.Record{}, false, idem.ErrInvalidDuration
+		return entry{}, false, idem.ErrInvalidDuration
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
@@ -155,13 +177,12 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	if ok && now.Before(e.expires) {
 		live := *e
 		sh.mu.Unlock()
-		rec, err := record(live)
-		return rec, false, err
+		return live, false, nil
 	}
 	defer sh.mu.Unlock()
 	if !ok {
 		if s.count.Load() >= s.max {
-			return idem.Record{}, false, ErrFull
+			return entry{}, false, ErrFull
 		}
 		s.count.Add(1)
 		e = &entry{}
@@ -171,7 +192,7 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 		}
 	}
 	*e = entry{state: idem.StateInProgress, token: token, fp: fingerprint, expires: now.Add(lease)}
-	return idem.Record{}, true, nil
+	return entry{}, true, nil
 }
 
 // owned returns the entry if token holds its live lease; sh.mu must be held.

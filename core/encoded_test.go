@@ -1,0 +1,115 @@
+package idem
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+)
+
+// encodedStore is a scriptStore that also hands completed responses out
+// encoded ([EncodedAcquirer]), or the bytes in corrupt when set.
+type encodedStore struct {
+	*scriptStore
+	corrupt []byte
+}
+
+func (s *encodedStore) AcquireEncoded(ctx context.Context, key, token, fp string, lease time.Duration) (Record, []byte, bool, error) {
+	rec, acquired, err := s.Acquire(ctx, key, token, fp, lease)
+	if err != nil || acquired || rec.Response == nil {
+		return rec, nil, acquired, err
+	}
+	enc, err := rec.Response.MarshalBinary()
+	if s.corrupt != nil {
+		enc = s.corrupt
+	}
+	rec.Response = nil
+	return rec, enc, false, err
+}
+
+// TestEncodedReplay checks a replay read in place from a store's encoding:
+// the same status, lines and body as one decoded from a plain Acquire,
+// through every way adapters and stores read a Response.
+func TestEncodedReplay(t *testing.T) {
+	stored := http.Header{"Content-Type": {"application/json"}, "Link": {"<a>", "<b>"}, "X-Bin": {"\x00\xff"}}
+	run := func(s Store) *Response {
+		t.Helper()
+		e, err := New(s, WithGlobalScope())
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := func() *Request {
+			return &Request{Method: http.MethodPost, Path: "/p", Keys: []string{"k"}, Body: []byte("{}")}
+		}
+		x, _ := e.Begin(context.Background(), req())
+		if x == nil {
+			t.Fatal("first request not acquired")
+		}
+		_, _ = x.Write([]byte(`{"id":1}`))
+		x.Finish(201, stored.Clone())
+		_, resp := e.Begin(context.Background(), req())
+		if resp == nil || !resp.IsReplay() {
+			t.Fatalf("second request = %+v; want a replay", resp)
+		}
+		return resp
+	}
+	plain := run(newScriptStore(0))
+	inPlace := run(&encodedStore{scriptStore: newScriptStore(0)})
+	if inPlace.Header != nil {
+		t.Fatalf("in-place replay has a Header map %v; want lines read from the encoding", inPlace.Header)
+	}
+	lines := func(r *Response) []string {
+		var out []string
+		r.EachHeader(func(k, v string) { out = append(out, k+": "+v) })
+		slices.Sort(out)
+		return out
+	}
+	if got, want := lines(inPlace), lines(plain); !slices.Equal(got, want) || !slices.Contains(got, "Idempotent-Replayed: true") {
+		t.Fatalf("EachHeader = %q; want %q", got, want)
+	}
+	if inPlace.Status != plain.Status || string(inPlace.Body) != string(plain.Body) {
+		t.Fatalf("in place %d %q; want %d %q", inPlace.Status, inPlace.Body, plain.Status, plain.Body)
+	}
+	if c := inPlace.Clone(); !reflect.DeepEqual(c.Header, plain.Header) || string(c.Body) != string(plain.Body) {
+		t.Fatalf("Clone = %v %q; want %v %q", c.Header, c.Body, plain.Header, plain.Body)
+	}
+	for _, r := range []*Response{plain, inPlace} {
+		enc, err := r.AppendBinary(nil)
+		var back Response
+		if err != nil || back.UnmarshalBinary(enc) != nil || !reflect.DeepEqual(back.Header, plain.Header) {
+			t.Fatalf("AppendBinary round trip = %v, %v; want %v", back.Header, err, plain.Header)
+		}
+	}
+	a, b := httptest.NewRecorder(), httptest.NewRecorder()
+	plain.Send(a)
+	inPlace.Send(b)
+	if !reflect.DeepEqual(a.Header(), b.Header()) || a.Code != b.Code || a.Body.String() != b.Body.String() {
+		t.Fatalf("Send in place = %d %v %q; want %d %v %q", b.Code, b.Header(), b.Body, a.Code, a.Header(), a.Body)
+	}
+	b.Header()["Link"][0] = "changed" // the recorder's header is its own
+	if slices.Contains(lines(inPlace), "Link: changed") {
+		t.Fatal("writing the ResponseWriter's header changed the stored lines")
+	}
+}
+
+// TestEncodedReplayCorrupt: bytes that do not decode are answered 500
+// stored-result-unreadable, as a store's ErrCorrupt is.
+func TestEncodedReplayCorrupt(t *testing.T) {
+	s := &encodedStore{scriptStore: newScriptStore(0), corrupt: []byte{9, 9, 9}}
+	e, err := New(s, WithGlobalScope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func() *Request {
+		return &Request{Method: http.MethodPost, Path: "/p", Keys: []string{"k"}, Body: []byte("{}")}
+	}
+	x, _ := e.Begin(context.Background(), req())
+	x.Finish(201, http.Header{})
+	_, resp := e.Begin(context.Background(), req())
+	if resp == nil || resp.Status != http.StatusInternalServerError || resp != e.problems.unreadable {
+		t.Fatalf("replay of corrupt bytes = %+v; want the 500 stored-result-unreadable problem", resp)
+	}
+}
