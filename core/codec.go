@@ -131,18 +131,23 @@ func sharedReplay(data []byte) (*Response, error) {
 	if !ok {
 		return nil, errCorrupt
 	}
-	return &Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)], wire: wire{
-		lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart),
-		names: l.names, values: l.values, replayed: true,
-	}}, nil
+	r := &struct { // one allocation for both
+		resp Response
+		wire wire
+	}{
+		resp: Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)]},
+		wire: wire{lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart), names: l.names, values: l.values},
+	}
+	r.resp.wire = &r.wire
+	return &r.resp, nil
 }
 
-// wire is the header of a [Response] read in place from its encoding (see
-// sharedReplay): the encoded header names and values and their counts.
+// wire is the header of a replay read in place from its encoding (see
+// sharedReplay): the encoded header names and values and their counts;
+// the line "Idempotent-Replayed: true" follows them.
 type wire struct {
 	lines         string
 	names, values int
-	replayed      bool // Idempotent-Replayed: true follows the stored lines
 }
 
 // EachHeader calls fn for every header line of resp, lines of one name in a
@@ -151,7 +156,7 @@ type wire struct {
 // "Idempotent-Replayed: true". Adapters that write Begin's answers to a
 // framework's own header type use it; name and value are read-only.
 func (resp *Response) EachHeader(fn func(name, value string)) {
-	if resp.Header != nil || !resp.wire.replayed {
+	if resp.Header != nil || resp.wire == nil {
 		for k, vs := range resp.Header {
 			for _, v := range vs {
 				fn(k, v)
@@ -173,7 +178,7 @@ func (resp *Response) EachHeader(fn func(name, value string)) {
 // replay read in place, a new map whose strings alias the encoding; its
 // value slices share one array, each capped so that an append copies).
 func (resp *Response) header() http.Header {
-	if resp.Header != nil || !resp.wire.replayed {
+	if resp.Header != nil || resp.wire == nil {
 		return resp.Header
 	}
 	h := make(http.Header, resp.wire.names+1)

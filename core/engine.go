@@ -125,7 +125,8 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //     no key under [WithKeyOptional], or the store failed under [WithFailOpen]);
 //   - nil, resp: do not run the handler; write resp, which is either a replay
 //     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
-//     read-only and may be shared;
+//     read-only and may be shared; write it with [Response.Send] or read its
+//     header lines with [Response.EachHeader] (a replay's Header may be nil);
 //   - x, nil: run the handler, feed its body to x.Write, then call exactly
 //     one of x.Finish, x.Fail (handler error without a response) or x.Abort
 //     (panic).
@@ -804,7 +805,7 @@ func (e *Engine) stores(k string, v []string, outer http.Header) bool {
 // carries "Idempotent-Replayed: true"), as opposed to a problem the engine
 // answered with.
 func (resp *Response) IsReplay() bool {
-	if resp.wire.replayed {
+	if resp.wire != nil {
 		return true
 	}
 	v := resp.Header[ReplayedHeader] // canonical: no Get, which canonicalises
@@ -819,7 +820,7 @@ var replayedValue = []string{"true"}
 // and body. Adapters on net/http based frameworks use it for Begin's answers.
 func (resp *Response) Send(w http.ResponseWriter) {
 	h := w.Header()
-	if resp.wire.replayed {
+	if resp.wire != nil {
 		maps.Copy(h, resp.header()) // a new map: its value slices are h's to keep
 	} else {
 		for k, v := range resp.Header {

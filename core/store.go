@@ -72,7 +72,7 @@ type Response struct {
 	Header http.Header
 	Body   []byte
 
-	wire wire // a replay read in place: its header lines (Header is nil)
+	wire *wire // a replay read in place: its header lines (Header is nil)
 }
 
 // Clone returns a deep copy of r, for stores that keep responses as values

@@ -11,6 +11,7 @@ package memstore
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,7 @@ var _ idem.EncodedAcquirer = (*Store)(nil)
 // Store is an in-memory idem.Store, safe for concurrent use.
 type Store struct {
 	shards   [numShards]shard
+	seed     maphash.Seed // of the shard hash
 	now      func() time.Time
 	max      int64
 	count    atomic.Int64
@@ -80,7 +82,7 @@ func WithCleanupInterval(d time.Duration) Option { return func(s *Store) { s.int
 
 // New returns a Store and starts its janitor; call Close to stop it.
 func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, max: DefaultMaxRecords, interval: DefaultCleanupInterval,
+	s := &Store{now: time.Now, seed: maphash.MakeSeed(), max: DefaultMaxRecords, interval: DefaultCleanupInterval,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	for _, o := range opts {
 		o(s)
@@ -108,11 +110,7 @@ func (s *Store) Close() error {
 func (s *Store) Len() int { return int(s.count.Load()) }
 
 func (s *Store) shard(key string) *shard {
-	h := uint32(2166136261) // FNV-1a
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint32(key[i])) * 16777619
-	}
-	return &s.shards[h%numShards]
+	return &s.shards[maphash.String(s.seed, key)%numShards]
 }
 
 // live returns the entry for key if it has not expired; sh.mu must be held.
