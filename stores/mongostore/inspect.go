@@ -29,7 +29,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 		return idem.RecordInfo{}, false, err
 	}
 	var d record
-	err = s.coll.FindOne(ctx, live(key, now)).Decode(&d)
+	err = decode(s.coll.FindOne(ctx, live(key, now)), &d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return idem.RecordInfo{}, false, nil
 	}

@@ -281,7 +281,7 @@ func (s *Store) insertClaim(ctx context.Context, key, ended string, c claim) (wo
 		return false, nil, fmt.Errorf("mongostore: claim: %w", err)
 	}
 	var w claim
-	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: c.ID}}).Decode(&w)
+	err = decode(s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: c.ID}}), &w)
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return false, nil, nil
@@ -321,8 +321,8 @@ attempts:
 		// Inserts fresh when _id is free, else returns the record untouched.
 		// MongoDB retries an upsert that hits a duplicate _id as an update.
 		var old record
-		err = s.coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: key}},
-			bson.D{{Key: "$setOnInsert", Value: fresh}}, acquireOpts).Decode(&old)
+		err = decode(s.coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: key}},
+			bson.D{{Key: "$setOnInsert", Value: fresh}}, acquireOpts), &old)
 		switch {
 		case errors.Is(err, mongo.ErrNoDocuments):
 			return idem.Record{}, true, nil // inserted: acquired
@@ -443,9 +443,9 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	var d record
-	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}, releaseOpts).Decode(&d)
+	err = decode(s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}, releaseOpts), &d)
 	switch {
-	case errors.Is(err, mongo.ErrNoDocuments):
+	case errors.Is(err, mongo.ErrNoDocuments), errors.Is(err, idem.ErrCorrupt): // a foreign document is nobody's lease
 		return idem.ErrNotOwner
 	case err != nil:
 		return fmt.Errorf("mongostore: release: %w", err)
@@ -528,7 +528,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	// The filter is _id alone, expiry checked here: FerretDB uses its _id
 	// index only for a filter that is exactly {_id: value}.
 	var d record
-	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
+	err = decode(s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}), &d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return idem.Record{}, false, nil
 	}
@@ -543,4 +543,19 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 		return idem.Record{}, false, err
 	}
 	return rec, true, nil
+}
+
+// decode reads res into v. A document that does not fit v (a field of
+// another BSON type, written by something other than this package) is
+// reported wrapping [idem.ErrCorrupt], so the engine answers 500
+// "stored-result-unreadable" rather than 503 as for a store failure.
+func decode(res *mongo.SingleResult, v any) error {
+	raw, err := res.Raw()
+	if err != nil {
+		return err
+	}
+	if err := bson.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%w: %w", idem.ErrCorrupt, err)
+	}
+	return nil
 }

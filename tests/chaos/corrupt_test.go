@@ -97,6 +97,15 @@ func TestUnreadableRecord(t *testing.T) {
 					put(t, bson.D{{Key: "_id", Value: scoped}, {Key: "state", Value: int32(7)}, {Key: "fingerprint", Value: fp},
 						{Key: "expiresAt", Value: expires}})
 				}, del},
+				{"wrongly-typed-state", func(t *testing.T, scoped, fp string) {
+					put(t, bson.D{{Key: "_id", Value: scoped}, {Key: "state", Value: "completed"}, {Key: "fingerprint", Value: fp},
+						{Key: "expiresAt", Value: expires}})
+				}, del},
+				{"wrongly-typed-response", func(t *testing.T, scoped, fp string) {
+					put(t, bson.D{{Key: "_id", Value: scoped}, {Key: "state", Value: int32(2)}, {Key: "token", Value: ""},
+						{Key: "fingerprint", Value: fp}, {Key: "expiresAt", Value: expires},
+						{Key: "response", Value: bson.D{{Key: "status", Value: 201}}}})
+				}, del},
 			}
 		}},
 		{"postgres", func(t *testing.T) (idem.Store, []corruption) {
