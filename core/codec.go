@@ -24,6 +24,21 @@ func (r *Response) MarshalBinary() ([]byte, error) {
 
 // AppendBinary appends the encoding of [Response.MarshalBinary] to b.
 func (r *Response) AppendBinary(b []byte) ([]byte, error) {
+	if w := r.wire; w != nil && r.Header == nil { // already encoded: copy
+		n := w.names
+		if w.replayed {
+			n++
+		}
+		b = slices.Grow(b, 1+2*binary.MaxVarintLen64+len(w.lines)+len(replayedLine)+len(r.Body))
+		b = append(b, codecVersion)
+		b = binary.AppendUvarint(b, uint64(r.Status))
+		b = binary.AppendUvarint(b, uint64(n))
+		b = append(b, w.lines...)
+		if w.replayed {
+			b = append(b, replayedLine...)
+		}
+		return append(b, r.Body...), nil
+	}
 	header := r.header()
 	var stack [16]string
 	names := stack[:0]
@@ -50,6 +65,9 @@ func (r *Response) AppendBinary(b []byte) ([]byte, error) {
 	}
 	return append(b, r.Body...), nil
 }
+
+// replayedLine is "Idempotent-Replayed: true" as one encoded header name.
+var replayedLine = string(appendString(binary.AppendUvarint(appendString(nil, ReplayedHeader), 1), "true"))
 
 func appendString(b []byte, s string) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
@@ -136,24 +154,26 @@ func sharedReplay(data []byte) (*Response, error) {
 		wire wire
 	}{
 		resp: Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)]},
-		wire: wire{lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart), names: l.names, values: l.values},
+		wire: wire{lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart), names: l.names, values: l.values, replayed: true},
 	}
 	r.resp.wire = &r.wire
 	return &r.resp, nil
 }
 
-// wire is the header of a replay read in place from its encoding (see
-// sharedReplay): the encoded header names and values and their counts;
-// the line "Idempotent-Replayed: true" follows them.
+// wire is the header of a Response held in its encoded form (a replay read
+// in place by sharedReplay, or lines captured by encodeLines): the encoded
+// header names and values and their counts.
 type wire struct {
 	lines         string
 	names, values int
+	replayed      bool // the line "Idempotent-Replayed: true" follows them
 }
 
 // EachHeader calls fn for every header line of resp, lines of one name in a
-// row: the lines of Header, or, for a replay the engine read in place from
-// its stored encoding (Header is nil then), the stored lines followed by
-// "Idempotent-Replayed: true". Adapters that write Begin's answers to a
+// row: the lines of Header, or, when resp is held encoded (Header is nil:
+// a replay the engine read in place from its stored encoding, or a
+// response given to [Execution.FinishLines]), the encoded lines, followed
+// on a replay by "Idempotent-Replayed: true". Adapters that write Begin's answers to a
 // framework's own header type use it; name and value are read-only.
 func (resp *Response) EachHeader(fn func(name, value string)) {
 	if resp.Header != nil || resp.wire == nil {
@@ -171,7 +191,9 @@ func (resp *Response) EachHeader(fn func(name, value string)) {
 			fn(k, d.string())
 		}
 	}
-	fn(ReplayedHeader, "true")
+	if resp.wire.replayed {
+		fn(ReplayedHeader, "true")
+	}
 }
 
 // header returns resp's header lines as an http.Header (Header, or for a
@@ -194,8 +216,10 @@ func (resp *Response) header() http.Header {
 		}
 		h[k] = vs
 	}
-	values[0] = "true"
-	h[ReplayedHeader] = values[:1:1]
+	if resp.wire.replayed {
+		values[0] = "true"
+		h[ReplayedHeader] = values[:1:1]
+	}
 	return h
 }
 
@@ -253,4 +277,136 @@ func (d *strDecoder) string() string {
 	s := d.s[:n]
 	d.s = d.s[n:]
 	return s
+}
+
+// HeaderLines collects the response header lines of a framework with its
+// own header type, for [Execution.FinishLines], without allocating while
+// they fit 1 KiB and 32 lines (past that it keeps them in an http.Header):
+// declare one on the stack and Add every line. The zero value is ready.
+type HeaderLines struct {
+	buf   [1024]byte
+	spans [32]lineSpan
+	used  int // bytes of buf
+	count int // spans
+	more  http.Header
+}
+
+type lineSpan struct{ at, name, value uint16 } // offset in buf, lengths
+
+// Add appends the line name: value (both copied). Names are canonical, as
+// the keys of an http.Header.
+func (l *HeaderLines) Add(name, value []byte) {
+	if l.more == nil && l.count < len(l.spans) && l.used+len(name)+len(value) <= len(l.buf) {
+		l.spans[l.count] = lineSpan{uint16(l.used), uint16(len(name)), uint16(len(value))}
+		l.used += copy(l.buf[l.used:], name)
+		l.used += copy(l.buf[l.used:], value)
+		l.count++
+		return
+	}
+	if l.more == nil {
+		l.more = make(http.Header, l.count+1)
+		for i := range l.count {
+			k, v := l.line(i)
+			l.more[string(k)] = append(l.more[string(k)], string(v))
+		}
+	}
+	l.more[string(name)] = append(l.more[string(name)], string(value))
+}
+
+func (l *HeaderLines) line(i int) (name, value []byte) {
+	sp := l.spans[i]
+	name = l.buf[sp.at : sp.at+sp.name]
+	return name, l.buf[sp.at+sp.name : sp.at+sp.name+sp.value]
+}
+
+// location returns the first Location line's value, or "".
+func (l *HeaderLines) location() string {
+	for i := range l.count {
+		if k, v := l.line(i); string(k) == "Location" {
+			return string(v)
+		}
+	}
+	return ""
+}
+
+// encodeLines returns the Response holding the lines worth replaying (see
+// storedHeader) and body in their stored encoding, in one new buffer; w
+// receives its header.
+func (e *Engine) encodeLines(l *HeaderLines, status int, body []byte, outer http.Header, w *wire) Response {
+	var keep [32]bool // the first line of each stored name
+	size, names, values := 1+2*binary.MaxVarintLen64+len(body), 0, 0
+	for i := range l.count {
+		k, _ := l.line(i)
+		if l.seen(i, k) || !e.storesLines(l, i, k, outer) {
+			continue
+		}
+		keep[i] = true
+		names++
+		size += 2*binary.MaxVarintLen64 + len(k)
+		for j := i; j < l.count; j++ {
+			if nk, v := l.line(j); string(nk) == string(k) {
+				values++
+				size += binary.MaxVarintLen64 + len(v)
+			}
+		}
+	}
+	b := make([]byte, 0, size)
+	b = append(b, codecVersion)
+	b = binary.AppendUvarint(b, uint64(status))
+	b = binary.AppendUvarint(b, uint64(names))
+	start := len(b)
+	for i := range l.count {
+		if !keep[i] {
+			continue
+		}
+		k, _ := l.line(i)
+		n := 0
+		for j := i; j < l.count; j++ {
+			if nk, _ := l.line(j); string(nk) == string(k) {
+				n++
+			}
+		}
+		b = append(binary.AppendUvarint(b, uint64(len(k))), k...)
+		b = binary.AppendUvarint(b, uint64(n))
+		for j := i; j < l.count; j++ {
+			if nk, v := l.line(j); string(nk) == string(k) {
+				b = append(binary.AppendUvarint(b, uint64(len(v))), v...)
+			}
+		}
+	}
+	end := len(b)
+	b = append(b, body...)
+	*w = wire{lines: unsafe.String(unsafe.SliceData(b[start:]), end-start), names: names, values: values}
+	return Response{Status: status, Body: b[end:len(b):len(b)], wire: w}
+}
+
+// seen reports whether a line before i is named k.
+func (l *HeaderLines) seen(i int, k []byte) bool {
+	for j := range i {
+		if pk, _ := l.line(j); string(pk) == string(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// storesLines is [Engine.stores] for the lines named k, the first at i.
+func (e *Engine) storesLines(l *HeaderLines, i int, k []byte, outer http.Header) bool {
+	if e.cfg.unstored[string(k)] || e.cfg.stored != nil && !e.cfg.stored[string(k)] {
+		return false
+	}
+	ov := outer[string(k)]
+	if ov == nil {
+		return true
+	}
+	n := 0
+	for j := i; j < l.count; j++ {
+		if nk, v := l.line(j); string(nk) == string(k) {
+			if n >= len(ov) || ov[n] != string(v) {
+				return true // the handler changed it
+			}
+			n++
+		}
+	}
+	return n != len(ov)
 }

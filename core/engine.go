@@ -311,6 +311,7 @@ type Execution struct {
 	header   http.Header // stored header lines, from SnapshotHeader or Finish
 	outer    http.Header // header lines present when the execution began (OuterHeader)
 	resp     Response    // what Finish stores, held here: no allocation
+	wire     wire        // x.resp's header lines, after FinishLines
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
@@ -375,6 +376,14 @@ func (x *Execution) Finish(status int, header http.Header) { x.finish(status, he
 func (x *Execution) FinishOwned(status int, header http.Header) { x.finish(status, header, true) }
 
 func (x *Execution) finish(status int, header http.Header, owned bool) {
+	if status, ok := x.ending(status); ok {
+		x.finishHeader(status, header, owned)
+	}
+}
+
+// ending marks the handler as done and applies the storage policy to its
+// status (0 means 200): it reports false when the key was released instead.
+func (x *Execution) ending(status int) (int, bool) {
 	x.finishing() // the lease stays renewed while completion is tried
 	if status == 0 {
 		status = http.StatusOK
@@ -382,8 +391,12 @@ func (x *Execution) finish(status int, header http.Header, owned bool) {
 	if !x.e.cfg.storePolicy(status) {
 		x.release()
 		x.stopRenewal()
-		return
+		return status, false
 	}
+	return status, true
+}
+
+func (x *Execution) finishHeader(status int, header http.Header, owned bool) {
 	var location string                      // read before keepStored may delete it
 	if v := header["Location"]; len(v) > 0 { // as header.Get: the name is canonical
 		location = v[0]
@@ -395,8 +408,39 @@ func (x *Execution) finish(status int, header http.Header, owned bool) {
 		x.header = x.e.storedHeader(header, x.outer)
 	}
 	x.resp = Response{Status: status, Header: x.header, Body: x.body}
+	x.store(location)
+}
+
+// FinishLines is Finish for adapters of frameworks that keep the response
+// in their own types (fasthttp: Fiber): lines holds the response header
+// lines as sent, body the response body as sent (not retained). The
+// stored lines and the body are encoded straight into the stored form
+// ([Response.MarshalBinary]), with no http.Header in between. The body is
+// given here, not through Write.
+func (x *Execution) FinishLines(status int, lines *HeaderLines, body []byte) {
+	status, ok := x.ending(status)
+	if !ok {
+		return
+	}
+	if lines.more != nil { // unusual: many or long lines
+		x.body = append(x.body[:0], body[:min(len(body), x.e.cfg.maxResponseBytes+1)]...)
+		x.finishHeader(status, lines.more, true)
+		return
+	}
+	if len(body) > x.e.cfg.maxResponseBytes {
+		body = nil // not stored: response-not-stored
+		x.unreplayable = true
+	}
+	x.resp = x.e.encodeLines(lines, status, body, x.outer, &x.wire)
+	x.store(lines.location())
+}
+
+// store completes the record with x.resp, or with the response-not-stored
+// problem when its body is not replayable.
+func (x *Execution) store(location string) {
+	status := x.resp.Status
 	resp := &x.resp
-	if x.unreplayable || len(x.body) > x.e.cfg.maxResponseBytes {
+	if x.unreplayable || len(x.resp.Body) > x.e.cfg.maxResponseBytes {
 		resp = x.e.problems.notStored(status, location)
 	}
 	ev := x.event(EventCompleted)
@@ -805,8 +849,8 @@ func (e *Engine) stores(k string, v []string, outer http.Header) bool {
 // carries "Idempotent-Replayed: true"), as opposed to a problem the engine
 // answered with.
 func (resp *Response) IsReplay() bool {
-	if resp.wire != nil {
-		return true
+	if resp.wire != nil && resp.Header == nil {
+		return resp.wire.replayed
 	}
 	v := resp.Header[ReplayedHeader] // canonical: no Get, which canonicalises
 	return len(v) > 0 && v[0] == "true"
@@ -820,7 +864,7 @@ var replayedValue = []string{"true"}
 // and body. Adapters on net/http based frameworks use it for Begin's answers.
 func (resp *Response) Send(w http.ResponseWriter) {
 	h := w.Header()
-	if resp.wire != nil {
+	if resp.wire != nil && resp.Header == nil {
 		maps.Copy(h, resp.header()) // a new map: its value slices are h's to keep
 	} else {
 		for k, v := range resp.Header {

@@ -4,22 +4,51 @@ import (
 	"context"
 	"net/http"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 )
 
-// FinishOwned must store exactly what Finish stores for the same header,
-// filtering in place: outer lines the handler left alone, unstored names,
-// and names outside a WithStoredHeaders allowlist are dropped, and a
-// not-stored answer keeps the Location even when the allowlist drops it.
+// FinishOwned and FinishLines must store exactly what Finish stores for
+// the same header: outer lines the handler left alone, unstored names, and
+// names outside a WithStoredHeaders allowlist are dropped, and a not-stored
+// answer keeps the Location even when the allowlist drops it. FinishLines
+// is tried with the lines in a HeaderLines and past its capacity.
 func TestFinishOwnedStoresAsFinish(t *testing.T) {
 	header := func() http.Header {
 		return http.Header{
 			"Location": {"/v1/payments/1"}, "Content-Type": {"application/json"},
-			"X-Outer": {"outer"}, "X-Request-Id": {"r1"}, "Set-Cookie": {"s=1"},
+			"X-Outer": {"outer"}, "X-Changed": {"handler's"}, "X-Request-Id": {"r1"}, "Set-Cookie": {"s=1", "t=2"},
 		}
 	}
-	outer := http.Header{"X-Outer": {"outer"}}
+	outer := http.Header{"X-Outer": {"outer"}, "X-Changed": {"outer"}}
+	body := []byte(`{"id":1}`)
+	lines := func(h http.Header, pad int) *HeaderLines {
+		var l HeaderLines
+		for k, vs := range h {
+			for _, v := range vs {
+				l.Add([]byte(k), []byte(v))
+			}
+		}
+		for i := range pad { // past 32 lines: kept in an http.Header
+			l.Add([]byte("X-Pad"), []byte(strconv.Itoa(i)))
+		}
+		return &l
+	}
+	finishers := []func(*Execution, int, http.Header){
+		func(x *Execution, status int, h http.Header) { _, _ = x.Write(body); x.Finish(status, h) },
+		func(x *Execution, status int, h http.Header) { _, _ = x.Write(body); x.FinishOwned(status, h) },
+		func(x *Execution, status int, h http.Header) { x.FinishLines(status, lines(h, 0), body) },
+		func(x *Execution, status int, h http.Header) {
+			h["X-Pad"] = []string{}
+			for i := range 40 {
+				h["X-Pad"] = append(h["X-Pad"], strconv.Itoa(i))
+			}
+			_, _ = x.Write(body)
+			x.Finish(status, h)
+		},
+		func(x *Execution, status int, h http.Header) { x.FinishLines(status, lines(h, 40), body) },
+	}
 	for _, tc := range []struct {
 		name         string
 		opts         []Option
@@ -32,7 +61,7 @@ func TestFinishOwnedStoresAsFinish(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stored []*Response
-			for i, finish := range []func(*Execution, int, http.Header){(*Execution).Finish, (*Execution).FinishOwned} {
+			for i, finish := range finishers {
 				s := newTxStore()
 				e, err := New(s, tc.opts...)
 				if err != nil {
@@ -43,7 +72,6 @@ func TestFinishOwnedStoresAsFinish(t *testing.T) {
 					t.Fatalf("Begin = %+v", resp)
 				}
 				x.OuterHeader(outer)
-				_, _ = x.Write([]byte(`{"id":1}`))
 				if tc.unreplayable {
 					x.Unreplayable()
 				}
@@ -54,14 +82,19 @@ func TestFinishOwnedStoresAsFinish(t *testing.T) {
 				}
 				stored = append(stored, rec.Response)
 			}
-			if !reflect.DeepEqual(stored[0], stored[1]) {
-				t.Fatalf("Finish stored %+v, FinishOwned stored %+v", stored[0], stored[1])
+			for i, want := range map[int]int{1: 0, 2: 0, 4: 3} {
+				if !reflect.DeepEqual(stored[i], stored[want]) {
+					t.Fatalf("finisher %d stored %+v, finisher %d (Finish) stored %+v", i, stored[i], want, stored[want])
+				}
 			}
 			if tc.unreplayable && stored[1].Header.Get("Location") != "/v1/payments/1" {
 				t.Fatalf("not-stored answer lost its Location: %v", stored[1].Header)
 			}
-			if _, ok := stored[1].Header["X-Outer"]; ok {
-				t.Fatalf("outer line stored: %v", stored[1].Header)
+			if _, ok := stored[2].Header["X-Outer"]; ok {
+				t.Fatalf("outer line stored: %v", stored[2].Header)
+			}
+			if len(stored[2].Header["X-Changed"]) != 1 && !tc.unreplayable && tc.name != "allowlist" {
+				t.Fatalf("outer line the handler changed not stored: %v", stored[2].Header)
 			}
 		})
 	}

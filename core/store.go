@@ -63,10 +63,12 @@ func (s State) String() string {
 // Header holds only the header lines worth replaying (see [WithUnstoredHeaders]);
 // Body is the exact byte sequence the handler wrote.
 //
-// A replay the [Engine] answers from a store's encoding in place (see
-// [EncodedAcquirer]) has a nil Header: its lines are read with
-// [Response.EachHeader], written with [Response.Send], and copied into a
-// Header by [Response.Clone].
+// A Response held in its encoded form has a nil Header: a replay the
+// [Engine] answers from a store's encoding in place (see
+// [EncodedAcquirer]), or a response an adapter handed over as lines
+// ([Execution.FinishLines]). Its lines are read with [Response.EachHeader],
+// written with [Response.Send], encoded with [Response.AppendBinary] and
+// copied into a Header by [Response.Clone].
 type Response struct {
 	Status int
 	Header http.Header
@@ -130,7 +132,10 @@ type Store interface {
 
 	// Complete stores resp for the key and marks it completed, keeping its
 	// fingerprint, for retention counted from now. Only the token holding a
-	// live lease may complete; otherwise it returns [ErrNotOwner].
+	// live lease may complete; otherwise it returns [ErrNotOwner]. resp may
+	// be held encoded (Header nil, see [Execution.FinishLines]): stores
+	// encode it with [Response.AppendBinary] or read its lines with
+	// [Response.EachHeader], never from Header alone.
 	Complete(ctx context.Context, key, token string, resp *Response, retention time.Duration) error
 
 	// Release deletes the in-progress record held by token so that a retry

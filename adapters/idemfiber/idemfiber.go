@@ -57,7 +57,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/utils"
-	"github.com/valyala/fasthttp"
 
 	idem "github.com/idemkit/idem/core"
 )
@@ -168,12 +167,15 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			}
 		}
 		res := c.Response()
+		var body []byte
 		if res.IsBodyStream() {
 			x.Unreplayable()
 		} else {
-			x.Write(res.Body()) // copies
+			body = res.Body()
 		}
-		x.FinishOwned(res.StatusCode(), responseHeader(&res.Header))
+		var lines idem.HeaderLines // on the stack: copied into the stored form
+		res.Header.VisitAll(lines.Add) //nolint:staticcheck // VisitAll as above
+		x.FinishLines(res.StatusCode(), &lines, body)
 		return nil
 	}
 }
@@ -204,43 +206,6 @@ func stableMethod(m string) string {
 		return fiber.MethodDelete
 	}
 	return strings.Clone(m)
-}
-
-// responseHeader copies h's lines into an http.Header whose names and
-// values are sliced from one string and whose value slices share one
-// array: three allocations whatever the number of lines.
-func responseHeader(h *fasthttp.ResponseHeader) http.Header {
-	var stack [1024]byte
-	var lens [32][2]int32
-	buf, n, more := stack[:0], 0, false
-	h.VisitAll(func(k, v []byte) { //nolint:staticcheck // VisitAll as above
-		if n == len(lens) {
-			more = true
-			return
-		}
-		buf = append(append(buf, k...), v...)
-		lens[n] = [2]int32{int32(len(k)), int32(len(v))}
-		n++
-	})
-	if more { // unusual: many lines
-		out := make(http.Header)
-		h.VisitAll(func(k, v []byte) { out.Add(string(k), string(v)) }) //nolint:staticcheck // VisitAll as above; copies
-		return out
-	}
-	all := string(buf)
-	out := make(http.Header, n)
-	values := make([]string, n)
-	for i, l := range lens[:n] {
-		k := all[:l[0]]
-		values[i] = all[l[0] : l[0]+l[1]]
-		all = all[l[0]+l[1]:]
-		if prev, ok := out[k]; ok {
-			out[k] = append(prev[:len(prev):len(prev)], values[i])
-		} else {
-			out[k] = values[i : i+1 : i+1]
-		}
-	}
-	return out
 }
 
 // outerHeader copies the response header lines set before the handler ran,

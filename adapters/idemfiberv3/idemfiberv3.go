@@ -118,16 +118,17 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			}
 		}
 		res := c.Response()
+		var body []byte
 		if res.IsBodyStream() {
 			x.Unreplayable()
 		} else {
-			x.Write(res.Body()) // copies
+			body = res.Body()
 		}
-		header := make(http.Header)
+		var lines idem.HeaderLines // on the stack: copied into the stored form
 		for k, v := range res.Header.All() {
-			header.Add(string(k), string(v)) // copies
+			lines.Add(k, v)
 		}
-		x.Finish(res.StatusCode(), header)
+		x.FinishLines(res.StatusCode(), &lines, body)
 		return nil
 	}
 }

@@ -1,6 +1,8 @@
 package storetest
 
 import (
+	"log/slog"
+	"net/http"
 	"testing"
 
 	idem "github.com/idemkit/idem/core"
@@ -49,4 +51,37 @@ func testEncodedAcquirer(t *testing.T, s idem.Store) {
 	if string(enc) != before {
 		t.Fatal("the encoding handed out changed when another record was completed and read")
 	}
+}
+
+// testCompleteFromLines completes a record through an engine whose adapter
+// hands the response over as lines ([idem.Execution.FinishLines], as the
+// Fiber adapters do): the store receives a Response with a nil Header,
+// readable only through EachHeader and AppendBinary, and must store its
+// lines all the same.
+func testCompleteFromLines(t *testing.T, s idem.Store) {
+	e, err := idem.New(s, idem.WithGlobalScope(), idem.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.Close(ctx(t)) }()
+	req := &idem.Request{Method: http.MethodPost, Path: "/v1/payments", Keys: []string{Key()}, Body: []byte(`{"amount":1}`)}
+	x, resp := e.Begin(ctx(t), req)
+	if x == nil {
+		t.Fatalf("Begin of a new key = %+v; want an execution", resp)
+	}
+	want := sampleResponse()
+	var lines idem.HeaderLines
+	for k, vs := range want.Header {
+		for _, v := range vs {
+			lines.Add([]byte(k), []byte(v))
+		}
+	}
+	x.FinishLines(want.Status, &lines, want.Body)
+	_, resp = e.Begin(ctx(t), req)
+	if resp == nil || !resp.IsReplay() {
+		t.Fatalf("retry = %+v; want a replay", resp)
+	}
+	got := resp.Clone()
+	delete(got.Header, idem.ReplayedHeader)
+	equalResponse(t, got, want)
 }

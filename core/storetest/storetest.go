@@ -65,6 +65,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"DefensiveCopies", testDefensiveCopies},
 		{"Inspector", testInspector},
 		{"EncodedAcquirer", testEncodedAcquirer},
+		{"CompleteFromLines", testCompleteFromLines},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
