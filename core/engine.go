@@ -367,17 +367,9 @@ func (x *Execution) Unreplayable() { x.unreplayable = true }
 // [WithStoreAll]); others release the key so that a retry executes again.
 // Store errors are logged and reported as events; the client's response is
 // never changed by them.
-func (x *Execution) Finish(status int, header http.Header) { x.finish(status, header, false) }
-
-// FinishOwned is Finish for a header the adapter built for this call and
-// never touches again (e.g. a copy of a framework's own header type, as
-// idemfiber makes): the lines not worth storing are deleted from it in
-// place instead of copying the rest.
-func (x *Execution) FinishOwned(status int, header http.Header) { x.finish(status, header, true) }
-
-func (x *Execution) finish(status int, header http.Header, owned bool) {
+func (x *Execution) Finish(status int, header http.Header) {
 	if status, ok := x.ending(status); ok {
-		x.finishHeader(status, header, owned)
+		x.finishHeader(status, header, false)
 	}
 }
 
@@ -396,6 +388,8 @@ func (x *Execution) ending(status int) (int, bool) {
 	return status, true
 }
 
+// finishHeader stores header's lines worth replaying, filtering header in
+// place when it is owned (built for this call and never used again).
 func (x *Execution) finishHeader(status int, header http.Header, owned bool) {
 	var location string                      // read before keepStored may delete it
 	if v := header["Location"]; len(v) > 0 { // as header.Get: the name is canonical
