@@ -154,7 +154,7 @@ func sharedReplay(data []byte) (*Response, error) {
 		wire wire
 	}{
 		resp: Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)]},
-		wire: wire{lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart), names: l.names, values: l.values, replayed: true},
+		wire: wire{lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart), names: int32(l.names), replayed: true},
 	}
 	r.resp.wire = &r.wire
 	return &r.resp, nil
@@ -164,9 +164,9 @@ func sharedReplay(data []byte) (*Response, error) {
 // in place by sharedReplay, or lines captured by encodeLines): the encoded
 // header names and values and their counts.
 type wire struct {
-	lines         string
-	names, values int
-	replayed      bool // the line "Idempotent-Replayed: true" follows them
+	lines    string
+	names    int32
+	replayed bool // the line "Idempotent-Replayed: true" follows them
 }
 
 // EachHeader calls fn for every header line of resp, lines of one name in a
@@ -203,8 +203,17 @@ func (resp *Response) header() http.Header {
 	if resp.Header != nil || resp.wire == nil {
 		return resp.Header
 	}
+	n := 1 // values, counted first: one array for all
+	for d, i := (strDecoder{s: resp.wire.lines}), int32(0); i < resp.wire.names; i++ {
+		d.string()
+		nv := d.uvarint()
+		n += int(nv)
+		for range nv {
+			d.string()
+		}
+	}
 	h := make(http.Header, resp.wire.names+1)
-	values := make([]string, resp.wire.values+1)
+	values := make([]string, n)
 	d := strDecoder{s: resp.wire.lines}
 	for range resp.wire.names {
 		k := d.string()
@@ -334,7 +343,7 @@ func (l *HeaderLines) location() string {
 // receives its header.
 func (e *Engine) encodeLines(l *HeaderLines, status int, body []byte, outer http.Header, w *wire) Response {
 	var keep [32]bool // the first line of each stored name
-	size, names, values := 1+2*binary.MaxVarintLen64+len(body), 0, 0
+	size, names := 1+2*binary.MaxVarintLen64+len(body), 0
 	for i := range l.count {
 		k, _ := l.line(i)
 		if l.seen(i, k) || !e.storesLines(l, i, k, outer) {
@@ -345,7 +354,6 @@ func (e *Engine) encodeLines(l *HeaderLines, status int, body []byte, outer http
 		size += 2*binary.MaxVarintLen64 + len(k)
 		for j := i; j < l.count; j++ {
 			if nk, v := l.line(j); string(nk) == string(k) {
-				values++
 				size += binary.MaxVarintLen64 + len(v)
 			}
 		}
@@ -376,7 +384,7 @@ func (e *Engine) encodeLines(l *HeaderLines, status int, body []byte, outer http
 	}
 	end := len(b)
 	b = append(b, body...)
-	*w = wire{lines: unsafe.String(unsafe.SliceData(b[start:]), end-start), names: names, values: values}
+	*w = wire{lines: unsafe.String(unsafe.SliceData(b[start:]), end-start), names: int32(names)}
 	return Response{Status: status, Body: b[end:len(b):len(b)], wire: w}
 }
 

@@ -199,7 +199,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			}
 			return nil, e.problems.unavailable
 		case acquired:
-			x := &Execution{e: e, key: scoped, token: token, fp: fp, ev: ev, started: now}
+			x := &Execution{e: e, token: token, fp: fp, ev: ev, started: now}
 			x.detached.parent = ctx
 			x.ctx = &x.detached
 			e.emit(ctx, x.event(EventAcquired))
@@ -297,9 +297,8 @@ type Execution struct {
 	ctx      context.Context // &detached: completion survives a client hang-up
 	detached detached
 	infoCtx  infoCtx // what WithInfo returns
-	key      string
 	token    string
-	ev       Event
+	ev       Event // template of x's events; ev.Key is the scoped key
 	body     []byte
 
 	started  time.Time     // when the lease was acquired
@@ -495,7 +494,7 @@ func (x *Execution) storeComplete(ctx context.Context, resp *Response) error {
 	if x.unit != nil {
 		return x.unit.Complete(ctx, resp, x.e.cfg.retention)
 	}
-	return x.e.store.Complete(ctx, x.key, x.token, resp, x.e.cfg.retention)
+	return x.e.store.Complete(ctx, x.ev.Key, x.token, resp, x.e.cfg.retention)
 }
 
 // retryInBackground keeps renewing the lease and retries Complete with
@@ -601,7 +600,7 @@ func (e *Engine) releaseLater(ctx context.Context, ev Event, token string) {
 func (x *Execution) landed(resp *Response) bool {
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	defer cancel()
-	rec, found, err := x.e.store.Get(ctx, x.key)
+	rec, found, err := x.e.store.Get(ctx, x.ev.Key)
 	if err != nil || !found || rec.State != StateCompleted || rec.Fingerprint != x.fp || rec.Response == nil {
 		return false
 	}
@@ -702,7 +701,7 @@ func (x *Execution) release() {
 	if x.unit != nil {
 		err = x.unit.Release(ctx)
 	} else {
-		err = x.e.store.Release(ctx, x.key, x.token)
+		err = x.e.store.Release(ctx, x.ev.Key, x.token)
 	}
 	cancel()
 	ev := x.ended(x.ev, OpRelease, x.e.clock().Sub(start))
@@ -737,7 +736,7 @@ func (x *Execution) renew() {
 	start := time.Now()
 	every := x.e.cfg.lease / 3
 	ctx, cancel := context.WithTimeout(x.ctx, min(x.e.cfg.storeTimeout, every)) // a slow renewal must not outlast the lease
-	err := x.e.extender.Extend(ctx, x.key, x.token, x.e.cfg.lease)
+	err := x.e.extender.Extend(ctx, x.ev.Key, x.token, x.e.cfg.lease)
 	cancel()
 	ev := x.ev
 	ev.Op, ev.StoreDuration = OpExtend, time.Since(start)

@@ -76,7 +76,7 @@ func TestFinishLinesStoresAsFinish(t *testing.T) {
 					x.Unreplayable()
 				}
 				finish(x, http.StatusCreated, header())
-				rec, found, err := s.Get(context.Background(), x.key)
+				rec, found, err := s.Get(context.Background(), x.ev.Key)
 				if !found || err != nil || rec.State != StateCompleted {
 					t.Fatalf("finish %d: record %+v, %v, %v; want completed", i, rec, found, err)
 				}
@@ -116,7 +116,7 @@ func TestWithInfoContext(t *testing.T) {
 	}
 	derived, stop := context.WithTimeout(x.WithInfo(parent), time.Hour)
 	defer stop()
-	if info, ok := InfoFromContext(derived); !ok || info.Key != x.key || info.Replayed {
+	if info, ok := InfoFromContext(derived); !ok || info.Key != x.ev.Key || info.Replayed {
 		t.Fatalf("InfoFromContext = %+v, %v; want the execution's key", info, ok)
 	}
 	if derived.Value(k{}) != "v" {
@@ -132,7 +132,7 @@ func TestWithInfoContext(t *testing.T) {
 		t.Fatalf("detached context: err %v, value %v; want no error and the parent's value", x.ctx.Err(), x.ctx.Value(k{}))
 	}
 	x.Finish(http.StatusCreated, http.Header{})
-	if rec, _, _ := e.store.Get(context.Background(), x.key); rec.State != StateCompleted {
+	if rec, _, _ := e.store.Get(context.Background(), x.ev.Key); rec.State != StateCompleted {
 		t.Fatalf("completion after the request's cancellation: state %v", rec.State)
 	}
 }

@@ -38,9 +38,9 @@ func (e *Engine) BeginHTTP(r *http.Request, route, principal string) (*Execution
 // [UnitFromContext]); the engine then completes or releases through it.
 func (x *Execution) WithInfo(ctx context.Context) context.Context {
 	if x.e.tx != nil && x.unit == nil {
-		x.unit = x.e.tx.Unit(x.key, x.token)
+		x.unit = x.e.tx.Unit(x.ev.Key, x.token)
 	}
-	x.info = Info{Key: x.key, unit: x.unit}
+	x.info = Info{Key: x.ev.Key, unit: x.unit}
 	x.infoCtx = infoCtx{Context: ctx, info: &x.info}
 	return &x.infoCtx // held in x: no allocation
 }

@@ -122,8 +122,8 @@ func runTx(t *testing.T, e *Engine, key, write string, end func(*Execution)) *tx
 	if !ok {
 		t.Fatalf("UnitFromContext = %T; want the store's unit", UnitFromContext(ctx))
 	}
-	if info, _ := InfoFromContext(ctx); info.Key != x.key {
-		t.Fatalf("Info.Key = %q; want %q", info.Key, x.key)
+	if info, _ := InfoFromContext(ctx); info.Key != x.ev.Key {
+		t.Fatalf("Info.Key = %q; want %q", info.Key, x.ev.Key)
 	}
 	u.write(write)
 	end(x)
@@ -149,7 +149,7 @@ func TestTransactionalCompletion(t *testing.T) {
 	runTx(t, e, "panic", "pay-4", func(x *Execution) { x.Abort(0, nil) })
 	runTx(t, e, "lease-lost", "pay-5", func(x *Execution) {
 		s.mu.Lock()
-		s.recs[x.key].Token = "takeover" // another instance took the lapsed lease over
+		s.recs[x.ev.Key].Token = "takeover" // another instance took the lapsed lease over
 		s.mu.Unlock()
 		x.Finish(201, http.Header{})
 	})
