@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"strconv"
 	"sync"
 	"time"
 
@@ -110,53 +110,42 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 // a server accepts.
 const maxBulk = 512 << 20
 
-// Record hash fields and state values; the scripts spell them out literally.
-const (
-	stateInProgress = "1"
-	stateCompleted  = "2"
-)
+// The scripts: each reads and writes KEYS[1] only. They read the value with
+// redis.pcall, so a key of another type (a v0.1 hash record, a foreign
+// value) answers 0 (ErrNotOwner: this package never owns a hash) instead of
+// a WRONGTYPE error; a missing key reads as false.
 
-// acquireScript: KEYS[1] record; ARGV token, fingerprint, lease ms.
-// It returns {} when it acquired, else the live record {s, t, f, r}.
-// A record in progress under the same token is this caller's own acquire
-// replayed by a client retry after a lost reply: it counts as acquired.
-var acquireScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't', 'f', 'r')
-if v[1] and not (v[1] == '1' and v[2] == ARGV[1]) then
-  return v
-end
-redis.call('HSET', KEYS[1], 's', '1', 't', ARGV[1], 'f', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {}
-`)
-
-// completeScript: KEYS[1] record; ARGV token, encoded response, retention ms.
-// It returns 1 when completed, 0 when token holds no live lease.
-var completeScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't')
-if v[1] ~= '1' or v[2] ~= ARGV[1] then
+// completeScript: KEYS[1] record; ARGV owner ('1' lp(token)), retention ms,
+// encoded response. It returns 1 when completed, 0 when token holds no live
+// lease. The completed value keeps lp(fingerprint), which follows the owner
+// in the in-progress value.
+var completeScript = newScript(`
+local v = redis.pcall('GET', KEYS[1])
+local o = ARGV[1]
+if type(v) ~= 'string' or string.sub(v, 1, #o) ~= o then
   return 0
 end
-redis.call('HSET', KEYS[1], 's', '2', 'r', ARGV[2])
-redis.call('HDEL', KEYS[1], 't')
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[1], '2' .. string.sub(v, #o + 1) .. ARGV[3], 'PX', ARGV[2])
 return 1
 `)
 
-// releaseScript: KEYS[1] record; ARGV token. It returns 1 when deleted.
-var releaseScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't')
-if v[1] ~= '1' or v[2] ~= ARGV[1] then
+// releaseScript: KEYS[1] record; ARGV owner. It returns 1 when deleted.
+var releaseScript = newScript(`
+local v = redis.pcall('GET', KEYS[1])
+local o = ARGV[1]
+if type(v) ~= 'string' or string.sub(v, 1, #o) ~= o then
   return 0
 end
 redis.call('DEL', KEYS[1])
 return 1
 `)
 
-// extendScript: KEYS[1] record; ARGV token, lease ms. It returns 1 when renewed.
-var extendScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't')
-if v[1] ~= '1' or v[2] ~= ARGV[1] then
+// extendScript: KEYS[1] record; ARGV owner, lease ms. It returns 1 when
+// renewed.
+var extendScript = newScript(`
+local v = redis.pcall('GET', KEYS[1])
+local o = ARGV[1]
+if type(v) ~= 'string' or string.sub(v, 1, #o) ~= o then
   return 0
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -179,7 +168,17 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return ctx, func() {}
 }
 
-// Acquire implements [idem.Store.Acquire] with one script run.
+// maxLegacyReads bounds the SET, HMGET rounds of an Acquire that keeps
+// meeting a v0.1 hash record that expires (or has no state) in between.
+const maxLegacyReads = 3
+
+// Acquire implements [idem.Store.Acquire] with one command, no script:
+// SET key value PX lease NX GET. It sets the in-progress value when the key
+// is absent (or expired: a lapsed lease) and otherwise returns the live
+// value, unchanged. A live in-progress value under token is this caller's
+// own SET, sent again by the client after a lost reply: it counts as
+// acquired. A v0.1 hash record answers WRONGTYPE and is read with HMGET
+// (one more round trip, until it expires).
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -189,21 +188,35 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	v, err := acquireScript.Run(ctx, s.c, []string{s.prefix + key}, token, fingerprint, millis(lease)).Slice()
-	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", foreign(err))
+	set := newAcquire(s.prefix, key, token, fingerprint, millis(lease))
+	for range maxLegacyReads {
+		cmd := set.command(ctx)
+		_ = s.c.Process(ctx, cmd)
+		old, err := cmd.Result()
+		if err == nil {
+			rec, err := parseValue(old)
+			if err != nil {
+				return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+			}
+			return rec, rec.State == idem.StateInProgress && rec.Token == token, nil
+		}
+		if errors.Is(err, redis.Nil) {
+			return idem.Record{}, true, nil
+		}
+		if !isWrongType(err) {
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+		}
+		// A v0.1 hash record (or a foreign type: HMGET then fails too).
+		rec, found, err := s.getLegacy(ctx, set.key)
+		if err != nil {
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+		}
+		if found {
+			return rec, false, nil
+		}
+		// Expired between the two commands: SET again.
 	}
-	if len(v) == 0 {
-		return idem.Record{}, true, nil
-	}
-	rec, found, err := parseRecord(v)
-	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
-	}
-	if !found {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w: no state", ErrCorrupt)
-	}
-	return rec, false, nil
+	return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w: a hash without a state", ErrCorrupt)
 }
 
 // Complete implements [idem.Store.Complete] with one script run; under
@@ -220,21 +233,23 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	if resp == nil {
 		return errors.New("redisstore: complete: nil response")
 	}
-	enc, err := resp.AppendBinary(nil)
+	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 20+responseSizeHint(resp))
+	buf = strconv.AppendInt(buf, millis(retention), 10)
+	ttlEnd := len(buf)
+	buf, err := resp.AppendBinary(buf)
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	if len(enc) > maxBulk {
-		return fmt.Errorf("redisstore: complete: %w: %d-byte encoded response, Redis accepts at most 512 MiB", idem.ErrTooLarge, len(enc))
+	if n := len(buf) - ttlEnd; n > maxBulk {
+		return fmt.Errorf("redisstore: complete: %w: %d-byte encoded response, Redis accepts at most 512 MiB", idem.ErrTooLarge, n)
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	k := s.prefix + key
-	args := []any{token, enc, millis(retention)}
+	ev := newEval(completeScript, buf, keyEnd, ownerEnd, ttlEnd, len(buf))
 	if s.waitN > 0 {
-		return s.completeAndWait(ctx, k, args)
+		return s.completeAndWait(ctx, ev)
 	}
-	ok, err := completeScript.Run(ctx, s.c, []string{k}, args...).Int64()
+	ok, err := s.run(ctx, completeScript, ev)
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -244,11 +259,27 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	return nil
 }
 
+// run runs ev on the client with EVALSHA, and once more with EVAL when the
+// server's script cache lacks the script (restart, failover, SCRIPT FLUSH).
+func (s *Store) run(ctx context.Context, sc *script, ev *evalCmd) (int64, error) {
+	cmd := ev.command(ctx, sc, false)
+	_ = s.c.Process(ctx, cmd)
+	if isNoScript(cmd.Err()) {
+		cmd = ev.command(ctx, sc, true)
+		_ = s.c.Process(ctx, cmd)
+	}
+	return cmd.Result()
+}
+
+// isNoScript reports a NOSCRIPT reply to EVALSHA.
+func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+
 // completeAndWait runs the completion script and WAIT in one pipeline, on
 // the master owning k when the client is a Cluster client. WAIT counts the
 // replicas that acknowledged the writes of the connection it is sent on, so
 // both commands must share one connection: a pipeline to one node.
-func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error {
+func (s *Store) completeAndWait(ctx context.Context, ev *evalCmd) error {
+	k := ev.strs[0]
 	var c redis.Cmdable = s.c
 	cluster, isCluster := s.c.(*redis.ClusterClient)
 	if isCluster {
@@ -258,7 +289,7 @@ func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error
 		}
 		c = node
 	}
-	res, acked, err := s.pipeCompleteWait(ctx, c, k, args, false)
+	res, acked, err := s.pipeCompleteWait(ctx, c, ev, false)
 	// The slot moved (MOVED) or is moving and the record is already on the
 	// importing master (ASK): send the pipeline again to the master the
 	// error names, after ASKING for ASK. Rare (resharding).
@@ -275,7 +306,7 @@ func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error
 		if ferr != nil {
 			return fmt.Errorf("redisstore: complete: %w (after %w)", ferr, err)
 		}
-		res, acked, err = s.pipeCompleteWait(ctx, node, k, args, ask)
+		res, acked, err = s.pipeCompleteWait(ctx, node, ev, ask)
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
@@ -312,28 +343,24 @@ func masterAt(ctx context.Context, cluster *redis.ClusterClient, addr string) (*
 // pipeline on c, and once more with EVAL when the server's script cache
 // lacks the script (restart, failover, SCRIPT FLUSH, a node that never ran
 // it).
-func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, k string, args []any, ask bool) (res, acked int64, err error) {
-	res, acked, err = s.pipeOnce(ctx, c, k, args, ask, false)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		res, acked, err = s.pipeOnce(ctx, c, k, args, ask, true)
+func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, ev *evalCmd, ask bool) (res, acked int64, err error) {
+	res, acked, err = s.pipeOnce(ctx, c, ev, ask, false)
+	if isNoScript(err) {
+		res, acked, err = s.pipeOnce(ctx, c, ev, ask, true)
 	}
 	return res, acked, err
 }
 
-func (s *Store) pipeOnce(ctx context.Context, c redis.Cmdable, k string, args []any, ask, source bool) (res, acked int64, err error) {
+func (s *Store) pipeOnce(ctx context.Context, c redis.Cmdable, ev *evalCmd, ask, source bool) (res, acked int64, err error) {
 	pipe := c.Pipeline()
 	if ask {
 		pipe.Do(ctx, "asking")
 	}
-	var run *redis.Cmd
-	if source {
-		run = completeScript.Eval(ctx, pipe, []string{k}, args...)
-	} else {
-		run = completeScript.EvalSha(ctx, pipe, []string{k}, args...)
-	}
+	run := ev.command(ctx, completeScript, source)
+	_ = pipe.Process(ctx, run)
 	wait := pipe.Do(ctx, "wait", s.waitN, s.waitTimeout.Milliseconds())
 	_, _ = pipe.Exec(ctx)
-	if res, err = run.Int64(); err != nil {
+	if res, err = run.Result(); err != nil {
 		return 0, 0, err
 	}
 	if acked, err = wait.Int64(); err != nil {
@@ -349,7 +376,8 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	ok, err := releaseScript.Run(ctx, s.c, []string{s.prefix + key}, token).Int64()
+	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 0)
+	ok, err := s.run(ctx, releaseScript, newEval(releaseScript, buf, keyEnd, ownerEnd))
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
@@ -369,7 +397,9 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	ok, err := extendScript.Run(ctx, s.c, []string{s.prefix + key}, token, millis(lease)).Int64()
+	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 20)
+	buf = strconv.AppendInt(buf, millis(lease), 10)
+	ok, err := s.run(ctx, extendScript, newEval(extendScript, buf, keyEnd, ownerEnd, len(buf)))
 	if err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
@@ -379,61 +409,58 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	return nil
 }
 
-// Get implements [idem.Store.Get] with one HMGET. With a Cluster client
-// configured to read from replicas (ReadOnly, RouteByLatency, RouteRandomly)
-// it may return a slightly stale record; the engine never calls Get.
+// Get implements [idem.Store.Get] with one GET (and an HMGET for a v0.1
+// hash record). With a Cluster client configured to read from replicas
+// (ReadOnly, RouteByLatency, RouteRandomly) it may return a slightly stale
+// record; the engine never calls Get.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	v, err := s.c.HMGet(ctx, s.prefix+key, "s", "t", "f", "r").Result()
-	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", foreign(err))
+	k := s.prefix + key
+	v, err := s.c.Get(ctx, k).Result()
+	switch {
+	case err == nil:
+		rec, err := parseValue(v)
+		if err != nil {
+			return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
+		}
+		return rec, true, nil
+	case errors.Is(err, redis.Nil):
+		return idem.Record{}, false, nil
+	case !isWrongType(err):
+		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	rec, found, err := parseRecord(v)
+	rec, found, err := s.getLegacy(ctx, k)
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
 	return rec, found, nil
 }
 
+// getLegacy reads the v0.1 hash record at k (the full key) with HMGET;
+// found is false when it has no state (expired meanwhile). A key of another
+// type is an error wrapping ErrCorrupt.
+func (s *Store) getLegacy(ctx context.Context, k string) (idem.Record, bool, error) {
+	v, err := s.c.HMGet(ctx, k, legacyFields...).Result()
+	if err != nil {
+		return idem.Record{}, false, foreign(err)
+	}
+	return parseLegacy(v)
+}
+
+// isWrongType reports Redis's WRONGTYPE reply: the key holds another type
+// than the command works on.
+func isWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }
+
 // foreign wraps err in ErrCorrupt when Redis refused the command because the
-// key holds another type than a hash (WRONGTYPE, also from inside a script).
+// key holds a type this package never writes (WRONGTYPE from HMGET, which
+// only runs once GET said the key is no string).
 func foreign(err error) error {
-	var rerr redis.Error
-	if errors.As(err, &rerr) && strings.Contains(rerr.Error(), "WRONGTYPE") {
+	if isWrongType(err) {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	return err
-}
-
-// parseRecord decodes the reply {s, t, f, r} of HMGET; found is false when
-// the key has no state (absent or expired).
-func parseRecord(v []any) (idem.Record, bool, error) {
-	if len(v) != 4 {
-		return idem.Record{}, false, fmt.Errorf("%w: %d fields", ErrCorrupt, len(v))
-	}
-	if v[0] == nil || v[0] == false {
-		return idem.Record{}, false, nil
-	}
-	state, _ := v[0].(string)
-	token, _ := v[1].(string)
-	fp, _ := v[2].(string)
-	switch state {
-	case stateInProgress:
-		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, true, nil
-	case stateCompleted:
-		r, ok := v[3].(string)
-		if !ok {
-			return idem.Record{}, false, fmt.Errorf("%w: completed without a response", ErrCorrupt)
-		}
-		resp := new(idem.Response)
-		if err := resp.UnmarshalBinary([]byte(r)); err != nil {
-			return idem.Record{}, false, fmt.Errorf("%w: %w", ErrCorrupt, err)
-		}
-		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Token: token, Response: resp}, true, nil
-	}
-	return idem.Record{}, false, fmt.Errorf("%w: state %q", ErrCorrupt, state)
 }
