@@ -13,7 +13,7 @@ var _ idem.Inspector = (*Store)(nil)
 // inspectScript: KEYS[1] record. It returns {value, pttl} for a string,
 // {s, t, f, r, pttl} for a v0.1 hash record (missing fields are false, nil
 // in the reply, so the table stays an array), {} for no key, and {type}
-// for a key of another type.
+// for a key of another type (its TYPE, e.g. "list").
 var inspectScript = newScript(`
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'string' then
@@ -64,16 +64,25 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	k := s.prefix + key
+	info, found, err := s.inspect(ctx, s.prefix+key)
+	if err != nil {
+		return idem.RecordInfo{}, false, fmt.Errorf("redisstore: inspect: %w", err)
+	}
+	return info, found, nil
+}
+
+// inspect runs inspectScript on k, the full key: the record of either
+// layout, with its TTL. A key of another type, or a hash without a state,
+// is an error wrapping ErrCorrupt.
+func (s *Store) inspect(ctx context.Context, k string) (idem.RecordInfo, bool, error) {
 	v, err := s.c.EvalSha(ctx, inspectScript.sha, []string{k}).Slice()
 	if isNoScript(err) {
 		v, err = s.c.Eval(ctx, inspectScript.src, []string{k}).Slice()
 	}
 	if err != nil {
-		return idem.RecordInfo{}, false, fmt.Errorf("redisstore: inspect: %w", err)
+		return idem.RecordInfo{}, false, err
 	}
 	var rec idem.Record
-	found := true
 	switch len(v) {
 	case 0:
 		return idem.RecordInfo{}, false, nil
@@ -81,15 +90,12 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 		str, _ := v[0].(string)
 		rec, err = parseValue(str)
 	case 5:
-		rec, found, err = parseLegacy(v[:4])
+		rec, err = parseLegacy(v[:4])
 	default:
-		err = fmt.Errorf("%w: a %v", ErrCorrupt, v[0])
+		err = fmt.Errorf("%w: a Redis %v, not a record", ErrCorrupt, v[0])
 	}
 	if err != nil {
-		return idem.RecordInfo{}, false, fmt.Errorf("redisstore: inspect: %w", err)
-	}
-	if !found {
-		return idem.RecordInfo{}, false, nil
+		return idem.RecordInfo{}, false, err
 	}
 	pttl, _ := v[len(v)-1].(int64)
 	return idem.RecordInfo{Record: rec, TTL: time.Duration(pttl) * time.Millisecond}, true, nil

@@ -214,37 +214,35 @@ func keyAndOwner(prefix, key, token string, extra int) (buf []byte, keyEnd, owne
 	return buf, keyEnd, len(buf)
 }
 
-// legacyFields are the fields of a record written by v0.1 (one hash per
-// record): state ("1" in-progress, "2" completed), owner token (in-progress
-// only), fingerprint, and the AppendBinary encoding of the response
-// (completed only). This package reads them and never writes them.
-var legacyFields = []string{"s", "t", "f", "r"}
+// A record written by v0.1 is a hash of the fields s (state: "1"
+// in-progress, "2" completed), t (owner token, in-progress only), f
+// (fingerprint) and r (the AppendBinary encoding of the response, completed
+// only). This package reads them (inspectScript) and never writes them.
 
-// parseLegacy decodes the reply {s, t, f, r} of HMGET on a v0.1 hash
-// record; found is false when the hash has no state (absent or expired).
-func parseLegacy(v []any) (idem.Record, bool, error) {
+// parseLegacy decodes {s, t, f, r}, read by HMGET from a v0.1 hash record
+// (a hash without s is not one).
+func parseLegacy(v []any) (idem.Record, error) {
 	if len(v) != 4 {
-		return idem.Record{}, false, fmt.Errorf("%w: %d fields", ErrCorrupt, len(v))
-	}
-	if v[0] == nil || v[0] == false {
-		return idem.Record{}, false, nil
+		return idem.Record{}, fmt.Errorf("%w: %d fields", ErrCorrupt, len(v))
 	}
 	state, _ := v[0].(string)
 	token, _ := v[1].(string)
 	fp, _ := v[2].(string)
 	switch state {
 	case string(stateInProgress):
-		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, true, nil
+		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, nil
 	case string(stateCompleted):
 		r, ok := v[3].(string)
 		if !ok {
-			return idem.Record{}, false, fmt.Errorf("%w: completed without a response", ErrCorrupt)
+			return idem.Record{}, fmt.Errorf("%w: completed without a response", ErrCorrupt)
 		}
 		resp := new(idem.Response)
 		if err := resp.UnmarshalBinary(unsafe.Slice(unsafe.StringData(r), len(r))); err != nil {
-			return idem.Record{}, false, fmt.Errorf("%w: %w", ErrCorrupt, err)
+			return idem.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
-		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Token: token, Response: resp}, true, nil
+		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Token: token, Response: resp}, nil
+	case "":
+		return idem.Record{}, fmt.Errorf("%w: a hash without a state", ErrCorrupt)
 	}
-	return idem.Record{}, false, fmt.Errorf("%w: state %q", ErrCorrupt, state)
+	return idem.Record{}, fmt.Errorf("%w: state %q", ErrCorrupt, state)
 }

@@ -110,44 +110,41 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 // a server accepts.
 const maxBulk = 512 << 20
 
-// The scripts: each reads and writes KEYS[1] only. They read the value with
-// redis.pcall, so a key of another type (a v0.1 hash record, a foreign
-// value) answers 0 (ErrNotOwner: this package never owns a hash) instead of
-// a WRONGTYPE error; a missing key reads as false.
-
-// completeScript: KEYS[1] record; ARGV owner ('1' lp(token)), retention ms,
-// encoded response. It returns 1 when completed, 0 when token holds no live
-// lease. The completed value keeps lp(fingerprint), which follows the owner
-// in the in-progress value.
-var completeScript = newScript(`
+// ownerCheck starts the scripts of Complete, Release and Extend (KEYS[1]
+// record, ARGV[1] owner: '1' lp(token)): it returns 0 unless the value is
+// an in-progress value of that owner, '1' lp(token) lp(fingerprint), and
+// leaves lp(fingerprint) in f. It reads with redis.pcall, so a key of
+// another type (a v0.1 hash record, a foreign value) answers 0, not
+// WRONGTYPE: this package never owns a hash. A missing key reads as false.
+const ownerCheck = `
 local v = redis.pcall('GET', KEYS[1])
 local o = ARGV[1]
 if type(v) ~= 'string' or string.sub(v, 1, #o) ~= o then
   return 0
 end
-redis.call('SET', KEYS[1], '2' .. string.sub(v, #o + 1) .. ARGV[3], 'PX', ARGV[2])
+local f = string.sub(v, #o + 1)
+local d = string.match(f, '^(%d+):')
+if not d or (#d > 1 and string.sub(d, 1, 1) == '0') or #f ~= #d + 1 + tonumber(d) then
+  return 0
+end
+`
+
+// completeScript: ARGV owner, retention ms, encoded response. It returns 1
+// when completed ('2' lp(fingerprint) response, PX retention), 0 when token
+// holds no live lease.
+var completeScript = newScript(ownerCheck + `
+redis.call('SET', KEYS[1], '2' .. f .. ARGV[3], 'PX', ARGV[2])
 return 1
 `)
 
-// releaseScript: KEYS[1] record; ARGV owner. It returns 1 when deleted.
-var releaseScript = newScript(`
-local v = redis.pcall('GET', KEYS[1])
-local o = ARGV[1]
-if type(v) ~= 'string' or string.sub(v, 1, #o) ~= o then
-  return 0
-end
+// releaseScript: ARGV owner. It returns 1 when deleted.
+var releaseScript = newScript(ownerCheck + `
 redis.call('DEL', KEYS[1])
 return 1
 `)
 
-// extendScript: KEYS[1] record; ARGV owner, lease ms. It returns 1 when
-// renewed.
-var extendScript = newScript(`
-local v = redis.pcall('GET', KEYS[1])
-local o = ARGV[1]
-if type(v) ~= 'string' or string.sub(v, 1, #o) ~= o then
-  return 0
-end
+// extendScript: ARGV owner, lease ms. It returns 1 when renewed.
+var extendScript = newScript(ownerCheck + `
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
@@ -168,7 +165,7 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return ctx, func() {}
 }
 
-// maxLegacyReads bounds the SET, HMGET rounds of an Acquire that keeps
+// maxLegacyReads bounds the SET, inspect rounds of an Acquire that keeps
 // meeting a v0.1 hash record that expires (or has no state) in between.
 const maxLegacyReads = 3
 
@@ -177,8 +174,8 @@ const maxLegacyReads = 3
 // is absent (or expired: a lapsed lease) and otherwise returns the live
 // value, unchanged. A live in-progress value under token is this caller's
 // own SET, sent again by the client after a lost reply: it counts as
-// acquired. A v0.1 hash record answers WRONGTYPE and is read with HMGET
-// (one more round trip, until it expires).
+// acquired. A v0.1 hash record answers WRONGTYPE and is read by the
+// script of Inspect (one more round trip, until it expires).
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -206,17 +203,18 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 		if !isWrongType(err) {
 			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
 		}
-		// A v0.1 hash record (or a foreign type: HMGET then fails too).
-		rec, found, err := s.getLegacy(ctx, set.key)
+		// A v0.1 hash record, or a foreign type. (A string found there
+		// now was written after the SET by another token.)
+		info, found, err := s.inspect(ctx, set.key)
 		if err != nil {
 			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
 		}
 		if found {
-			return rec, false, nil
+			return info.Record, false, nil
 		}
 		// Expired between the two commands: SET again.
 	}
-	return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w: a hash without a state", ErrCorrupt)
+	return idem.Record{}, false, errors.New("redisstore: acquire: a v0.1 hash record kept expiring under SET")
 }
 
 // Complete implements [idem.Store.Complete] with one script run; under
@@ -409,8 +407,8 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	return nil
 }
 
-// Get implements [idem.Store.Get] with one GET (and an HMGET for a v0.1
-// hash record). With a Cluster client configured to read from replicas
+// Get implements [idem.Store.Get] with one GET (and the script of Inspect
+// for a v0.1 hash record). With a Cluster client configured to read from replicas
 // (ReadOnly, RouteByLatency, RouteRandomly) it may return a slightly stale
 // record; the engine never calls Get.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
@@ -433,34 +431,13 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	case !isWrongType(err):
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	rec, found, err := s.getLegacy(ctx, k)
+	info, found, err := s.inspect(ctx, k)
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	return rec, found, nil
-}
-
-// getLegacy reads the v0.1 hash record at k (the full key) with HMGET;
-// found is false when it has no state (expired meanwhile). A key of another
-// type is an error wrapping ErrCorrupt.
-func (s *Store) getLegacy(ctx context.Context, k string) (idem.Record, bool, error) {
-	v, err := s.c.HMGet(ctx, k, legacyFields...).Result()
-	if err != nil {
-		return idem.Record{}, false, foreign(err)
-	}
-	return parseLegacy(v)
+	return info.Record, found, nil
 }
 
 // isWrongType reports Redis's WRONGTYPE reply: the key holds another type
 // than the command works on.
 func isWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }
-
-// foreign wraps err in ErrCorrupt when Redis refused the command because the
-// key holds a type this package never writes (WRONGTYPE from HMGET, which
-// only runs once GET said the key is no string).
-func foreign(err error) error {
-	if isWrongType(err) {
-		return fmt.Errorf("%w: %w", ErrCorrupt, err)
-	}
-	return err
-}
