@@ -270,7 +270,7 @@ func (s *Store) run(ctx context.Context, sc *script, ev *evalCmd) (int64, error)
 }
 
 // isNoScript reports a NOSCRIPT reply to EVALSHA.
-func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+func isNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 // completeAndWait runs the completion script and WAIT in one pipeline, on
 // the master owning k when the client is a Cluster client. WAIT counts the
@@ -440,4 +440,4 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 
 // isWrongType reports Redis's WRONGTYPE reply: the key holds another type
 // than the command works on.
-func isWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }
+func isWrongType(err error) bool { return err != nil && redis.HasErrorPrefix(err, "WRONGTYPE") }
