@@ -128,6 +128,32 @@ func responseSizeHint(resp *idem.Response) int {
 // change afterwards.
 func view(buf []byte) string { return unsafe.String(unsafe.SliceData(buf), len(buf)) }
 
+// parseBulkReply decodes the raw RESP reply b to a SET with GET: a bulk
+// string (old, exists) or a null (RESP2 "$-1", RESP3 "_": !exists). ok is
+// false for any other reply (an error). old shares the memory of b.
+func parseBulkReply(b []byte) (old string, exists, ok bool) {
+	if len(b) < 3 || b[len(b)-2] != '\r' || b[len(b)-1] != '\n' {
+		return "", false, false
+	}
+	switch b[0] {
+	case '_':
+		return "", false, len(b) == 3
+	case '$':
+		if string(b) == "$-1\r\n" {
+			return "", false, true
+		}
+		i, n := 1, 0
+		for ; i < len(b) && i <= maxLenDigits && b[i] >= '0' && b[i] <= '9'; i++ {
+			n = n*10 + int(b[i]-'0')
+		}
+		if i == 1 || i > maxLenDigits || len(b) != i+2+n+2 || b[i] != '\r' {
+			return "", false, false
+		}
+		return view(b[i+2 : i+2+n]), true, true
+	}
+	return "", false, false
+}
+
 // setCmd holds the arguments of SET key value PX ms NX GET.
 type setCmd struct {
 	args            [7]any

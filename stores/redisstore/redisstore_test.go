@@ -757,3 +757,63 @@ func TestWithTimeout(t *testing.T) {
 		t.Fatalf("error %q not wrapped with the redisstore prefix", err)
 	}
 }
+
+// TestAcquireOwnRetry: a SET that go-redis sends again after its reply was
+// lost finds the value it wrote, under its own token: acquired. Another
+// token is shown the record.
+func TestAcquireOwnRetry(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	key, tok := storetest.Key(), storetest.Token()
+	for i := range 2 {
+		if rec, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire %d under the same token = %+v, %v, %v; want acquired", i, rec, ok, err)
+		}
+	}
+	rec, ok, err := s.Acquire(ctxT(t), key, storetest.Token(), "fp", time.Minute)
+	if err != nil || ok || rec.State != idem.StateInProgress || rec.Token != tok || rec.Fingerprint != "fp" {
+		t.Fatalf("Acquire under another token = %+v, %v, %v; want the in-progress record of %s", rec, ok, err, tok)
+	}
+}
+
+// TestConformanceRESP2 runs the suite on a RESP2 connection (nil replies
+// are "$-1", not RESP3's "_").
+func TestConformanceRESP2(t *testing.T) {
+	t.Parallel()
+	opt, err := redis.ParseURL(redisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.Protocol = 2
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(ctxT(t)).Err(); err != nil {
+		unavailable(t, "Redis unreachable at %s: %v", redisURL(), err)
+	}
+	conformance(t, c)
+}
+
+// TestAcquireErrorReply: Acquire's SET goes unparsed; an error reply other
+// than WRONGTYPE (here READONLY, from a replica) sends it again parsed, so
+// that go-redis applies its redirections and retries, and is returned.
+func TestAcquireErrorReply(t *testing.T) {
+	t.Parallel()
+	_, replica := startReplicatedPair(t)
+	c := redis.NewClient(&redis.Options{Addr: replica.addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	hook := &countHook{}
+	c.AddHook(hook)
+	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	if err := c.Ping(ctxT(t)).Err(); err != nil { // dials the connection
+		t.Fatal(err)
+	}
+	hook.reset()
+	_, ok, err := s.Acquire(ctxT(t), storetest.Key(), storetest.Token(), "fp", time.Minute)
+	if ok || err == nil || !strings.Contains(err.Error(), "READONLY") || errors.Is(err, idem.ErrCorrupt) {
+		t.Fatalf("Acquire on a replica = %v, %v; want a READONLY error", ok, err)
+	}
+	if got := hook.names(); len(got) != 2 || got[0] != "set" || got[1] != "set" {
+		t.Fatalf("Acquire on a replica sent %v; want SET (raw), then SET (parsed)", got)
+	}
+}
