@@ -30,7 +30,8 @@ const DefaultWaitTimeout = 500 * time.Millisecond
 var ErrNotReplicated = fmt.Errorf("redisstore: completion stored on the primary but not acknowledged by enough replicas: %w", idem.ErrNotDurable)
 
 // ErrCorrupt is returned (wrapped) when a key under the prefix holds a value
-// this package did not write (another type, a hash of other fields) or a
+// this package did not write (another type than a string or a v0.1 hash
+// record, a string that is not a record, a hash of other fields) or a
 // response that does not decode. It wraps [idem.ErrCorrupt]: the engine
 // answers 500 "stored-result-unreadable" until the key is deleted.
 var ErrCorrupt = fmt.Errorf("redisstore: corrupt record: %w", idem.ErrCorrupt)
