@@ -76,14 +76,14 @@ func BenchmarkRedisFloor(b *testing.B) {
 		storeOp := func() error {
 			k := newKey()
 			if _, ok, err := s.Acquire(ctx, k, token, fp, 30*time.Second); err != nil || !ok {
-				return fmt.Errorf("Acquire = %v, %v; want acquired", ok, err)
+				return fmt.Errorf("Acquire = %v, %w; want acquired", ok, err)
 			}
 			return s.Complete(ctx, k, token, benchResponse, benchRetention)
 		}
 		bareOp := func() error {
 			k := prefix + newKey()
 			if ok, err := c.SetNX(ctx, k, token, 30*time.Second).Result(); err != nil || !ok {
-				return fmt.Errorf("SET NX = %v, %v", ok, err)
+				return fmt.Errorf("SET NX = %v, %w", ok, err)
 			}
 			return c.SetXX(ctx, k, encoded, benchRetention).Err()
 		}
