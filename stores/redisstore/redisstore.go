@@ -174,9 +174,10 @@ const maxLegacyReads = 3
 // Acquire implements [idem.Store.Acquire] with one command, no script:
 // SET key value PX lease NX GET. It sets the in-progress value when the key
 // is absent (or expired: a lapsed lease) and otherwise returns the live
-// value, unchanged. A live in-progress value under token is this caller's
-// own SET, sent again by the client after a lost reply: it counts as
-// acquired. A v0.1 hash record answers WRONGTYPE and is read by the
+// value, unchanged. A live value equal to the one it would write (same
+// token, same fingerprint) is this caller's own SET, sent again by the
+// client after a lost reply: it counts as acquired, and the lease runs from
+// that first SET. A v0.1 hash record answers WRONGTYPE and is read by the
 // script of Inspect (one more round trip, until it expires).
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
@@ -193,12 +194,15 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 		if err == nil && !exists {
 			return idem.Record{}, true, nil
 		}
+		if err == nil && old == set.value {
+			return idem.Record{}, true, nil // our own SET, sent again
+		}
 		if err == nil {
 			rec, err := parseValue(old)
 			if err != nil {
 				return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
 			}
-			return rec, rec.State == idem.StateInProgress && rec.Token == token, nil
+			return rec, false, nil
 		}
 		if !errors.Is(err, errWrongType) {
 			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)

@@ -759,8 +759,8 @@ func TestWithTimeout(t *testing.T) {
 }
 
 // TestAcquireOwnRetry: a SET that go-redis sends again after its reply was
-// lost finds the value it wrote, under its own token: acquired. Another
-// token is shown the record.
+// lost finds the value it wrote: acquired. Another token, or the same token
+// with another fingerprint, is shown the record.
 func TestAcquireOwnRetry(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
@@ -771,9 +771,11 @@ func TestAcquireOwnRetry(t *testing.T) {
 			t.Fatalf("Acquire %d under the same token = %+v, %v, %v; want acquired", i, rec, ok, err)
 		}
 	}
-	rec, ok, err := s.Acquire(ctxT(t), key, storetest.Token(), "fp", time.Minute)
-	if err != nil || ok || rec.State != idem.StateInProgress || rec.Token != tok || rec.Fingerprint != "fp" {
-		t.Fatalf("Acquire under another token = %+v, %v, %v; want the in-progress record of %s", rec, ok, err, tok)
+	for _, other := range []struct{ token, fp string }{{storetest.Token(), "fp"}, {tok, "fp-2"}} {
+		rec, ok, err := s.Acquire(ctxT(t), key, other.token, other.fp, time.Minute)
+		if err != nil || ok || rec.State != idem.StateInProgress || rec.Token != tok || rec.Fingerprint != "fp" {
+			t.Fatalf("Acquire(%.8s, %s) = %+v, %v, %v; want the in-progress record of %.8s, fp", other.token, other.fp, rec, ok, err, tok)
+		}
 	}
 }
 
