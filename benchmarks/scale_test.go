@@ -160,7 +160,7 @@ func BenchmarkMemRetention(b *testing.B) {
 
 // BenchmarkRedisRecordSize completes 1,000 records with a 200-byte body
 // through redisstore and reports the mean MEMORY USAGE of one record (key,
-// hash and its encoding overhead, SAMPLES 0) and the growth of INFO
+// string value and its overhead, SAMPLES 0) and the growth of INFO
 // used_memory per record. One op is the whole measurement.
 func BenchmarkRedisRecordSize(b *testing.B) {
 	const n = 1000

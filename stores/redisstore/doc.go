@@ -4,13 +4,15 @@
 //
 // # Layout
 //
-// Each record is one Redis hash at prefix+key (default prefix "idem:"; the key
-// is the engine's 64-hex scoped key) with the fields
+// Each record is one Redis string at prefix+key (default prefix "idem:"; the
+// key is the engine's 64-hex scoped key). With lp(s) = len(s) in decimal,
+// ':' and s:
 //
-//	s  state: "1" in-progress, "2" completed
-//	t  owner token (in-progress only; dropped on completion)
-//	f  fingerprint of the request that created the record
-//	r  the response, encoded by [idem.Response.AppendBinary] (completed only)
+//	in-progress  '1' lp(token) lp(fingerprint)
+//	completed    '2' lp(fingerprint) response
+//
+// where response is the [idem.Response.AppendBinary] encoding, to the end
+// of the value (binary-safe); the token is dropped at completion.
 //
 // The lease of an in-progress record and the retention of a completed one are
 // the key's TTL, kept by the Redis server's clock in milliseconds: a lapsed
@@ -19,14 +21,26 @@
 //
 // # Atomicity and round trips
 //
-// Every state transition is one Lua script run with EVALSHA (EVAL when the
-// server's script cache is empty, e.g. after a restart), touching only
-// KEYS[1], so it is atomic on the server and Cluster-safe: acquire
-// (create, or return the live record), complete (owner and in-progress
-// checked, then PEXPIRE retention), release (owner checked, DEL) and extend
-// (owner checked, PEXPIRE). There is no WATCH and no check-then-set across
-// round trips. A first execution costs 2 round trips (acquire, complete); a
-// replay, a 409 conflict or a 422 mismatch costs 1. Get is one HMGET.
+// Acquire is one command, SET key value NX GET PX lease: it writes the
+// in-progress value when the key is absent (or expired) and otherwise
+// returns the live value unchanged. Complete (owner and in-progress
+// checked, then SET of the completed value PX retention), Release (owner
+// checked, DEL) and Extend (owner checked, PEXPIRE) are one Lua script each,
+// run with EVALSHA (EVAL when the server's script cache is empty, e.g.
+// after a restart). Every command and script touches only its record's key,
+// so each transition is atomic on the server and Cluster-safe, with no
+// WATCH and no check-then-set across round trips. A first execution costs 2
+// round trips (acquire, complete); a replay, a 409 conflict or a 422
+// mismatch costs 1. Get is one GET.
+//
+// # v0.1 records
+//
+// v0.1 kept each record as a hash (fields s, t, f, r). This version reads
+// such records, left in Redis for their retention after an upgrade, and
+// never writes one: Acquire answers from them (replay, 409 or 422), Get,
+// Inspect and Evict work on them, and Complete, Release and Extend answer
+// [idem.ErrNotOwner]. A v0.1 instance meeting a record of this version gets
+// WRONGTYPE and answers 503 (README.md, "Migrating from v0.1 records").
 //
 // # Failures
 //

@@ -5,70 +5,125 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	idem "github.com/idemkit/idem/core"
 )
 
 var _ idem.Inspector = (*Store)(nil)
 
-// inspectScript: KEYS[1] record. It returns {s, t, f, r, pttl}; missing
-// fields are false (nil in the reply), so the table stays an array.
-var inspectScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't', 'f', 'r')
-v[5] = redis.call('PTTL', KEYS[1])
-return v
+// inspectScript: KEYS[1] record. It returns {value, pttl} for a string,
+// {s, t, f, r, pttl} for a v0.1 hash record (missing fields are false, nil
+// in the reply, so the table stays an array), {} for no key, and {type}
+// for a key of another type (its TYPE, e.g. "list").
+var inspectScript = newScript(`
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'string' then
+  return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+end
+if t == 'hash' then
+  local v = redis.call('HMGET', KEYS[1], 's', 't', 'f', 'r')
+  v[5] = redis.call('PTTL', KEYS[1])
+  return v
+end
+if t == 'none' then
+  return {}
+end
+return {t}
 `)
 
-// evictScript: KEYS[1] record; ARGV state, token ("" for none), fingerprint.
-// It returns 1 when it deleted the record, 0 when the record differs.
-var evictScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't', 'f')
-if v[1] ~= ARGV[1] or (v[2] or '') ~= ARGV[2] or v[3] ~= ARGV[3] then
+// evictScript: KEYS[1] record; ARGV state ("1" or "2"), token ("" for
+// none), fingerprint, value. It deletes a string record whose value is
+// value (in-progress: '1' lp(token) lp(fingerprint)) or starts with it
+// (completed: '2' lp(fingerprint), token ""), or a v0.1 hash record whose
+// s, t and f fields match, and returns 1; otherwise 0.
+var evictScript = newScript(`
+local t = redis.call('TYPE', KEYS[1])['ok']
+local match = false
+if t == 'string' then
+  local v = redis.call('GET', KEYS[1])
+  if ARGV[1] == '1' then
+    match = v == ARGV[4]
+  else
+    match = ARGV[2] == '' and string.sub(v, 1, #ARGV[4]) == ARGV[4]
+  end
+elseif t == 'hash' then
+  local v = redis.call('HMGET', KEYS[1], 's', 't', 'f')
+  match = v[1] == ARGV[1] and (v[2] or '') == ARGV[2] and v[3] == ARGV[3]
+end
+if not match then
   return 0
 end
 redis.call('DEL', KEYS[1])
 return 1
 `)
 
-// storedState maps a record state to its value in the hash's s field.
-var storedState = map[idem.State]string{idem.StateInProgress: stateInProgress, idem.StateCompleted: stateCompleted}
-
 // Inspect implements [idem.Inspector.Inspect] with one script run: the
-// record and its time to live (PTTL) read atomically.
+// record and its time to live (PTTL) read atomically, from either layout.
 func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecordInfo{}, false, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	v, err := inspectScript.Run(ctx, s.c, []string{s.prefix + key}).Slice()
+	info, found, err := s.inspect(ctx, s.prefix+key)
 	if err != nil {
 		return idem.RecordInfo{}, false, fmt.Errorf("redisstore: inspect: %w", err)
 	}
-	if len(v) != 5 {
-		return idem.RecordInfo{}, false, fmt.Errorf("redisstore: inspect: %w: %d fields", ErrCorrupt, len(v))
+	return info, found, nil
+}
+
+// inspect runs inspectScript on k, the full key: the record of either
+// layout, with its TTL. A key of another type, or a hash without a state,
+// is an error wrapping ErrCorrupt.
+func (s *Store) inspect(ctx context.Context, k string) (idem.RecordInfo, bool, error) {
+	v, err := s.c.EvalSha(ctx, inspectScript.sha, []string{k}).Slice()
+	if isNoScript(err) {
+		v, err = s.c.Eval(ctx, inspectScript.src, []string{k}).Slice()
 	}
-	rec, found, err := parseRecord(v[:4])
-	if err != nil || !found {
+	if err != nil {
 		return idem.RecordInfo{}, false, err
 	}
-	pttl, _ := v[4].(int64)
+	var rec idem.Record
+	switch len(v) {
+	case 0:
+		return idem.RecordInfo{}, false, nil
+	case 2:
+		str, _ := v[0].(string)
+		rec, err = parseValue(str)
+	case 5:
+		rec, err = parseLegacy(v[:4])
+	default:
+		err = fmt.Errorf("%w: a Redis %v, not a record", ErrCorrupt, v[0])
+	}
+	if err != nil {
+		return idem.RecordInfo{}, false, err
+	}
+	pttl, _ := v[len(v)-1].(int64)
 	return idem.RecordInfo{Record: rec, TTL: time.Duration(pttl) * time.Millisecond}, true, nil
 }
 
-// Evict implements [idem.Inspector.Evict] with one script run.
+// Evict implements [idem.Inspector.Evict] with one script run, on either
+// layout.
 func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	state, ok := storedState[seen.State]
-	if !ok {
+	var value []byte
+	switch seen.State {
+	case idem.StateInProgress:
+		value = appendLP(appendOwner(nil, seen.Token), seen.Fingerprint)
+	case idem.StateCompleted:
+		value = appendLP([]byte{stateCompleted}, seen.Fingerprint)
+	default:
 		return idem.ErrRecordChanged
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	deleted, err := evictScript.Run(ctx, s.c, []string{s.prefix + key}, state, seen.Token, seen.Fingerprint).Int64()
+	args := []any{string(value[:1]), seen.Token, seen.Fingerprint, value}
+	k := []string{s.prefix + key}
+	deleted, err := s.c.EvalSha(ctx, evictScript.sha, k, args...).Int64()
+	if isNoScript(err) {
+		deleted, err = s.c.Eval(ctx, evictScript.src, k, args...).Int64()
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: evict: %w", err)
 	}

@@ -1,10 +1,11 @@
 package redisstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,7 +30,8 @@ const DefaultWaitTimeout = 500 * time.Millisecond
 var ErrNotReplicated = fmt.Errorf("redisstore: completion stored on the primary but not acknowledged by enough replicas: %w", idem.ErrNotDurable)
 
 // ErrCorrupt is returned (wrapped) when a key under the prefix holds a value
-// this package did not write (another type, a hash of other fields) or a
+// this package did not write (another type than a string or a v0.1 hash
+// record, a string that is not a record, a hash of other fields) or a
 // response that does not decode. It wraps [idem.ErrCorrupt]: the engine
 // answers 500 "stored-result-unreadable" until the key is deleted.
 var ErrCorrupt = fmt.Errorf("redisstore: corrupt record: %w", idem.ErrCorrupt)
@@ -110,55 +112,41 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 // a server accepts.
 const maxBulk = 512 << 20
 
-// Record hash fields and state values; the scripts spell them out literally.
-const (
-	stateInProgress = "1"
-	stateCompleted  = "2"
-)
-
-// acquireScript: KEYS[1] record; ARGV token, fingerprint, lease ms.
-// It returns {} when it acquired, else the live record {s, t, f, r}.
-// A record in progress under the same token is this caller's own acquire
-// replayed by a client retry after a lost reply: it counts as acquired.
-var acquireScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't', 'f', 'r')
-if v[1] and not (v[1] == '1' and v[2] == ARGV[1]) then
-  return v
-end
-redis.call('HSET', KEYS[1], 's', '1', 't', ARGV[1], 'f', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {}
-`)
-
-// completeScript: KEYS[1] record; ARGV token, encoded response, retention ms.
-// It returns 1 when completed, 0 when token holds no live lease.
-var completeScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't')
-if v[1] ~= '1' or v[2] ~= ARGV[1] then
+// ownerCheck starts the scripts of Complete, Release and Extend (KEYS[1]
+// record, ARGV[1] owner: '1' lp(token)): it returns 0 unless the value is
+// an in-progress value of that owner, '1' lp(token) lp(fingerprint), and
+// leaves lp(fingerprint) in f. It reads with redis.pcall, so a key of
+// another type (a v0.1 hash record, a foreign value) answers 0, not
+// WRONGTYPE: this package never owns a hash. A missing key reads as false.
+const ownerCheck = `
+local v = redis.pcall('GET', KEYS[1])
+local o = ARGV[1]
+if type(v) ~= 'string' or string.sub(v, 1, #o) ~= o then
   return 0
 end
-redis.call('HSET', KEYS[1], 's', '2', 'r', ARGV[2])
-redis.call('HDEL', KEYS[1], 't')
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local f = string.sub(v, #o + 1)
+local d = string.match(f, '^(%d+):')
+if not d or (#d > 1 and string.sub(d, 1, 1) == '0') or #f ~= #d + 1 + tonumber(d) then
+  return 0
+end
+`
+
+// completeScript: ARGV owner, retention ms, encoded response. It returns 1
+// when completed ('2' lp(fingerprint) response, PX retention), 0 when token
+// holds no live lease.
+var completeScript = newScript(ownerCheck + `
+redis.call('SET', KEYS[1], '2' .. f .. ARGV[3], 'PX', ARGV[2])
 return 1
 `)
 
-// releaseScript: KEYS[1] record; ARGV token. It returns 1 when deleted.
-var releaseScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't')
-if v[1] ~= '1' or v[2] ~= ARGV[1] then
-  return 0
-end
+// releaseScript: ARGV owner. It returns 1 when deleted.
+var releaseScript = newScript(ownerCheck + `
 redis.call('DEL', KEYS[1])
 return 1
 `)
 
-// extendScript: KEYS[1] record; ARGV token, lease ms. It returns 1 when renewed.
-var extendScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't')
-if v[1] ~= '1' or v[2] ~= ARGV[1] then
-  return 0
-end
+// extendScript: ARGV owner, lease ms. It returns 1 when renewed.
+var extendScript = newScript(ownerCheck + `
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
@@ -179,7 +167,18 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return ctx, func() {}
 }
 
-// Acquire implements [idem.Store.Acquire] with one script run.
+// maxLegacyReads bounds the SET, inspect rounds of an Acquire that keeps
+// meeting a v0.1 hash record that expires (or has no state) in between.
+const maxLegacyReads = 3
+
+// Acquire implements [idem.Store.Acquire] with one command, no script:
+// SET key value PX lease NX GET. It sets the in-progress value when the key
+// is absent (or expired: a lapsed lease) and otherwise returns the live
+// value, unchanged. A live value equal to the one it would write (same
+// token, same fingerprint) is this caller's own SET, sent again by the
+// client after a lost reply: it counts as acquired, and the lease runs from
+// that first SET. A v0.1 hash record answers WRONGTYPE and is read by the
+// script of Inspect (one more round trip, until it expires).
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -189,21 +188,82 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	v, err := acquireScript.Run(ctx, s.c, []string{s.prefix + key}, token, fingerprint, millis(lease)).Slice()
+	set := newAcquire(s.prefix, key, token, fingerprint, millis(lease))
+	for range maxLegacyReads {
+		old, exists, err := s.setNXGet(ctx, set)
+		if err == nil && !exists {
+			return idem.Record{}, true, nil
+		}
+		if err == nil && old == set.value {
+			return idem.Record{}, true, nil // our own SET, sent again
+		}
+		if err == nil {
+			rec, err := parseValue(old)
+			if err != nil {
+				return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+			}
+			return rec, false, nil
+		}
+		if !errors.Is(err, errWrongType) {
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+		}
+		// A v0.1 hash record, or a foreign type. (A string found there
+		// now was written after the SET by another token.)
+		info, found, err := s.inspect(ctx, set.key)
+		if err != nil {
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+		}
+		if found {
+			return info.Record, false, nil
+		}
+		// Expired between the two commands: SET again.
+	}
+	return idem.Record{}, false, errors.New("redisstore: acquire: a v0.1 hash record kept expiring under SET")
+}
+
+// errWrongType is Redis's WRONGTYPE reply to Acquire's SET: the key holds
+// another type than a string (a v0.1 hash record, or a foreign value).
+var errWrongType = errors.New("WRONGTYPE: the key holds no string")
+
+// setNXGet sends Acquire's SET and returns the value the key held (exists)
+// or reports that the SET wrote the key (!exists). err wraps errWrongType
+// when the key holds another type.
+//
+// The SET goes as a raw command, whose reply go-redis does not parse:
+// parsed, the nil reply of a SET that wrote the key is an error (redis.Nil)
+// that go-redis runs through its retry classification, some 17
+// allocations and a fifth of the client's CPU time for a fresh request.
+// go-redis acts on error replies (MOVED and ASK redirections, READONLY
+// and LOADING retries) only for parsed commands, so an error reply other
+// than WRONGTYPE sends the SET again, parsed. That is safe: an error reply
+// means the SET did not run, and had it run, its value under the same token
+// reads as acquired.
+func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists bool, err error) {
+	raw := redis.NewRawCmd(ctx, set.args[:]...)
+	raw.SetFirstKeyPos(1)
+	_ = s.c.Process(ctx, raw)
+	b, err := raw.Result()
 	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", foreign(err))
+		return "", false, err
 	}
-	if len(v) == 0 {
-		return idem.Record{}, true, nil
+	if old, exists, ok := parseBulkReply(b); ok {
+		return old, exists, nil
 	}
-	rec, found, err := parseRecord(v)
-	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+	if bytes.HasPrefix(b, []byte("-WRONGTYPE")) {
+		return "", false, fmt.Errorf("%w (%s)", errWrongType, bytes.TrimSpace(b[1:]))
 	}
-	if !found {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w: no state", ErrCorrupt)
+	cmd := set.command(ctx)
+	_ = s.c.Process(ctx, cmd)
+	old, err = cmd.Result()
+	switch {
+	case err == nil:
+		return old, true, nil
+	case errors.Is(err, redis.Nil):
+		return "", false, nil
+	case isWrongType(err):
+		return "", false, fmt.Errorf("%w (%w)", errWrongType, err)
 	}
-	return rec, false, nil
+	return "", false, err
 }
 
 // Complete implements [idem.Store.Complete] with one script run; under
@@ -220,21 +280,23 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	if resp == nil {
 		return errors.New("redisstore: complete: nil response")
 	}
-	enc, err := resp.AppendBinary(nil)
+	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 20+responseSizeHint(resp))
+	buf = strconv.AppendInt(buf, millis(retention), 10)
+	ttlEnd := len(buf)
+	buf, err := resp.AppendBinary(buf)
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	if len(enc) > maxBulk {
-		return fmt.Errorf("redisstore: complete: %w: %d-byte encoded response, Redis accepts at most 512 MiB", idem.ErrTooLarge, len(enc))
+	if n := len(buf) - ttlEnd; n > maxBulk {
+		return fmt.Errorf("redisstore: complete: %w: %d-byte encoded response, Redis accepts at most 512 MiB", idem.ErrTooLarge, n)
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	k := s.prefix + key
-	args := []any{token, enc, millis(retention)}
+	ev := newEval(completeScript, buf, keyEnd, ownerEnd, ttlEnd, len(buf))
 	if s.waitN > 0 {
-		return s.completeAndWait(ctx, k, args)
+		return s.completeAndWait(ctx, ev)
 	}
-	ok, err := completeScript.Run(ctx, s.c, []string{k}, args...).Int64()
+	ok, err := s.run(ctx, completeScript, ev)
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -244,11 +306,27 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	return nil
 }
 
+// run runs ev on the client with EVALSHA, and once more with EVAL when the
+// server's script cache lacks the script (restart, failover, SCRIPT FLUSH).
+func (s *Store) run(ctx context.Context, sc *script, ev *evalCmd) (int64, error) {
+	cmd := ev.command(ctx, sc, false)
+	_ = s.c.Process(ctx, cmd)
+	if isNoScript(cmd.Err()) {
+		cmd = ev.command(ctx, sc, true)
+		_ = s.c.Process(ctx, cmd)
+	}
+	return cmd.Result()
+}
+
+// isNoScript reports a NOSCRIPT reply to EVALSHA.
+func isNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
+
 // completeAndWait runs the completion script and WAIT in one pipeline, on
 // the master owning k when the client is a Cluster client. WAIT counts the
 // replicas that acknowledged the writes of the connection it is sent on, so
 // both commands must share one connection: a pipeline to one node.
-func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error {
+func (s *Store) completeAndWait(ctx context.Context, ev *evalCmd) error {
+	k := ev.strs[0]
 	var c redis.Cmdable = s.c
 	cluster, isCluster := s.c.(*redis.ClusterClient)
 	if isCluster {
@@ -258,7 +336,7 @@ func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error
 		}
 		c = node
 	}
-	res, acked, err := s.pipeCompleteWait(ctx, c, k, args, false)
+	res, acked, err := s.pipeCompleteWait(ctx, c, ev, false)
 	// The slot moved (MOVED) or is moving and the record is already on the
 	// importing master (ASK): send the pipeline again to the master the
 	// error names, after ASKING for ASK. Rare (resharding).
@@ -275,7 +353,7 @@ func (s *Store) completeAndWait(ctx context.Context, k string, args []any) error
 		if ferr != nil {
 			return fmt.Errorf("redisstore: complete: %w (after %w)", ferr, err)
 		}
-		res, acked, err = s.pipeCompleteWait(ctx, node, k, args, ask)
+		res, acked, err = s.pipeCompleteWait(ctx, node, ev, ask)
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
@@ -312,28 +390,24 @@ func masterAt(ctx context.Context, cluster *redis.ClusterClient, addr string) (*
 // pipeline on c, and once more with EVAL when the server's script cache
 // lacks the script (restart, failover, SCRIPT FLUSH, a node that never ran
 // it).
-func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, k string, args []any, ask bool) (res, acked int64, err error) {
-	res, acked, err = s.pipeOnce(ctx, c, k, args, ask, false)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		res, acked, err = s.pipeOnce(ctx, c, k, args, ask, true)
+func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, ev *evalCmd, ask bool) (res, acked int64, err error) {
+	res, acked, err = s.pipeOnce(ctx, c, ev, ask, false)
+	if isNoScript(err) {
+		res, acked, err = s.pipeOnce(ctx, c, ev, ask, true)
 	}
 	return res, acked, err
 }
 
-func (s *Store) pipeOnce(ctx context.Context, c redis.Cmdable, k string, args []any, ask, source bool) (res, acked int64, err error) {
+func (s *Store) pipeOnce(ctx context.Context, c redis.Cmdable, ev *evalCmd, ask, source bool) (res, acked int64, err error) {
 	pipe := c.Pipeline()
 	if ask {
 		pipe.Do(ctx, "asking")
 	}
-	var run *redis.Cmd
-	if source {
-		run = completeScript.Eval(ctx, pipe, []string{k}, args...)
-	} else {
-		run = completeScript.EvalSha(ctx, pipe, []string{k}, args...)
-	}
+	run := ev.command(ctx, completeScript, source)
+	_ = pipe.Process(ctx, run)
 	wait := pipe.Do(ctx, "wait", s.waitN, s.waitTimeout.Milliseconds())
 	_, _ = pipe.Exec(ctx)
-	if res, err = run.Int64(); err != nil {
+	if res, err = run.Result(); err != nil {
 		return 0, 0, err
 	}
 	if acked, err = wait.Int64(); err != nil {
@@ -349,7 +423,8 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	ok, err := releaseScript.Run(ctx, s.c, []string{s.prefix + key}, token).Int64()
+	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 0)
+	ok, err := s.run(ctx, releaseScript, newEval(releaseScript, buf, keyEnd, ownerEnd))
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
@@ -369,7 +444,9 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	ok, err := extendScript.Run(ctx, s.c, []string{s.prefix + key}, token, millis(lease)).Int64()
+	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 20)
+	buf = strconv.AppendInt(buf, millis(lease), 10)
+	ok, err := s.run(ctx, extendScript, newEval(extendScript, buf, keyEnd, ownerEnd, len(buf)))
 	if err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
@@ -379,61 +456,37 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	return nil
 }
 
-// Get implements [idem.Store.Get] with one HMGET. With a Cluster client
-// configured to read from replicas (ReadOnly, RouteByLatency, RouteRandomly)
-// it may return a slightly stale record; the engine never calls Get.
+// Get implements [idem.Store.Get] with one GET (and the script of Inspect
+// for a v0.1 hash record). With a Cluster client configured to read from replicas
+// (ReadOnly, RouteByLatency, RouteRandomly) it may return a slightly stale
+// record; the engine never calls Get.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	v, err := s.c.HMGet(ctx, s.prefix+key, "s", "t", "f", "r").Result()
-	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", foreign(err))
+	k := s.prefix + key
+	v, err := s.c.Get(ctx, k).Result()
+	switch {
+	case err == nil:
+		rec, err := parseValue(v)
+		if err != nil {
+			return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
+		}
+		return rec, true, nil
+	case errors.Is(err, redis.Nil):
+		return idem.Record{}, false, nil
+	case !isWrongType(err):
+		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	rec, found, err := parseRecord(v)
+	info, found, err := s.inspect(ctx, k)
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	return rec, found, nil
+	return info.Record, found, nil
 }
 
-// foreign wraps err in ErrCorrupt when Redis refused the command because the
-// key holds another type than a hash (WRONGTYPE, also from inside a script).
-func foreign(err error) error {
-	var rerr redis.Error
-	if errors.As(err, &rerr) && strings.Contains(rerr.Error(), "WRONGTYPE") {
-		return fmt.Errorf("%w: %w", ErrCorrupt, err)
-	}
-	return err
-}
-
-// parseRecord decodes the reply {s, t, f, r} of HMGET; found is false when
-// the key has no state (absent or expired).
-func parseRecord(v []any) (idem.Record, bool, error) {
-	if len(v) != 4 {
-		return idem.Record{}, false, fmt.Errorf("%w: %d fields", ErrCorrupt, len(v))
-	}
-	if v[0] == nil || v[0] == false {
-		return idem.Record{}, false, nil
-	}
-	state, _ := v[0].(string)
-	token, _ := v[1].(string)
-	fp, _ := v[2].(string)
-	switch state {
-	case stateInProgress:
-		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, true, nil
-	case stateCompleted:
-		r, ok := v[3].(string)
-		if !ok {
-			return idem.Record{}, false, fmt.Errorf("%w: completed without a response", ErrCorrupt)
-		}
-		resp := new(idem.Response)
-		if err := resp.UnmarshalBinary([]byte(r)); err != nil {
-			return idem.Record{}, false, fmt.Errorf("%w: %w", ErrCorrupt, err)
-		}
-		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Token: token, Response: resp}, true, nil
-	}
-	return idem.Record{}, false, fmt.Errorf("%w: state %q", ErrCorrupt, state)
-}
+// isWrongType reports Redis's WRONGTYPE reply: the key holds another type
+// than the command works on.
+func isWrongType(err error) bool { return err != nil && redis.HasErrorPrefix(err, "WRONGTYPE") }

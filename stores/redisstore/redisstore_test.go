@@ -579,9 +579,9 @@ func TestLayout(t *testing.T) {
 	if _, ok, err := s.Acquire(ctxT(t), key2, tok2, "fp-2", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire = %v, %v", ok, err)
 	}
-	h, err := c.HGetAll(ctxT(t), prefix+key2).Result()
-	if err != nil || len(h) != 3 || h["s"] != "1" || h["t"] != tok2 || h["f"] != "fp-2" {
-		t.Fatalf("in-progress hash = %v, %v; want s=1 t=token f=fingerprint", h, err)
+	v, err := c.Get(ctxT(t), prefix+key2).Result()
+	if want := fmt.Sprintf("1%d:%s4:fp-2", len(tok2), tok2); err != nil || v != want {
+		t.Fatalf("in-progress value = %q, %v; want %q ('1' lp(token) lp(fingerprint))", v, err, want)
 	}
 	if ttl, _ := c.PTTL(ctxT(t), prefix+key2).Result(); ttl <= 59*time.Second || ttl > time.Minute {
 		t.Fatalf("in-progress TTL = %v; want the 1m lease", ttl)
@@ -590,10 +590,10 @@ func TestLayout(t *testing.T) {
 	if err := s.Complete(ctxT(t), key2, tok2, resp, 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	h, _ = c.HGetAll(ctxT(t), prefix+key2).Result()
+	v, _ = c.Get(ctxT(t), prefix+key2).Result()
 	enc, _ := resp.MarshalBinary()
-	if len(h) != 3 || h["s"] != "2" || h["f"] != "fp-2" || h["r"] != string(enc) {
-		t.Fatalf("completed hash = %q; want s=2 f=fingerprint r=AppendBinary encoding, no token", h)
+	if want := "24:fp-2" + string(enc); v != want {
+		t.Fatalf("completed value = %q; want %q ('2' lp(fingerprint) AppendBinary encoding, no token)", v, want)
 	}
 	if ttl, _ := c.PTTL(ctxT(t), prefix+key2).Result(); ttl <= 2*time.Hour-time.Minute || ttl > 2*time.Hour {
 		t.Fatalf("completed TTL = %v; want the 2h retention", ttl)
@@ -605,29 +605,73 @@ func TestLayout(t *testing.T) {
 }
 
 // TestCorruptRecords: foreign or damaged data under the prefix is an error,
-// never a decision.
+// never a decision, and is left as it is: Acquire never overwrites it, and
+// Complete, Release and Extend answer ErrNotOwner (no token owns it).
 func TestCorruptRecords(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
 	prefix := newPrefix(t, c)
 	s := redisstore.New(c, redisstore.WithPrefix(prefix))
-	str, badState, badResp := storetest.Key(), storetest.Key(), storetest.Key()
-	c.Set(ctxT(t), prefix+str, "a string", time.Minute)
-	c.HSet(ctxT(t), prefix+badState, "s", "9", "f", "x")
-	c.HSet(ctxT(t), prefix+badResp, "s", "2", "f", "x", "r", "\x07garbage")
-	for _, k := range []string{badState, badResp} {
-		c.Expire(ctxT(t), prefix+k, time.Minute)
+	write := map[string]func(k string) error{
+		"list": func(k string) error { return c.RPush(ctxT(t), k, "a", "b").Err() },
+		"set":  func(k string) error { return c.SAdd(ctxT(t), k, "a").Err() },
+		// Strings of the current layout.
+		"foreign string":       func(k string) error { return c.Set(ctxT(t), k, "a string", 0).Err() },
+		"empty string":         func(k string) error { return c.Set(ctxT(t), k, "", 0).Err() },
+		"unknown state":        func(k string) error { return c.Set(ctxT(t), k, "93:tok2:fp", 0).Err() },
+		"token overruns":       func(k string) error { return c.Set(ctxT(t), k, "199:tok2:fp", 0).Err() },
+		"no fingerprint":       func(k string) error { return c.Set(ctxT(t), k, "13:tok", 0).Err() },
+		"trailing bytes":       func(k string) error { return c.Set(ctxT(t), k, "13:tok2:fpX", 0).Err() },
+		"leading zero":         func(k string) error { return c.Set(ctxT(t), k, "103:tok2:fp", 0).Err() },
+		"bad response":         func(k string) error { return c.Set(ctxT(t), k, "22:fp\x07garbage", 0).Err() },
+		"completed, no answer": func(k string) error { return c.Set(ctxT(t), k, "22:fp", 0).Err() },
+		// Hashes of the v0.1 layout.
+		"hash, unknown state":  func(k string) error { return c.HSet(ctxT(t), k, "s", "9", "f", "x").Err() },
+		"hash, bad response":   func(k string) error { return c.HSet(ctxT(t), k, "s", "2", "f", "x", "r", "\x07garbage").Err() },
+		"hash, no response":    func(k string) error { return c.HSet(ctxT(t), k, "s", "2", "f", "x").Err() },
+		"hash of other fields": func(k string) error { return c.HSet(ctxT(t), k, "owner", "another app").Err() },
 	}
-	if _, _, err := s.Acquire(ctxT(t), str, "t", "fp", time.Minute); !errors.Is(err, idem.ErrCorrupt) || !strings.Contains(err.Error(), "WRONGTYPE") {
-		t.Fatalf("Acquire on a string key = %v; want ErrCorrupt wrapping WRONGTYPE", err)
-	}
-	for _, k := range []string{str, badState, badResp} {
-		if _, _, err := s.Acquire(ctxT(t), k, "t", "fp", time.Minute); !errors.Is(err, redisstore.ErrCorrupt) || !errors.Is(err, idem.ErrCorrupt) {
-			t.Fatalf("Acquire on a corrupt record = %v; want ErrCorrupt", err)
-		}
-		if _, _, err := s.Get(ctxT(t), k); !errors.Is(err, redisstore.ErrCorrupt) || !errors.Is(err, idem.ErrCorrupt) {
-			t.Fatalf("Get on a corrupt record = %v; want ErrCorrupt", err)
-		}
+	for name, w := range write {
+		t.Run(name, func(t *testing.T) {
+			key := storetest.Key()
+			k := prefix + key
+			if err := w(k); err != nil {
+				t.Fatal(err)
+			}
+			c.Expire(ctxT(t), k, time.Minute)
+			dump := func() string { d, _ := c.Dump(ctxT(t), k).Result(); return d }
+			before := dump()
+			_, _, err := s.Acquire(ctxT(t), key, "t", "fp", time.Minute)
+			if !errors.Is(err, redisstore.ErrCorrupt) || !errors.Is(err, idem.ErrCorrupt) {
+				t.Fatalf("Acquire = %v; want ErrCorrupt", err)
+			}
+			if (name == "list" || name == "set") && !strings.Contains(err.Error(), "a Redis "+name+",") {
+				t.Fatalf("Acquire on a %s = %v; want ErrCorrupt naming the type", name, err)
+			}
+			if _, _, err := s.Get(ctxT(t), key); !errors.Is(err, idem.ErrCorrupt) {
+				t.Fatalf("Get = %v; want ErrCorrupt", err)
+			}
+			if _, _, err := s.Inspect(ctxT(t), key); !errors.Is(err, idem.ErrCorrupt) {
+				t.Fatalf("Inspect = %v; want ErrCorrupt", err)
+			}
+			for _, tok := range []string{"t", "tok", "tok2", ""} {
+				if err := s.Complete(ctxT(t), key, tok, &idem.Response{Status: 200}, time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+					t.Fatalf("Complete(%q) = %v; want ErrNotOwner", tok, err)
+				}
+				if err := s.Extend(ctxT(t), key, tok, time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+					t.Fatalf("Extend(%q) = %v; want ErrNotOwner", tok, err)
+				}
+				if err := s.Release(ctxT(t), key, tok); !errors.Is(err, idem.ErrNotOwner) {
+					t.Fatalf("Release(%q) = %v; want ErrNotOwner", tok, err)
+				}
+			}
+			if after := dump(); after != before {
+				t.Fatalf("the store changed the value: DUMP %q, was %q", after, before)
+			}
+			if ttl := c.PTTL(ctxT(t), k).Val(); ttl <= 0 || ttl > time.Minute {
+				t.Fatalf("TTL %v; want the minute it was given, untouched", ttl)
+			}
+		})
 	}
 }
 
@@ -711,5 +755,67 @@ func TestWithTimeout(t *testing.T) {
 	}
 	if !strings.HasPrefix(err.Error(), "redisstore: complete: ") {
 		t.Fatalf("error %q not wrapped with the redisstore prefix", err)
+	}
+}
+
+// TestAcquireOwnRetry: a SET that go-redis sends again after its reply was
+// lost finds the value it wrote: acquired. Another token, or the same token
+// with another fingerprint, is shown the record.
+func TestAcquireOwnRetry(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	key, tok := storetest.Key(), storetest.Token()
+	for i := range 2 {
+		if rec, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire %d under the same token = %+v, %v, %v; want acquired", i, rec, ok, err)
+		}
+	}
+	for _, other := range []struct{ token, fp string }{{storetest.Token(), "fp"}, {tok, "fp-2"}} {
+		rec, ok, err := s.Acquire(ctxT(t), key, other.token, other.fp, time.Minute)
+		if err != nil || ok || rec.State != idem.StateInProgress || rec.Token != tok || rec.Fingerprint != "fp" {
+			t.Fatalf("Acquire(%.8s, %s) = %+v, %v, %v; want the in-progress record of %.8s, fp", other.token, other.fp, rec, ok, err, tok)
+		}
+	}
+}
+
+// TestConformanceRESP2 runs the suite on a RESP2 connection (nil replies
+// are "$-1", not RESP3's "_").
+func TestConformanceRESP2(t *testing.T) {
+	t.Parallel()
+	opt, err := redis.ParseURL(redisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.Protocol = 2
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(ctxT(t)).Err(); err != nil {
+		unavailable(t, "Redis unreachable at %s: %v", redisURL(), err)
+	}
+	conformance(t, c)
+}
+
+// TestAcquireErrorReply: Acquire's SET goes unparsed; an error reply other
+// than WRONGTYPE (here READONLY, from a replica) sends it again parsed, so
+// that go-redis applies its redirections and retries, and is returned.
+func TestAcquireErrorReply(t *testing.T) {
+	t.Parallel()
+	_, replica := startReplicatedPair(t)
+	c := redis.NewClient(&redis.Options{Addr: replica.addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	hook := &countHook{}
+	c.AddHook(hook)
+	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	if err := c.Ping(ctxT(t)).Err(); err != nil { // dials the connection
+		t.Fatal(err)
+	}
+	hook.reset()
+	_, ok, err := s.Acquire(ctxT(t), storetest.Key(), storetest.Token(), "fp", time.Minute)
+	if ok || err == nil || !strings.Contains(err.Error(), "READONLY") || errors.Is(err, idem.ErrCorrupt) {
+		t.Fatalf("Acquire on a replica = %v, %v; want a READONLY error", ok, err)
+	}
+	if got := hook.names(); len(got) != 2 || got[0] != "set" || got[1] != "set" {
+		t.Fatalf("Acquire on a replica sent %v; want SET (raw), then SET (parsed)", got)
 	}
 }

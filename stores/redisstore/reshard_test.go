@@ -341,7 +341,7 @@ func reshardUnderLoad(t *testing.T, addrs []string, opts []redisstore.Option) {
 				// Count the records in progress just before they move.
 				states, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 					for _, k := range keys {
-						p.HGet(ctx, k, "s")
+						p.GetRange(ctx, k, 0, 0) // the state byte
 					}
 					return nil
 				})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -50,12 +51,25 @@ func TestUnreadableRecord(t *testing.T) {
 			}
 			return redisstore.New(redis.NewClient(&redis.Options{Addr: r.Addr()})), []corruption{
 				{"garbage-response", func(t *testing.T, scoped, fp string) {
+					// A completed record ('2' lp(fingerprint) response) whose response does not decode.
+					v := fmt.Sprintf("2%d:%s\xffnot a response", len(fp), fp)
+					if err := r.c.Set(ctx, key(scoped), v, 0).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}, del},
+				{"garbage-response-v0.1", func(t *testing.T, scoped, fp string) {
+					// The same in a v0.1 hash record (fields s, f, r).
 					if err := r.c.HSet(ctx, key(scoped), "s", "2", "f", fp, "r", "\xffnot a response").Err(); err != nil {
 						t.Fatal(err)
 					}
 				}, del},
 				{"foreign-string", func(t *testing.T, scoped, _ string) {
 					if err := r.c.Set(ctx, key(scoped), "someone else's value", 0).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}, del},
+				{"foreign-list", func(t *testing.T, scoped, _ string) {
+					if err := r.c.RPush(ctx, key(scoped), "someone else's", "value").Err(); err != nil {
 						t.Fatal(err)
 					}
 				}, del},

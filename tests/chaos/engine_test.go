@@ -106,13 +106,14 @@ func (rig *engineRig) begin(req *idem.Request) *idem.Execution {
 	return x
 }
 
-// waitState polls Redis directly until the record's state field is want
-// ("1" in progress, "2" completed, "" absent) or 30s pass.
+// waitState polls Redis directly until the record's state (the first byte
+// of its value: "1" in progress, "2" completed, "" absent) is want or 30s
+// pass.
 func (rig *engineRig) waitState(scoped, want string) {
 	rig.t.Helper()
 	ctx := context.Background()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
-		if st, _ := rig.direct.HGet(ctx, rig.prefix+scoped, "s").Result(); st == want {
+		if st, _ := rig.direct.GetRange(ctx, rig.prefix+scoped, 0, 0).Result(); st == want {
 			return
 		}
 	}

@@ -108,10 +108,12 @@ type target struct {
 
 	leases, retentions, advances []time.Duration
 
-	// sameTokenReacquire: Acquire by the token that holds the live lease
-	// counts as acquired (redisstore: a client retry after a lost reply)
-	// and takes the new fingerprint and lease. Other stores answer it like
-	// any other duplicate: not acquired, record unchanged.
+	// sameTokenReacquire: Acquire by the token that holds the live lease,
+	// with the record's fingerprint, counts as acquired and leaves the
+	// record as it is (redisstore: its SET NX GET sent again by the client
+	// after a lost reply finds its own value). Other stores, and another
+	// fingerprint, answer it like any other duplicate: not acquired,
+	// record unchanged.
 	sameTokenReacquire bool
 	mem                *memstore.Store // memstore only: Len and Cleanup are checked too
 	maxRecords         int             // memstore only: WithMaxRecords, 0 = default
@@ -240,6 +242,20 @@ func (mc *machine) ownedBy(i int, token string) bool {
 	return mc.m[i].state == idem.StateInProgress && mc.m[i].token == token
 }
 
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 func drawDur(t *rapid.T, ds []time.Duration, label string) time.Duration {
 	return rapid.SampledFrom(ds).Draw(t, label)
 }
@@ -269,13 +285,21 @@ func (mc *machine) Acquire(t *rapid.T) {
 	take := func() {
 		mc.m[i] = rec{state: idem.StateInProgress, token: tok, fp: fp, lo: start.Add(lease), hi: end.Add(lease), present: true}
 	}
-	reacquire := mc.tg.sameTokenReacquire && mc.ownedBy(i, tok)
+	reacquire := mc.tg.sameTokenReacquire && mc.ownedBy(i, tok) && mc.m[i].fp == fp
 	switch {
-	case st == free || reacquire:
+	case st == free:
 		if !acquired {
-			t.Fatalf("Acquire on a free key (or own lease, sameTokenReacquire) not acquired; got %+v", got)
+			t.Fatalf("Acquire on a free key not acquired; got %+v", got)
 		}
 		take()
+	case reacquire:
+		if !acquired {
+			t.Fatalf("Acquire of its own lease (sameTokenReacquire) not acquired; got %+v", got)
+		}
+		if st != live { // near expiry: its own record, or a new one if that expired
+			mc.m[i].lo = minTime(mc.m[i].lo, start.Add(lease))
+			mc.m[i].hi = maxTime(mc.m[i].hi, end.Add(lease))
+		}
 	case st == live:
 		if acquired {
 			t.Fatalf("Acquire on a live %v record acquired it", mc.m[i].state)
@@ -490,9 +514,14 @@ func (mc *machine) ConcurrentAcquire(t *rapid.T) {
 	t.Logf("ConcurrentAcquire(k%d, %v) winner %d [model %v %s %v]", i, toks, winner, mc.m[i].state, mc.m[i].token, st)
 	mc.note("ConcurrentAcquire", st, winner >= 0, nil)
 	prev := mc.m[i]
+	reacquire := winner >= 0 && mc.tg.sameTokenReacquire && prev.state == idem.StateInProgress && prev.token == toks[winner] && prev.fp == fps[winner]
 	switch {
+	case reacquire && st == live: // its own record, as it was
+	case reacquire && st != free: // near expiry: its own record, or a new one
+		mc.m[i].lo = minTime(prev.lo, start.Add(lease))
+		mc.m[i].hi = maxTime(prev.hi, end.Add(lease))
 	case winner >= 0:
-		if st == live && !(mc.tg.sameTokenReacquire && prev.state == idem.StateInProgress && prev.token == toks[winner]) {
+		if st == live {
 			t.Fatalf("concurrent Acquire acquired a live %v record", prev.state)
 		}
 		mc.m[i] = rec{state: idem.StateInProgress, token: toks[winner], fp: fps[winner], lo: start.Add(lease), hi: end.Add(lease), present: true}

@@ -316,7 +316,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	idemNs, ok1 := r.ns("BenchmarkRedisFloor/impl=idem")
 	bareNs, ok2 := r.ns("BenchmarkRedisFloor/impl=bare-go-redis")
 	if ok1 && ok2 {
-		p("Fresh idempotent requests through the engine on redisstore (two Lua script runs) against a bare go-redis client sending two plain commands of the same size (`SET NX PX` of a token, `SET XX PX` of the encoded response), both with `b.RunParallel` at the same concurrency (`SetParallelism(8)`: 16 goroutines), one client each, Redis on the same 2 cores.\n\n")
+		p("Fresh idempotent requests through the engine on redisstore (a `SET NX GET` and a Lua script run) against a bare go-redis client sending two plain commands of the same size (`SET NX PX` of a token, `SET XX PX` of the encoded response), both with `b.RunParallel` at the same concurrency (`SetParallelism(8)`: 16 goroutines), one client each, Redis on the same 2 cores.\n\n")
 		p("| | time/op | requests/s | allocs/op | round trips/op |\n|---|---|---|---|---|\n")
 		for _, row := range []struct{ label, name string }{{"idem (redisstore)", "BenchmarkRedisFloor/impl=idem"}, {"bare go-redis", "BenchmarkRedisFloor/impl=bare-go-redis"}} {
 			v, _ := r.ns(row.name)
