@@ -132,7 +132,7 @@ func TestV01Completed(t *testing.T) {
 	writeV01(t, r.direct, r.prefix+scoped, "2", "", fp, stored, time.Hour)
 
 	x, resp := r.engine.Begin(ctxT(t), request("v01-done", v01Body))
-	if x != nil || resp == nil || resp.Status != 201 || resp.Header.Get(idem.ReplayedHeader) != "true" || string(resp.Body) != `{"id":"pay_v01"}` {
+	if x != nil || resp == nil || resp.Status != 201 || !resp.IsReplay() || string(resp.Body) != `{"id":"pay_v01"}` {
 		t.Fatalf("retry of a v0.1 completed record = %v, %+v; want the 201 replay", x != nil, resp)
 	}
 	if _, resp := r.engine.Begin(ctxT(t), request("v01-done", `{"amount":999}`)); resp == nil || resp.Status != 422 {

@@ -246,7 +246,7 @@ func TestRoundTrips(t *testing.T) {
 
 	expect("first execution (Begin+Finish)", 2, func() { execute("k1", `{"amount":100}`) })
 	expect("replay", 1, func() {
-		if _, resp := e.Begin(ctxT(t), request("k1", `{"amount":100}`)); resp == nil || resp.Status != 201 || resp.Header.Get(idem.ReplayedHeader) != "true" {
+		if _, resp := e.Begin(ctxT(t), request("k1", `{"amount":100}`)); resp == nil || resp.Status != 201 || !resp.IsReplay() {
 			t.Fatalf("replay = %+v", resp)
 		}
 	})
@@ -489,7 +489,7 @@ func TestOutage(t *testing.T) {
 	if executions != 2 {
 		t.Fatalf("%d executions; want 2 (before, after)", executions)
 	}
-	if resp := run("after"); resp.Status != 201 || resp.Header.Get(idem.ReplayedHeader) != "true" {
+	if resp := run("after"); resp.Status != 201 || !resp.IsReplay() {
 		t.Fatalf("retry after recovery: %d; want 201 replay", resp.Status)
 	}
 }
@@ -542,7 +542,7 @@ func TestCrashedOwnerLease(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 				x.Write([]byte("done"))
 				x.Finish(201, nil)
-			case resp.Status == 409 || (resp.Status == 201 && resp.Header.Get(idem.ReplayedHeader) == "true"):
+			case resp.Status == 409 || (resp.Status == 201 && resp.IsReplay()):
 				conflicts.Add(1)
 			default:
 				t.Errorf("retry after the lease lapsed = %d %s", resp.Status, resp.Body)
