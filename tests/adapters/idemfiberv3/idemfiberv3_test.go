@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -289,38 +290,57 @@ func TestPanicRecoveryOrder(t *testing.T) {
 
 // Multiple header lines, commas inside values and their order are replayed
 // exactly, also with DisableHeaderNormalizing (lower-case key header
-// name and response header names as set).
+// name and response header names as set), with few lines and with more
+// than idem.HeaderLines holds. The outer middleware's request id, set
+// lower case, belongs to each exchange: the replay carries the retry's.
 func TestHeaderLines(t *testing.T) {
 	for _, normalize := range []bool{true, false} {
-		t.Run(fmt.Sprintf("normalize=%v", normalize), func(t *testing.T) {
-			app := newApp(fiber.Config{DisableHeaderNormalizing: !normalize})
-			app.Post("/x", idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
-				h := &c.Response().Header
-				h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
-				h.Add("Link", `</c>; rel="last"`)
-				h.Add("x-lower-case", ",")
-				c.Set("Content-Type", "text/plain; charset=utf-8")
-				return c.Status(201).SendString("body")
-			})
-			url := serve(t, app) + "/x"
-			send := func() client.Reply {
-				req := client.NewRequest(context.Background(), url, "", `{}`)
-				req.Header["idempotency-key"] = []string{"k"} // sent as is, lower case
-				return client.Do(t, req)
-			}
-			first, second := send(), send()
-			if first.Status != 201 || !second.Replayed() || second.Body != "body" {
-				t.Fatalf("first %d %q, retry %d %q replayed=%v", first.Status, first.Body, second.Status, second.Body, second.Replayed())
-			}
-			for _, name := range []string{"Link", "X-Lower-Case", "Content-Type"} {
-				if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 {
-					t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
+		for _, pad := range []int{0, 40} {
+			t.Run(fmt.Sprintf("normalize=%v/pad=%d", normalize, pad), func(t *testing.T) {
+				app := newApp(fiber.Config{DisableHeaderNormalizing: !normalize})
+				app.Use(func(c fiber.Ctx) error {
+					c.Set("x-request-id", c.Get("X-Request-Id"))
+					return c.Next()
+				})
+				app.Post("/x", idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
+					h := &c.Response().Header
+					h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
+					h.Add("x-lower-case", ",")
+					h.Add("Link", `</c>; rel="last"`)
+					h.Add("idempotent-replayed", "false")
+					for i := range pad {
+						h.Add("x-pad", strconv.Itoa(i))
+					}
+					c.Set("Content-Type", "text/plain; charset=utf-8")
+					return c.Status(201).SendString("body")
+				})
+				url := serve(t, app) + "/x"
+				send := func(id string) client.Reply {
+					req := client.NewRequest(context.Background(), url, "", `{}`)
+					req.Header["idempotency-key"] = []string{"k"} // sent as is, lower case
+					req.Header.Set("X-Request-Id", id)
+					return client.Do(t, req)
 				}
-			}
-			if got := second.Header.Values("Link"); len(got) != 2 || got[0] != `</a>; rel="next", </b>; rel="prev"` {
-				t.Fatalf("Link lines = %q", got)
-			}
-		})
+				first, second := send("r1"), send("r2")
+				if first.Status != 201 || !second.Replayed() || second.Body != "body" {
+					t.Fatalf("first %d %q, retry %d %q replayed=%v", first.Status, first.Body, second.Status, second.Body, second.Replayed())
+				}
+				for _, name := range []string{"Link", "X-Lower-Case", "Content-Type", "X-Pad"} {
+					if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 && name != "X-Pad" {
+						t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
+					}
+				}
+				if got := second.Header.Values("Link"); len(got) != 2 || got[0] != `</a>; rel="next", </b>; rel="prev"` {
+					t.Fatalf("Link lines = %q", got)
+				}
+				if got := second.Header.Values("X-Request-Id"); !reflect.DeepEqual(got, []string{"r2"}) {
+					t.Fatalf("replay's request id lines = %q, want the retry's [r2]", got)
+				}
+				if got := second.Header.Values(idem.ReplayedHeader); !reflect.DeepEqual(got, []string{"true"}) {
+					t.Fatalf("replay marker lines = %q, want [true]", got)
+				}
+			})
+		}
 	}
 }
 
