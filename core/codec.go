@@ -187,8 +187,11 @@ func (resp *Response) EachHeader(fn func(name, value string)) {
 	d := strDecoder{s: resp.wire.lines}
 	for range resp.wire.names {
 		k := d.string()
+		skip := resp.wire.replayed && k == ReplayedHeader // the marker replaces a stored line (as header's map does)
 		for range d.uvarint() {
-			fn(k, d.string())
+			if v := d.string(); !skip {
+				fn(k, v)
+			}
 		}
 	}
 	if resp.wire.replayed {
