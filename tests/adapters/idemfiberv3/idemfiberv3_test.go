@@ -344,6 +344,40 @@ func TestHeaderLines(t *testing.T) {
 	}
 }
 
+// A replay replaces the lines of the retry's header that it carries (an
+// outer middleware's line the handler changed) without reordering the
+// lines already written: fasthttp's Del moves the header's last line into
+// the gap, so deleting a name after adding others' lines put the last of
+// them first. Past idem.HeaderLines' capacity the record's names are
+// sorted, so X-Z (outer, changed) comes after X-A and X-Pad.
+func TestReplayLineOrder(t *testing.T) {
+	app := newApp()
+	app.Use(func(c fiber.Ctx) error {
+		c.Set("X-Z", "outer")
+		return c.Next()
+	})
+	app.Post("/x", idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
+		c.Set("X-Z", "handler")
+		h := &c.Response().Header
+		for i := range 40 {
+			h.Add("X-Pad", strconv.Itoa(i))
+		}
+		h.Add("X-A", "1")
+		h.Add("X-A", "2")
+		return c.Status(201).SendString("body")
+	})
+	url := serve(t, app) + "/x"
+	first, second := client.Post(t, url, "k", `{}`), client.Post(t, url, "k", `{}`)
+	if !second.Replayed() {
+		t.Fatalf("retry %d %q not replayed", second.Status, second.Body)
+	}
+	for _, name := range []string{"X-Pad", "X-A", "X-Z"} {
+		if got, want := second.Header.Values(name), first.Header.Values(name); !reflect.DeepEqual(got, want) || len(want) == 0 {
+			t.Fatalf("%s replayed as %q, sent as %q", name, got, want)
+		}
+	}
+}
+
 // v3's c.SendStreamWriter streams to the client after the handler returned;
 // the stream can't be captured, so every retry, during or after the stream,
 // gets 410 response-not-stored with the original status and Location,
