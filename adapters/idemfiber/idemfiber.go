@@ -177,7 +177,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		} else {
 			body = res.Body()
 		}
-		var lines idem.HeaderLines // on the stack: copied into the stored form
+		var lines idem.HeaderLines     // on the stack: copied into the stored form
 		res.Header.VisitAll(lines.Add) //nolint:staticcheck // VisitAll as above
 		x.FinishLines(res.StatusCode(), &lines, body)
 		return nil
