@@ -344,6 +344,43 @@ func TestHeaderLines(t *testing.T) {
 	}
 }
 
+// A replay's body is read in place from memstore's record; middleware
+// outside idem that rewrites the response body in place (allowed: the
+// buffer is the response's) must change only its own copy, never the
+// record that later replays are read from: every replay is rewritten from
+// the stored body. Concurrent replays of one key run under -race.
+func TestReplayBodyNotShared(t *testing.T) {
+	app := newApp()
+	app.Use(func(c fiber.Ctx) error {
+		err := c.Next()
+		b := c.Response().Body()
+		for i := range b {
+			b[i]++ // "the" -> "uif": twice on the same bytes would give "vjg"
+		}
+		return err
+	})
+	app.Post("/x", idemfiberv3.New(client.Engine(t), idemfiberv3.WithScope(scope)), func(c fiber.Ctx) error {
+		return c.Status(201).SendString("the stored body")
+	})
+	url := serve(t, app) + "/x"
+	want := "uif!tupsfe!cpez" // "the stored body", each byte + 1
+	if r := client.Post(t, url, "k", `{}`); r.Status != 201 || r.Body != want {
+		t.Fatalf("first: %d %q", r.Status, r.Body)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 10 {
+				if r := client.Post(t, url, "k", `{}`); r.Status != 201 || !r.Replayed() || r.Body != want {
+					t.Errorf("replay: %d %q replayed=%v; want %q (the middleware's rewrite of the stored body)", r.Status, r.Body, r.Replayed(), want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // A replay replaces the lines of the retry's header that it carries (an
 // outer middleware's line the handler changed) without reordering the
 // lines already written: fasthttp's Del moves the header's last line into
