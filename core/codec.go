@@ -187,8 +187,11 @@ func (resp *Response) EachHeader(fn func(name, value string)) {
 	d := strDecoder{s: resp.wire.lines}
 	for range resp.wire.names {
 		k := d.string()
+		skip := resp.wire.replayed && k == ReplayedHeader // the marker replaces a stored line (as header's map does)
 		for range d.uvarint() {
-			fn(k, d.string())
+			if v := d.string(); !skip {
+				fn(k, v)
+			}
 		}
 	}
 	if resp.wire.replayed {
@@ -302,12 +305,18 @@ type HeaderLines struct {
 
 type lineSpan struct{ at, name, value uint16 } // offset in buf, lengths
 
-// Add appends the line name: value (both copied). Names are canonical, as
-// the keys of an http.Header.
+// Add appends the line name: value (both copied). The name is stored in
+// its canonical form, as the key of an http.Header
+// ([http.CanonicalHeaderKey]): frameworks that keep names as the handler
+// set them (Fiber's DisableHeaderNormalizing) would otherwise escape the
+// unstored names and the outer lines ([Execution.OuterHeader]), which are
+// canonical.
 func (l *HeaderLines) Add(name, value []byte) {
 	if l.more == nil && l.count < len(l.spans) && l.used+len(name)+len(value) <= len(l.buf) {
 		l.spans[l.count] = lineSpan{uint16(l.used), uint16(len(name)), uint16(len(value))}
-		l.used += copy(l.buf[l.used:], name)
+		n := copy(l.buf[l.used:], name)
+		canonicalKey(l.buf[l.used : l.used+n])
+		l.used += n
 		l.used += copy(l.buf[l.used:], value)
 		l.count++
 		return
@@ -319,7 +328,28 @@ func (l *HeaderLines) Add(name, value []byte) {
 			l.more[string(k)] = append(l.more[string(k)], string(v))
 		}
 	}
-	l.more[string(name)] = append(l.more[string(name)], string(value))
+	k := http.CanonicalHeaderKey(string(name))
+	l.more[k] = append(l.more[k], string(value))
+}
+
+// canonicalKey rewrites k in place as [http.CanonicalHeaderKey] would
+// return it: unchanged unless it is a token, else upper case first and
+// after each hyphen, lower case elsewhere.
+func canonicalKey(k []byte) {
+	if !isToken(unsafe.String(unsafe.SliceData(k), len(k))) {
+		return
+	}
+	upper := true
+	for i, c := range k {
+		switch {
+		case upper && 'a' <= c && c <= 'z':
+			c -= 'a' - 'A'
+		case !upper && 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		k[i] = c
+		upper = c == '-'
+	}
 }
 
 func (l *HeaderLines) line(i int) (name, value []byte) {

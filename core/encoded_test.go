@@ -113,3 +113,30 @@ func TestEncodedReplayCorrupt(t *testing.T) {
 		t.Fatalf("replay of corrupt bytes = %+v; want the 500 stored-result-unreadable problem", resp)
 	}
 }
+
+// A stored encoding that holds an Idempotent-Replayed line of its own (a
+// record written before the name was unstored, or by another writer) is
+// replayed in place with the marker exactly once, "true", as a decoded
+// replay is (the engine sets the marker over the stored line).
+func TestEncodedReplayMarkerOnce(t *testing.T) {
+	enc, err := (&Response{Status: 201, Header: http.Header{ReplayedHeader: {"false"}, "Z": {"z"}}}).MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sharedReplay(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	r.EachHeader(func(k, v string) {
+		if k == ReplayedHeader {
+			got = append(got, v)
+		}
+	})
+	if !slices.Equal(got, []string{"true"}) {
+		t.Fatalf("Idempotent-Replayed lines = %q; want [true]", got)
+	}
+	if h := r.Clone().Header; !slices.Equal(h[ReplayedHeader], []string{"true"}) || h.Get("Z") != "z" {
+		t.Fatalf("Clone header = %v", h)
+	}
+}

@@ -54,7 +54,7 @@ type Engine struct {
 	extender Extender
 	tx       Transactional // nil unless the store offers transactional completion
 	encoded  EncodedAcquirer
-	local    bool          // the store does no I/O: no timeout contexts
+	local    bool // the store does no I/O: no timeout contexts
 	cfg      config
 
 	tokenPrefix string

@@ -136,3 +136,51 @@ func TestWithInfoContext(t *testing.T) {
 		t.Fatalf("completion after the request's cancellation: state %v", rec.State)
 	}
 }
+
+// Frameworks that keep header names as set (Fiber's
+// DisableHeaderNormalizing) hand FinishLines lower-case names: they must
+// be matched against the canonical unstored names and outer lines as
+// Finish matches an http.Header's, in the stack buffer and past it; a name
+// that is not a token stays as given, as http.CanonicalHeaderKey leaves it.
+func TestFinishLinesCanonicalNames(t *testing.T) {
+	for _, pad := range []int{0, 40} {
+		t.Run(strconv.Itoa(pad), func(t *testing.T) {
+			s := newTxStore()
+			e, err := New(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x, resp := e.Begin(context.Background(), txRequest("k"))
+			if x == nil {
+				t.Fatalf("Begin = %+v", resp)
+			}
+			x.OuterHeader(http.Header{"X-Request-Id": {"r1"}})
+			var l HeaderLines
+			for _, line := range [][2]string{
+				{"x-request-id", "r1"}, {"set-cookie", "s=1"}, {"idempotent-replayed", "false"},
+				{"x-lower", "1"}, {"X-LOWER", "2"}, {"bad name", "3"}, {"cONTENT-tYPE", "text/plain"},
+			} {
+				l.Add([]byte(line[0]), []byte(line[1]))
+			}
+			for i := range pad {
+				l.Add([]byte("x-pad"), []byte(strconv.Itoa(i)))
+			}
+			x.FinishLines(http.StatusCreated, &l, []byte("b"))
+			rec, _, _ := s.Get(context.Background(), x.ev.Key)
+			if rec.Response == nil {
+				t.Fatalf("record %+v: no response", rec)
+			}
+			h := rec.Response.Header
+			want := http.Header{"X-Lower": {"1", "2"}, "bad name": {"3"}, "Content-Type": {"text/plain"}}
+			if pad > 0 {
+				want["X-Pad"] = h["X-Pad"]
+				if len(h["X-Pad"]) != pad {
+					t.Fatalf("X-Pad lines = %d, want %d", len(h["X-Pad"]), pad)
+				}
+			}
+			if !reflect.DeepEqual(h, want) {
+				t.Fatalf("stored header %v, want %v", h, want)
+			}
+		})
+	}
+}

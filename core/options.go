@@ -136,13 +136,20 @@ var standardMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost,
 // isToken reports whether s is an RFC 9110 token (section 5.6.2).
 func isToken(s string) bool {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+		if !tokenByte[s[i]] {
 			return false
 		}
 	}
 	return s != ""
 }
+
+// tokenByte tells the bytes of an RFC 9110 token (tchar, section 5.6.2).
+var tokenByte = func() (t [256]bool) {
+	for c := '!'; c < 0x7f; c++ {
+		t[c] = !strings.ContainsRune(`"(),/:;<=>?@[\]{}`, c)
+	}
+	return t
+}()
 
 // WithLease sets how long an in-progress record locks its key before another
 // request may take it over; it is renewed every lease/3 while the handler runs

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -266,38 +267,128 @@ func TestPanicRecoveryOrder(t *testing.T) {
 
 // Multiple header lines, commas inside values and their order are replayed
 // exactly, also with DisableHeaderNormalizing (lower-case key header
-// name and response header names as set).
+// name and response header names as set), with few lines and with more
+// than idem.HeaderLines holds. The outer middleware's request id, set
+// lower case, belongs to each exchange: the replay carries the retry's.
 func TestHeaderLines(t *testing.T) {
 	for _, normalize := range []bool{true, false} {
-		t.Run(fmt.Sprintf("normalize=%v", normalize), func(t *testing.T) {
-			app := newApp(fiber.Config{DisableHeaderNormalizing: !normalize})
-			app.Post("/x", idemfiber.New(client.Engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
-				h := &c.Response().Header
-				h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
-				h.Add("Link", `</c>; rel="last"`)
-				h.Add("x-lower-case", ",")
-				c.Set("Content-Type", "text/plain; charset=utf-8")
-				return c.Status(201).SendString("body")
+		for _, pad := range []int{0, 40} {
+			t.Run(fmt.Sprintf("normalize=%v/pad=%d", normalize, pad), func(t *testing.T) {
+				app := newApp(fiber.Config{DisableHeaderNormalizing: !normalize})
+				app.Use(func(c *fiber.Ctx) error {
+					c.Set("x-request-id", c.Get("X-Request-Id"))
+					return c.Next()
+				})
+				app.Post("/x", idemfiber.New(client.Engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+					h := &c.Response().Header
+					h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
+					h.Add("x-lower-case", ",")
+					h.Add("Link", `</c>; rel="last"`)
+					h.Add("idempotent-replayed", "false")
+					for i := range pad {
+						h.Add("x-pad", strconv.Itoa(i))
+					}
+					c.Set("Content-Type", "text/plain; charset=utf-8")
+					return c.Status(201).SendString("body")
+				})
+				url := serve(t, app) + "/x"
+				send := func(id string) client.Reply {
+					req := client.NewRequest(context.Background(), url, "", `{}`)
+					req.Header["idempotency-key"] = []string{"k"} // sent as is, lower case
+					req.Header.Set("X-Request-Id", id)
+					return client.Do(t, req)
+				}
+				first, second := send("r1"), send("r2")
+				if first.Status != 201 || !second.Replayed() || second.Body != "body" {
+					t.Fatalf("first %d %q, retry %d %q replayed=%v", first.Status, first.Body, second.Status, second.Body, second.Replayed())
+				}
+				for _, name := range []string{"Link", "X-Lower-Case", "Content-Type", "X-Pad"} {
+					if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 && name != "X-Pad" {
+						t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
+					}
+				}
+				if got := second.Header.Values("Link"); len(got) != 2 || got[0] != `</a>; rel="next", </b>; rel="prev"` {
+					t.Fatalf("Link lines = %q", got)
+				}
+				if got := second.Header.Values("X-Request-Id"); !reflect.DeepEqual(got, []string{"r2"}) {
+					t.Fatalf("replay's request id lines = %q, want the retry's [r2]", got)
+				}
+				if got := second.Header.Values(idem.ReplayedHeader); !reflect.DeepEqual(got, []string{"true"}) {
+					t.Fatalf("replay marker lines = %q, want [true]", got)
+				}
 			})
-			url := serve(t, app) + "/x"
-			send := func() client.Reply {
-				req := client.NewRequest(context.Background(), url, "", `{}`)
-				req.Header["idempotency-key"] = []string{"k"} // sent as is, lower case
-				return client.Do(t, req)
-			}
-			first, second := send(), send()
-			if first.Status != 201 || !second.Replayed() || second.Body != "body" {
-				t.Fatalf("first %d %q, retry %d %q replayed=%v", first.Status, first.Body, second.Status, second.Body, second.Replayed())
-			}
-			for _, name := range []string{"Link", "X-Lower-Case", "Content-Type"} {
-				if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 {
-					t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
+		}
+	}
+}
+
+// A replay's body is read in place from memstore's record; middleware
+// outside idem that rewrites the response body in place (allowed: the
+// buffer is the response's) must change only its own copy, never the
+// record that later replays are read from: every replay is rewritten from
+// the stored body. Concurrent replays of one key run under -race.
+func TestReplayBodyNotShared(t *testing.T) {
+	app := newApp()
+	app.Use(func(c *fiber.Ctx) error {
+		err := c.Next()
+		b := c.Response().Body()
+		for i := range b {
+			b[i]++ // "the" -> "uif": twice on the same bytes would give "vjg"
+		}
+		return err
+	})
+	app.Post("/x", idemfiber.New(client.Engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+		return c.Status(201).SendString("the stored body")
+	})
+	url := serve(t, app) + "/x"
+	want := "uif!tupsfe!cpez" // "the stored body", each byte + 1
+	if r := client.Post(t, url, "k", `{}`); r.Status != 201 || r.Body != want {
+		t.Fatalf("first: %d %q", r.Status, r.Body)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 10 {
+				if r := client.Post(t, url, "k", `{}`); r.Status != 201 || !r.Replayed() || r.Body != want {
+					t.Errorf("replay: %d %q replayed=%v; want %q (the middleware's rewrite of the stored body)", r.Status, r.Body, r.Replayed(), want)
+					return
 				}
 			}
-			if got := second.Header.Values("Link"); len(got) != 2 || got[0] != `</a>; rel="next", </b>; rel="prev"` {
-				t.Fatalf("Link lines = %q", got)
-			}
 		})
+	}
+	wg.Wait()
+}
+
+// A replay replaces the lines of the retry's header that it carries (an
+// outer middleware's line the handler changed) without reordering the
+// lines already written: fasthttp's Del moves the header's last line into
+// the gap, so deleting a name after adding others' lines put the last of
+// them first. Past idem.HeaderLines' capacity the record's names are
+// sorted, so X-Z (outer, changed) comes after X-A and X-Pad.
+func TestReplayLineOrder(t *testing.T) {
+	app := newApp()
+	app.Use(func(c *fiber.Ctx) error {
+		c.Set("X-Z", "outer")
+		return c.Next()
+	})
+	app.Post("/x", idemfiber.New(client.Engine(t), idemfiber.WithScope(scope)), func(c *fiber.Ctx) error {
+		c.Set("X-Z", "handler")
+		h := &c.Response().Header
+		for i := range 40 {
+			h.Add("X-Pad", strconv.Itoa(i))
+		}
+		h.Add("X-A", "1")
+		h.Add("X-A", "2")
+		return c.Status(201).SendString("body")
+	})
+	url := serve(t, app) + "/x"
+	first, second := client.Post(t, url, "k", `{}`), client.Post(t, url, "k", `{}`)
+	if !second.Replayed() {
+		t.Fatalf("retry %d %q not replayed", second.Status, second.Body)
+	}
+	for _, name := range []string{"X-Pad", "X-A", "X-Z"} {
+		if got, want := second.Header.Values(name), first.Header.Values(name); !reflect.DeepEqual(got, want) || len(want) == 0 {
+			t.Fatalf("%s replayed as %q, sent as %q", name, got, want)
+		}
 	}
 }
 
