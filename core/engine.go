@@ -379,7 +379,9 @@ func (x *Execution) ending(status int) (int, bool) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	if !x.e.cfg.storePolicy(status) {
+	// A status outside 100-999 (RFC 9110 section 15) cannot be replayed:
+	// release, whatever the storage policy says.
+	if status < 100 || status > 999 || !x.e.cfg.storePolicy(status) {
 		x.release()
 		x.stopRenewal()
 		return status, false
@@ -405,15 +407,18 @@ func (x *Execution) finishHeader(status int, header http.Header, owned bool) {
 }
 
 // FinishLines is Finish for adapters of frameworks that keep the response
-// in their own types (fasthttp: Fiber): lines holds the response header
-// lines as sent, body the response body as sent (not retained). The
-// stored lines and the body are encoded straight into the stored form
-// ([Response.MarshalBinary]), with no http.Header in between. The body is
-// given here, not through Write.
+// in their own types (fasthttp: Fiber): lines (nil: none) holds the
+// response header lines as sent, body the response body as sent (not
+// retained). The stored lines and the body are encoded straight into the
+// stored form ([Response.MarshalBinary]), with no http.Header in between.
+// The body is given here, not through Write.
 func (x *Execution) FinishLines(status int, lines *HeaderLines, body []byte) {
 	status, ok := x.ending(status)
 	if !ok {
 		return
+	}
+	if lines == nil {
+		lines = new(HeaderLines)
 	}
 	if lines.more != nil { // unusual: many or long lines
 		x.body = append(x.body[:0], body[:min(len(body), x.e.cfg.maxResponseBytes+1)]...)

@@ -184,3 +184,37 @@ func TestFinishLinesCanonicalNames(t *testing.T) {
 		})
 	}
 }
+
+// A status no HTTP client can receive again (outside 100-999) releases the
+// key instead of storing a record every retry would find unreadable; nil
+// lines are no lines.
+func TestFinishEdgeStatusAndNilLines(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		finish func(*Execution)
+		stored bool
+	}{
+		{"status 1000", func(x *Execution) { x.Finish(1000, http.Header{}) }, false},
+		{"status 99", func(x *Execution) { x.FinishLines(99, nil, nil) }, false},
+		{"nil lines", func(x *Execution) { x.FinishLines(http.StatusCreated, nil, []byte("ok")) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTxStore()
+			e, err := New(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x, _ := e.Begin(context.Background(), txRequest("k"))
+			tc.finish(x)
+			rec, found, _ := s.Get(context.Background(), x.ev.Key)
+			if found != tc.stored || tc.stored && (rec.State != StateCompleted || string(rec.Response.Body) != "ok") {
+				t.Fatalf("record %+v, found %v; want stored=%v", rec, found, tc.stored)
+			}
+			if !tc.stored {
+				if x2, resp := e.Begin(context.Background(), txRequest("k")); x2 == nil {
+					t.Fatalf("retry after a released key = %+v; want it to execute", resp)
+				}
+			}
+		})
+	}
+}
