@@ -10,24 +10,24 @@ import (
 	"time"
 )
 
-// encodedStore is a scriptStore that also hands completed responses out
-// encoded ([EncodedAcquirer]), or the bytes in corrupt when set.
+// encodedStore is a scriptStore whose Acquire hands completed responses
+// out encoded ([Record.Encoded]), or the bytes in corrupt when set.
 type encodedStore struct {
 	*scriptStore
 	corrupt []byte
 }
 
-func (s *encodedStore) AcquireEncoded(ctx context.Context, key, token, fp string, lease time.Duration) (Record, []byte, bool, error) {
-	rec, acquired, err := s.Acquire(ctx, key, token, fp, lease)
+func (s *encodedStore) Acquire(ctx context.Context, key, token, fp string, lease time.Duration) (Record, bool, error) {
+	rec, acquired, err := s.scriptStore.Acquire(ctx, key, token, fp, lease)
 	if err != nil || acquired || rec.Response == nil {
-		return rec, nil, acquired, err
+		return rec, acquired, err
 	}
-	enc, err := rec.Response.MarshalBinary()
+	rec.Encoded, err = rec.Response.MarshalBinary()
 	if s.corrupt != nil {
-		enc = s.corrupt
+		rec.Encoded = s.corrupt
 	}
 	rec.Response = nil
-	return rec, enc, false, err
+	return rec, false, err
 }
 
 // TestEncodedReplay checks a replay read in place from a store's encoding:

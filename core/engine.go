@@ -53,7 +53,6 @@ type Engine struct {
 	store    Store
 	extender Extender
 	tx       Transactional // nil unless the store offers transactional completion
-	encoded  EncodedAcquirer
 	local    bool // the store does no I/O: no timeout contexts
 	cfg      config
 
@@ -93,7 +92,6 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
-	e.encoded, _ = store.(EncodedAcquirer)
 	if l, ok := store.(LocalStore); ok {
 		e.local = l.Local()
 	}
@@ -183,7 +181,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	}
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
 		start := e.clock()
-		rec, encoded, acquired, err := e.acquire(ctx, scoped, token, fp)
+		rec, acquired, err := e.acquire(ctx, scoped, token, fp)
 		now := e.clock()
 		ev.Op, ev.StoreDuration = OpAcquire, now.Sub(start)
 		switch {
@@ -209,8 +207,8 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			ev.Kind = EventMismatch
 			e.emit(ctx, ev)
 			return nil, e.problems.mismatch
-		case rec.State == StateCompleted && encoded != nil:
-			resp, err := sharedReplay(encoded)
+		case rec.State == StateCompleted && rec.Encoded != nil:
+			resp, err := sharedReplay(rec.Encoded)
 			if err != nil {
 				e.reportUnreadable(ctx, ev, fmt.Errorf("%w: %w", ErrCorrupt, err))
 				return nil, e.problems.unreadable
@@ -679,9 +677,7 @@ func storable(status int) bool {
 	return status >= 200 && status < 500
 }
 
-// acquire calls the store's AcquireEncoded when it has one, else Acquire;
-// encoded is a completed record's stored encoding, or nil.
-func (e *Engine) acquire(ctx context.Context, key, token, fp string) (rec Record, encoded []byte, acquired bool, err error) {
+func (e *Engine) acquire(ctx context.Context, key, token, fp string) (Record, bool, error) {
 	lease := e.cfg.lease
 	if e.local {
 		if e.extender != nil {
@@ -692,11 +688,7 @@ func (e *Engine) acquire(ctx context.Context, key, token, fp string) (rec Record
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.storeTimeout)
 		defer cancel()
 	}
-	if e.encoded != nil {
-		return e.encoded.AcquireEncoded(ctx, key, token, fp, lease)
-	}
-	rec, acquired, err = e.store.Acquire(ctx, key, token, fp, lease)
-	return rec, nil, acquired, err
+	return e.store.Acquire(ctx, key, token, fp, lease)
 }
 
 func (x *Execution) release() {

@@ -65,7 +65,7 @@ func (s State) String() string {
 //
 // A Response held in its encoded form has a nil Header: a replay the
 // [Engine] answers from a store's encoding in place (see
-// [EncodedAcquirer]), or a response an adapter handed over as lines
+// [Record.Encoded]), or a response an adapter handed over as lines
 // ([Execution.FinishLines]). Its lines are read with [Response.EachHeader],
 // written with [Response.Send], encoded with [Response.AppendBinary] and
 // copied into a Header by [Response.Clone].
@@ -103,8 +103,18 @@ type Record struct {
 	// Token is the owner of the in-progress lease; empty for completed records
 	// in stores that drop it.
 	Token string
-	// Response is the stored response; set only when State is StateCompleted.
+	// Response is the stored response; set only when State is
+	// StateCompleted (unless Encoded is).
 	Response *Response
+	// Encoded is, instead of Response, the stored response in the encoding
+	// of [Response.MarshalBinary], from Acquire of a store that keeps
+	// responses encoded and hands them out undecoded (memstore,
+	// redisstore); the [Engine] replays from it in place (no header map,
+	// no copy of the body). It is read-only: the store never modifies those
+	// bytes afterwards (it replaces a record, never edits it in place) and
+	// callers never write to them. Bytes that do not decode are answered as
+	// [ErrCorrupt] is. Get always returns Response.
+	Encoded []byte
 }
 
 // Store keeps idempotency records. Every method is one atomic operation on the
@@ -122,12 +132,12 @@ type Record struct {
 //
 // core/storetest.Run checks every rule here.
 type Store interface {
-	// Acquire creates an in-progress record owned by token, holding a lease of
-	// the given duration, when the key is absent, expired, or in-progress with a
-	// lapsed lease (takeover), and reports acquired = true. Otherwise it returns
-	// the live record unchanged (in-progress, or completed with its response) and
-	// acquired = false, so the engine can decide replay, conflict or mismatch
-	// from the same round trip.
+	// Acquire creates an in-progress record owned by token, holding a lease
+	// of the given duration, when the key is absent, expired, or in-progress
+	// with a lapsed lease (takeover), and reports acquired = true. Otherwise
+	// it returns the live record unchanged (in-progress, or completed with
+	// its Response or Encoded) and acquired = false, so the engine can
+	// decide replay, conflict or mismatch from the same round trip.
 	Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (rec Record, acquired bool, err error)
 
 	// Complete stores resp for the key and marks it completed, keeping its
@@ -156,20 +166,6 @@ type Extender interface {
 	// given duration from now. It returns [ErrNotOwner] when token does not
 	// hold a live lease.
 	Extend(ctx context.Context, key, token string, lease time.Duration) error
-}
-
-// EncodedAcquirer is implemented by stores that keep completed responses
-// in the encoding of [Response.MarshalBinary] and can hand it out without
-// decoding or copying it (memstore). The [Engine] then calls AcquireEncoded
-// instead of Acquire and replays straight from the encoding: no header map,
-// no copy of the body.
-type EncodedAcquirer interface {
-	// AcquireEncoded is [Store.Acquire], except that a completed record's
-	// Response is nil and its encoding is returned in encoded instead. The
-	// store must never modify those bytes afterwards (it replaces a record,
-	// never edits it in place); the caller only reads them. Bytes that do
-	// not decode make the engine answer as for [ErrCorrupt].
-	AcquireEncoded(ctx context.Context, key, token, fingerprint string, lease time.Duration) (rec Record, encoded []byte, acquired bool, err error)
 }
 
 // LocalStore is implemented by stores that do no I/O (memstore): the

@@ -10,8 +10,8 @@
 // winner among racing goroutines; owner-only complete, release and extend;
 // lease and retention expiry (with real time, in tenths of a second);
 // cancelled contexts; binary bodies and multi-value headers; defensive copies;
-// the optional [idem.Extender], [idem.Inspector] and [idem.EncodedAcquirer]
-// when the store has them.
+// the optional [idem.Extender] and [idem.Inspector] when the store has
+// them, and responses handed out encoded ([idem.Record.Encoded]).
 package storetest
 
 import (
@@ -64,7 +64,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"LargeBody", testLargeBody},
 		{"DefensiveCopies", testDefensiveCopies},
 		{"Inspector", testInspector},
-		{"EncodedAcquirer", testEncodedAcquirer},
+		{"EncodedRecords", testEncodedRecords},
 		{"CompleteFromLines", testCompleteFromLines},
 	}
 	for _, tt := range tests {
@@ -126,7 +126,27 @@ func get(t *testing.T, s idem.Store, key string) (idem.Record, bool) {
 	if err != nil {
 		t.Fatalf("Get: %v", err)
 	}
+	if rec.Encoded != nil {
+		t.Fatalf("Get returned Encoded: %+v; want the response decoded", rec)
+	}
 	return rec, found
+}
+
+// completedResponse returns rec's response: Response, or Encoded decoded
+// (a copy: the caller may modify it).
+func completedResponse(t *testing.T, rec idem.Record) *idem.Response {
+	t.Helper()
+	if rec.Response != nil && rec.Encoded != nil {
+		t.Fatalf("record with both Response and Encoded: %+v", rec)
+	}
+	if rec.Encoded == nil {
+		return rec.Response
+	}
+	resp := new(idem.Response)
+	if err := resp.UnmarshalBinary(rec.Encoded); err != nil {
+		t.Fatalf("Encoded does not decode: %v", err)
+	}
+	return resp
 }
 
 func equalResponse(t *testing.T, got, want *idem.Response) {
@@ -173,7 +193,7 @@ func testAcquireInProgress(t *testing.T, s idem.Store) {
 	if err != nil || ok {
 		t.Fatalf("second Acquire = %v, %v; want not acquired", ok, err)
 	}
-	if rec.State != idem.StateInProgress || rec.Fingerprint != fp || rec.Token != tok {
+	if rec.State != idem.StateInProgress || rec.Fingerprint != fp || rec.Token != tok || rec.Response != nil || rec.Encoded != nil {
 		t.Fatalf("second Acquire returned %+v; want the first request's in-progress record", rec)
 	}
 	// The rejected request must not have disturbed the record.
@@ -194,7 +214,7 @@ func testAcquireCompleted(t *testing.T, s idem.Store) {
 		if rec.State != idem.StateCompleted || rec.Fingerprint != fp {
 			t.Fatalf("Acquire on completed returned state %v fingerprint %q; want completed, %q", rec.State, rec.Fingerprint, fp)
 		}
-		equalResponse(t, rec.Response, sampleResponse())
+		equalResponse(t, completedResponse(t, rec), sampleResponse())
 	}
 	rec, found := get(t, s, key)
 	if !found || rec.State != idem.StateCompleted || rec.Fingerprint != fp {
@@ -610,7 +630,7 @@ func testLargeBody(t *testing.T, s idem.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equalResponse(t, rec.Response, want)
+	equalResponse(t, completedResponse(t, rec), want)
 }
 
 func testDefensiveCopies(t *testing.T, s idem.Store) {
@@ -632,5 +652,5 @@ func testDefensiveCopies(t *testing.T, s idem.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equalResponse(t, rec2.Response, sampleResponse())
+	equalResponse(t, completedResponse(t, rec2), sampleResponse())
 }

@@ -34,7 +34,6 @@ const numShards = 64
 var _ idem.Store = (*Store)(nil)
 var _ idem.Extender = (*Store)(nil)
 var _ idem.LocalStore = (*Store)(nil)
-var _ idem.EncodedAcquirer = (*Store)(nil)
 
 // Store is an in-memory idem.Store, safe for concurrent use.
 type Store struct {
@@ -139,25 +138,15 @@ func record(e entry) (idem.Record, error) {
 // Local implements [idem.LocalStore]: the store does no I/O.
 func (s *Store) Local() bool { return true }
 
-// Acquire implements [idem.Store.Acquire].
+// Acquire implements [idem.Store.Acquire]. A completed record comes back
+// with [idem.Record.Encoded]: the stored encoding itself, never modified
+// (Complete replaces it), undecoded.
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	live, acquired, err := s.acquire(ctx, key, token, fingerprint, lease)
 	if err != nil || acquired {
 		return idem.Record{}, acquired, err
 	}
-	rec, err := record(live)
-	return rec, false, err
-}
-
-// AcquireEncoded implements [idem.EncodedAcquirer]: a completed record's
-// response comes back as the stored encoding itself, which is never
-// modified (Complete replaces it).
-func (s *Store) AcquireEncoded(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, []byte, bool, error) {
-	live, acquired, err := s.acquire(ctx, key, token, fingerprint, lease)
-	if err != nil || acquired {
-		return idem.Record{}, nil, acquired, err
-	}
-	return idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token}, live.resp, false, nil
+	return idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token, Encoded: live.resp}, false, nil
 }
 
 // acquire takes the lease, or returns a copy of the live entry.

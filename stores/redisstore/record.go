@@ -74,24 +74,26 @@ func cutLP(v string) (s, rest string, ok bool) {
 // parseValue decodes a record value. The token and fingerprint share the
 // memory of v; the response is copied out of it.
 func parseValue(v string) (idem.Record, error) {
-	rec, enc, err := parseEncoded(v)
-	if err != nil || enc == nil {
+	rec, err := parseEncoded(v)
+	if err != nil || rec.Encoded == nil {
 		return rec, err
 	}
 	rec.Response = new(idem.Response)
 	// UnmarshalBinary copies out of its argument and never writes to it, so
 	// it may read the reply's memory in place.
-	if err := rec.Response.UnmarshalBinary(enc); err != nil {
+	if err := rec.Response.UnmarshalBinary(rec.Encoded); err != nil {
 		return idem.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
+	rec.Encoded = nil
 	return rec, nil
 }
 
 // parseEncoded is parseValue leaving a completed record's response
-// encoded: enc is a view of v's memory, which must not change afterwards.
-func parseEncoded(v string) (rec idem.Record, enc []byte, err error) {
+// encoded ([idem.Record.Encoded]): a view of v's memory, which must not
+// change afterwards.
+func parseEncoded(v string) (idem.Record, error) {
 	if v == "" {
-		return idem.Record{}, nil, fmt.Errorf("%w: empty value", ErrCorrupt)
+		return idem.Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
 	}
 	switch v[0] {
 	case stateInProgress:
@@ -103,15 +105,15 @@ func parseEncoded(v string) (rec idem.Record, enc []byte, err error) {
 		if !ok || rest != "" {
 			break
 		}
-		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, nil, nil
+		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, nil
 	case stateCompleted:
 		fp, rest, ok := cutLP(v[1:])
 		if !ok {
 			break
 		}
-		return idem.Record{State: idem.StateCompleted, Fingerprint: fp}, unsafe.Slice(unsafe.StringData(rest), len(rest)), nil
+		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Encoded: unsafe.Slice(unsafe.StringData(rest), len(rest))}, nil
 	}
-	return idem.Record{}, nil, fmt.Errorf("%w: a %d-byte string that is not a record", ErrCorrupt, len(v))
+	return idem.Record{}, fmt.Errorf("%w: a %d-byte string that is not a record", ErrCorrupt, len(v))
 }
 
 // responseSizeHint bounds len(resp.AppendBinary(nil)) from above (varints

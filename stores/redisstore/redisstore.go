@@ -37,9 +37,8 @@ var ErrNotReplicated = fmt.Errorf("redisstore: completion stored on the primary 
 var ErrCorrupt = fmt.Errorf("redisstore: corrupt record: %w", idem.ErrCorrupt)
 
 var (
-	_ idem.Store           = (*Store)(nil)
-	_ idem.Extender        = (*Store)(nil)
-	_ idem.EncodedAcquirer = (*Store)(nil)
+	_ idem.Store    = (*Store)(nil)
+	_ idem.Extender = (*Store)(nil)
 )
 
 // Store is an idem.Store on Redis, safe for concurrent use. It borrows its
@@ -181,38 +180,11 @@ const maxLegacyReads = 3
 // that first SET. A v0.1 hash record answers WRONGTYPE and is read by the
 // script of Inspect (one more round trip, until it expires).
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
-	rec, enc, acquired, err := s.acquire(ctx, key, token, fingerprint, lease)
-	if err != nil || enc == nil {
-		return rec, acquired, err
-	}
-	rec.Response = new(idem.Response)
-	// UnmarshalBinary copies out of the reply, which it never writes to.
-	if err := rec.Response.UnmarshalBinary(enc); err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w: %w", ErrCorrupt, err)
-	}
-	return rec, false, nil
-}
-
-// AcquireEncoded implements [idem.EncodedAcquirer] in the same one SET: a
-// completed record's response is handed out as it came, a view of the
-// reply's bytes (a buffer of this call's own, never written to again).
-func (s *Store) AcquireEncoded(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, []byte, bool, error) {
-	rec, enc, acquired, err := s.acquire(ctx, key, token, fingerprint, lease)
-	if err == nil && rec.Response != nil { // a v0.1 hash record, read decoded
-		enc, err = rec.Response.AppendBinary(nil)
-		rec.Response = nil
-	}
-	return rec, enc, acquired, err
-}
-
-// acquire is Acquire leaving a completed string record's response encoded
-// (enc; a v0.1 hash record comes decoded in rec.Response).
-func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (rec idem.Record, enc []byte, acquired bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Record{}, nil, false, err
+		return idem.Record{}, false, err
 	}
 	if lease <= 0 {
-		return idem.Record{}, nil, false, idem.ErrInvalidDuration
+		return idem.Record{}, false, idem.ErrInvalidDuration
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
@@ -220,33 +192,33 @@ func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lea
 	for range maxLegacyReads {
 		old, exists, err := s.setNXGet(ctx, set)
 		if err == nil && !exists {
-			return idem.Record{}, nil, true, nil
+			return idem.Record{}, true, nil
 		}
 		if err == nil && old == set.value {
-			return idem.Record{}, nil, true, nil // our own SET, sent again
+			return idem.Record{}, true, nil // our own SET, sent again
 		}
 		if err == nil {
-			rec, enc, err := parseEncoded(old)
+			rec, err := parseEncoded(old)
 			if err != nil {
-				return idem.Record{}, nil, false, fmt.Errorf("redisstore: acquire: %w", err)
+				return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
 			}
-			return rec, enc, false, nil
+			return rec, false, nil
 		}
 		if !errors.Is(err, errWrongType) {
-			return idem.Record{}, nil, false, fmt.Errorf("redisstore: acquire: %w", err)
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
 		}
 		// A v0.1 hash record, or a foreign type. (A string found there
 		// now was written after the SET by another token.)
 		info, found, err := s.inspect(ctx, set.key)
 		if err != nil {
-			return idem.Record{}, nil, false, fmt.Errorf("redisstore: acquire: %w", err)
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
 		}
 		if found {
-			return info.Record, nil, false, nil
+			return info.Record, false, nil
 		}
 		// Expired between the two commands: SET again.
 	}
-	return idem.Record{}, nil, false, errors.New("redisstore: acquire: a v0.1 hash record kept expiring under SET")
+	return idem.Record{}, false, errors.New("redisstore: acquire: a v0.1 hash record kept expiring under SET")
 }
 
 // errWrongType is Redis's WRONGTYPE reply to Acquire's SET: the key holds

@@ -186,6 +186,15 @@ func (mc *machine) matches(i int, got idem.Record) string {
 	if got.State != r.state || got.Fingerprint != r.fp {
 		return fmt.Sprintf("record {%v fp %.8s} want {%v fp %.8s}", got.State, got.Fingerprint, r.state, r.fp)
 	}
+	if got.Encoded != nil { // Acquire handed the response out encoded
+		if got.Response != nil {
+			return "record with both Response and Encoded"
+		}
+		got.Response = new(idem.Response)
+		if err := got.Response.UnmarshalBinary(got.Encoded); err != nil {
+			return fmt.Sprintf("Encoded does not decode: %v", err)
+		}
+	}
 	switch r.state {
 	case idem.StateInProgress:
 		if got.Token != r.token || got.Response != nil {
