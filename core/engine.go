@@ -53,7 +53,7 @@ type Engine struct {
 	store    Store
 	extender Extender
 	tx       Transactional // nil unless the store offers transactional completion
-	local    bool // the store does no I/O: no timeout contexts
+	local    bool          // the store does no I/O: no timeout contexts
 	cfg      config
 
 	tokenPrefix string
