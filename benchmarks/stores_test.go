@@ -187,7 +187,7 @@ func benchReplay(b *testing.B, s idem.Store, trips *atomic.Int64) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rec, ok, err := s.Acquire(ctx, key, "other", "fp", time.Minute)
-		if err != nil || ok || (rec.Response == nil && rec.Encoded == nil) {
+		if err != nil || ok || rec.Response == nil && rec.Encoded == nil {
 			b.Fatalf("replay Acquire = %+v, %v, %v", rec, ok, err)
 		}
 	}
@@ -204,7 +204,7 @@ func benchHotKey(b *testing.B, s idem.Store, trips *atomic.Int64) {
 		ctx := context.Background()
 		for pb.Next() {
 			rec, ok, err := s.Acquire(ctx, key, "other", "fp", time.Minute)
-			if err != nil || ok || (rec.Response == nil && rec.Encoded == nil) {
+			if err != nil || ok || rec.Response == nil && rec.Encoded == nil {
 				b.Errorf("hot Acquire = %+v, %v, %v", rec, ok, err)
 				return
 			}
