@@ -169,6 +169,29 @@ type wire struct {
 	replayed bool // the line "Idempotent-Replayed: true" follows them
 }
 
+// LineWriter is a framework's own response header type, as
+// [Response.WriteLines] writes to it; fasthttp's *ResponseHeader (Fiber
+// v2 and v3) is one.
+type LineWriter interface {
+	Del(name string)
+	Add(name, value string)
+}
+
+// WriteLines writes resp's header lines to h, replacing the lines h holds
+// under the same names, as [Response.Send] does for net/http. Every name is
+// deleted before the first line is added: fasthttp's Del moves the
+// header's last line into the gap, which would reorder lines already added.
+func (resp *Response) WriteLines(h LineWriter) {
+	prev := ""
+	resp.EachHeader(func(k, _ string) {
+		if k != prev {
+			h.Del(k)
+			prev = k
+		}
+	})
+	resp.EachHeader(h.Add)
+}
+
 // EachHeader calls fn for every header line of resp, lines of one name in a
 // row: the lines of Header, or, when resp is held encoded (Header is nil:
 // a replay the engine read in place from its stored encoding, or a

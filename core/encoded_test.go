@@ -37,20 +37,10 @@ func TestEncodedReplay(t *testing.T) {
 	stored := http.Header{"Content-Type": {"application/json"}, "Link": {"<a>", "<b>"}, "X-Bin": {"\x00\xff"}}
 	run := func(s Store) *Response {
 		t.Helper()
-		e, err := New(s, WithGlobalScope())
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := func() *Request {
-			return &Request{Method: http.MethodPost, Path: "/p", Keys: []string{"k"}, Body: []byte("{}")}
-		}
-		x, _ := e.Begin(context.Background(), req())
-		if x == nil {
-			t.Fatal("first request not acquired")
-		}
-		_, _ = x.Write([]byte(`{"id":1}`))
-		x.Finish(201, stored.Clone())
-		_, resp := e.Begin(context.Background(), req())
+		_, resp := completeAndRetry(t, s, func(x *Execution) {
+			_, _ = x.Write([]byte(`{"id":1}`))
+			x.Finish(201, stored.Clone())
+		})
 		if resp == nil || !resp.IsReplay() {
 			t.Fatalf("second request = %+v; want a replay", resp)
 		}
@@ -99,16 +89,7 @@ func TestEncodedReplay(t *testing.T) {
 // stored-result-unreadable, as a store's ErrCorrupt is.
 func TestEncodedReplayCorrupt(t *testing.T) {
 	s := &encodedStore{scriptStore: newScriptStore(0), corrupt: []byte{9, 9, 9}}
-	e, err := New(s, WithGlobalScope())
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := func() *Request {
-		return &Request{Method: http.MethodPost, Path: "/p", Keys: []string{"k"}, Body: []byte("{}")}
-	}
-	x, _ := e.Begin(context.Background(), req())
-	x.Finish(201, http.Header{})
-	_, resp := e.Begin(context.Background(), req())
+	e, resp := completeAndRetry(t, s, func(x *Execution) { x.Finish(201, http.Header{}) })
 	if resp == nil || resp.Status != http.StatusInternalServerError || resp != e.problems.unreadable {
 		t.Fatalf("replay of corrupt bytes = %+v; want the 500 stored-result-unreadable problem", resp)
 	}
@@ -138,5 +119,61 @@ func TestEncodedReplayMarkerOnce(t *testing.T) {
 	}
 	if h := r.Clone().Header; !slices.Equal(h[ReplayedHeader], []string{"true"}) || h.Get("Z") != "z" {
 		t.Fatalf("Clone header = %v", h)
+	}
+}
+
+// completeAndRetry runs one request on an engine over s to its end with
+// finish, then its retry, and returns the engine and the retry's answer.
+func completeAndRetry(t *testing.T, s Store, finish func(*Execution)) (*Engine, *Response) {
+	t.Helper()
+	e, err := New(s, WithGlobalScope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func() *Request {
+		return &Request{Method: http.MethodPost, Path: "/p", Keys: []string{"k"}, Body: []byte("{}")}
+	}
+	x, resp := e.Begin(context.Background(), req())
+	if x == nil {
+		t.Fatalf("first request = %+v; want it to execute", resp)
+	}
+	finish(x)
+	_, resp = e.Begin(context.Background(), req())
+	return e, resp
+}
+
+// swapDelLines is a response header whose Del moves the last line into
+// the gap, as fasthttp's does.
+type swapDelLines [][2]string
+
+func (l *swapDelLines) Add(k, v string) { *l = append(*l, [2]string{k, v}) }
+
+func (l *swapDelLines) Del(k string) {
+	for i := 0; i < len(*l); {
+		if (*l)[i][0] == k {
+			(*l)[i] = (*l)[len(*l)-1]
+			*l = (*l)[:len(*l)-1]
+			continue
+		}
+		i++
+	}
+}
+
+// TestWriteLines: a replay replaces the lines of its names and keeps the
+// order of each name's values, on a header whose Del reorders lines.
+func TestWriteLines(t *testing.T) {
+	stored := http.Header{"X-A": {"1", "2", "3"}, "X-B": {"b"}}
+	for _, s := range []Store{newScriptStore(0), &encodedStore{scriptStore: newScriptStore(0)}} {
+		_, resp := completeAndRetry(t, s, func(x *Execution) { x.Finish(201, stored.Clone()) })
+		h := swapDelLines{{"X-B", "retry's"}, {"X-Other", "kept"}, {"X-A", "retry's"}}
+		resp.WriteLines(&h)
+		got := map[string][]string{}
+		for _, l := range h {
+			got[l[0]] = append(got[l[0]], l[1])
+		}
+		want := map[string][]string{"X-A": {"1", "2", "3"}, "X-B": {"b"}, "X-Other": {"kept"}, ReplayedHeader: {"true"}}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%T: lines after WriteLines = %v; want %v", s, got, want)
+		}
 	}
 }

@@ -138,18 +138,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			if resp.IsReplay() {
 				c.SetUserContext(replayedContext(c.UserContext()))
 			}
-			// The replay's names replace the retry's lines of those names.
-			// Every Del comes before the first Add: fasthttp's Del moves the
-			// header's last line into the gap, which would reorder lines
-			// already added.
-			h, prev := &c.Response().Header, ""
-			resp.EachHeader(func(k, _ string) {
-				if k != prev {
-					h.Del(k)
-					prev = k
-				}
-			})
-			resp.EachHeader(func(k, v string) { h.Add(k, v) })
+			resp.WriteLines(&c.Response().Header)
 			c.Status(resp.Status)
 			c.Response().SetBody(resp.Body) // copies
 			return nil
