@@ -89,17 +89,7 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 	body := all[l.headerEnd:len(data):len(data)]
 	sd := strDecoder{s: unsafe.String(unsafe.SliceData(all), l.headerEnd)[l.linesStart:]}
 	h := make(http.Header, l.names+1) // room for the replay's Idempotent-Replayed line
-	values := make([]string, l.values)
-	for range l.names {
-		k := sd.string()
-		nv := int(sd.uvarint())
-		vs := values[:nv:nv]
-		values = values[nv:]
-		for j := range vs {
-			vs[j] = sd.string()
-		}
-		h[k] = vs
-	}
+	fillHeader(&sd, l.names, h, make([]string, l.values))
 	r.Status, r.Header, r.Body = l.status, h, body
 	return nil
 }
@@ -241,7 +231,19 @@ func (resp *Response) header() http.Header {
 	h := make(http.Header, resp.wire.names+1)
 	values := make([]string, n)
 	d := strDecoder{s: resp.wire.lines}
-	for range resp.wire.names {
+	values = fillHeader(&d, int(resp.wire.names), h, values)
+	if resp.wire.replayed {
+		values[0] = "true"
+		h[ReplayedHeader] = values[:1:1]
+	}
+	return h
+}
+
+// fillHeader reads names header names, each with its values, from d into
+// h; the value slices are cut from values, capped so that an append
+// copies. It returns what is left of values.
+func fillHeader(d *strDecoder, names int, h http.Header, values []string) []string {
+	for range names {
 		k := d.string()
 		nv := int(d.uvarint())
 		vs := values[:nv:nv]
@@ -251,11 +253,7 @@ func (resp *Response) header() http.Header {
 		}
 		h[k] = vs
 	}
-	if resp.wire.replayed {
-		values[0] = "true"
-		h[ReplayedHeader] = values[:1:1]
-	}
-	return h
+	return values
 }
 
 type decoder struct {
