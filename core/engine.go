@@ -123,7 +123,8 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //     no key under [WithKeyOptional], or the store failed under [WithFailOpen]);
 //   - nil, resp: do not run the handler; write resp, which is either a replay
 //     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
-//     read-only and may be shared; write it with [Response.Send] or read its
+//     read-only and may be shared; write it with [Response.Send] (net/http)
+//     or [Response.WriteLines] (a framework's own header type), or read its
 //     header lines with [Response.EachHeader] (a replay's Header may be nil);
 //   - x, nil: run the handler, feed its body to x.Write, then call exactly
 //     one of x.Finish, x.Fail (handler error without a response) or x.Abort

@@ -62,7 +62,13 @@ func serve(t *testing.T, app *fiber.App) string {
 		}
 	}()
 	t.Cleanup(func() {
-		if err := app.ShutdownWithTimeout(5 * time.Second); err != nil {
+		// fasthttp, like net/http, waits 5s before it counts a connection
+		// that never sent a request as idle, and the client's Transport
+		// leaves such connections behind (dialled for a request a pooled
+		// connection then served): close the client's idle connections
+		// first, and wait longer than those 5s.
+		http.DefaultClient.CloseIdleConnections()
+		if err := app.ShutdownWithTimeout(10 * time.Second); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
 		<-done
