@@ -326,6 +326,9 @@ type HeaderLines struct {
 
 type lineSpan struct{ at, name, value uint16 } // offset in buf, lengths
 
+// noLines is the HeaderLines of a FinishLines given none (read only).
+var noLines HeaderLines
+
 // Add appends the line name: value (both copied). The name is stored in
 // its canonical form, as the key of an http.Header
 // ([http.CanonicalHeaderKey]): frameworks that keep names as the handler
@@ -451,7 +454,7 @@ func (l *HeaderLines) seen(i int, k []byte) bool {
 
 // storesLines is [Engine.stores] for the lines named k, the first at i.
 func (e *Engine) storesLines(l *HeaderLines, i int, k []byte, outer http.Header) bool {
-	if e.cfg.unstored[string(k)] || e.cfg.stored != nil && !e.cfg.stored[string(k)] {
+	if !e.storesName(unsafe.String(unsafe.SliceData(k), len(k))) { // k is only read
 		return false
 	}
 	ov := outer[string(k)]

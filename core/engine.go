@@ -417,7 +417,7 @@ func (x *Execution) FinishLines(status int, lines *HeaderLines, body []byte) {
 		return
 	}
 	if lines == nil {
-		lines = new(HeaderLines)
+		lines = &noLines
 	}
 	if lines.more != nil { // unusual: many or long lines
 		x.body = append(x.body[:0], body[:min(len(body), x.e.cfg.maxResponseBytes+1)]...)
@@ -833,7 +833,13 @@ func (e *Engine) keepStored(h, outer http.Header) http.Header {
 
 // stores reports whether the header line k: v is worth replaying (see storedHeader).
 func (e *Engine) stores(k string, v []string, outer http.Header) bool {
-	return len(v) > 0 && !e.cfg.unstored[k] && (e.cfg.stored == nil || e.cfg.stored[k]) && !(slices.Equal(outer[k], v) && outer[k] != nil)
+	return len(v) > 0 && e.storesName(k) && !(slices.Equal(outer[k], v) && outer[k] != nil)
+}
+
+// storesName reports whether lines named k may be stored at all: not
+// unstored ([WithUnstoredHeaders]) and allowlisted ([WithStoredHeaders]).
+func (e *Engine) storesName(k string) bool {
+	return !e.cfg.unstored[k] && (e.cfg.stored == nil || e.cfg.stored[k])
 }
 
 // IsReplay reports whether resp is a stored response being replayed (it
