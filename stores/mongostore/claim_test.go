@@ -1,12 +1,16 @@
 package mongostore_test
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/storetest"
@@ -129,6 +133,83 @@ func TestDeletingClaim(t *testing.T) {
 	insertClaim(t, coll, key, gen, claimDeleting, "", "dead-deleter-gen", "", time.Now().Add(-time.Minute))
 	if _, ok, err := s.Acquire(ctx, key, storetest.Token(), "fp-b", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire after the dead deleter's lease = %v, %v; want acquired", ok, err)
+	}
+}
+
+// TestReleaseCutOff: a Release cut off between its claim and its delete
+// (its instance died: the soak under `make test` SIGKILLs instances) keeps
+// the key from being taken over until the owner's lease lapsed or the
+// deletion's least lease passed, whichever is later, and no longer. The
+// claim used to last a minute past the release, and a client retrying that
+// key got 503 for a minute.
+func TestReleaseCutOff(t *testing.T) {
+	var cut atomic.Pointer[context.CancelFunc]
+	mon := &event.CommandMonitor{Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) {
+		if f := cut.Load(); f != nil && e.CommandName == "insert" {
+			(*f)() // the claim is in; the delete never starts
+		}
+	}}
+	coll := collection(t, connect(t, options.Client().SetMonitor(mon)))
+	releaseCutOff := func(s *mongostore.Store, key, owner string) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(ctxT(t))
+		defer cancel()
+		cut.Store(&cancel)
+		defer cut.Store(nil)
+		if err := s.Release(ctx, key, owner); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Release cut off after its claim = %v; want context.Canceled", err)
+		}
+		if got := recordToken(t, coll, key); got != owner {
+			t.Fatalf("record token %q after the cut-off Release; want the owner's record left", got)
+		}
+	}
+
+	// The owner's lease outlasts the deletion's: the claim lasts as long.
+	s := mongostore.New(coll)
+	key, owner := storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctxT(t), key, owner, "fp-a", time.Hour); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	_, gen := recordOwner(t, coll, key)
+	releaseCutOff(s, key, owner)
+	var rec, cl struct {
+		ExpiresAt bson.DateTime `bson:"expiresAt"`
+		Lease     bson.DateTime `bson:"lease"`
+		State     int32         `bson:"state"`
+	}
+	if err := coll.FindOne(ctxT(t), bson.D{{Key: "_id", Value: key}}).Decode(&rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := coll.FindOne(ctxT(t), bson.D{{Key: "_id", Value: key + "~" + gen}}).Decode(&cl); err != nil {
+		t.Fatalf("claim of the cut-off Release: %v", err)
+	}
+	if cl.State != claimDeleting || cl.Lease != rec.ExpiresAt {
+		t.Fatalf("claim state %d lease %v; want %d and the owner's lease end %v", cl.State, cl.Lease.Time(), claimDeleting, rec.ExpiresAt.Time())
+	}
+
+	// The deletion's least lease is short: the key is taken over once the
+	// owner's lease lapsed.
+	s = mongostore.New(coll, mongostore.WithDeleteLease(100*time.Millisecond))
+	key, owner = storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctxT(t), key, owner, "fp-a", time.Second); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	releaseCutOff(s, key, owner)
+	tok := storetest.Token()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, ok, err := s.Acquire(ctxT(t), key, tok, "fp-b", time.Minute)
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key still not taken over 30s after the owner's 1s lease (last answer %v)", err)
+		}
+		if err != nil && !errors.Is(err, mongostore.ErrContention) {
+			t.Fatalf("Acquire: %v", err)
+		}
+	}
+	if got := recordToken(t, coll, key); got != tok {
+		t.Fatalf("record token %q after the takeover; want %q", got, tok)
 	}
 }
 

@@ -59,10 +59,15 @@ const maxAcquireAttempts = 4
 // for every request that read the record version it ends to find it.
 const claimKeep = time.Minute
 
-// deleteLease is how long a release or purge claim keeps takeovers of the
-// record it deletes away; a caller that dies in between is taken over
-// after it.
-const deleteLease = time.Minute
+// deleteLease is the least time a release or purge claim keeps takeovers
+// of the record it deletes away: far longer than the delete that follows
+// the claim takes to reach the server. A Release's claim also lasts as long
+// as the owner's lease, before whose end nobody could take the key over
+// anyway. A deleter that died between its claim and its delete is taken
+// over once the claim's lease lapsed: the key is blocked no longer than
+// after a crash mid-handler, or this long (it was a minute, and a key
+// released by an instance SIGKILLed mid-release answered 503 for a minute).
+const deleteLease = 10 * time.Second
 
 // claimSep separates a record's key from the generation of the version a
 // claim ends in the claim's _id. Generations never contain it.
@@ -87,6 +92,8 @@ type Store struct {
 	clk     clock
 
 	owners owners // one owner's writes, one at a time
+
+	deleteLease time.Duration // deleteLease; shorter in tests
 
 	mu      sync.Mutex
 	closed  bool
@@ -170,7 +177,7 @@ func WithClockRefresh(d time.Duration) Option {
 // by [Store.EnsureIndexes]. Set the write concern (majority for payments) and
 // read preference (primary) on coll; the store uses them as given.
 func New(coll *mongo.Collection, opts ...Option) *Store {
-	s := &Store{coll: coll, logger: slog.Default(), refresh: DefaultClockRefresh}
+	s := &Store{coll: coll, logger: slog.Default(), refresh: DefaultClockRefresh, deleteLease: deleteLease}
 	for _, o := range opts {
 		o(s)
 	}
@@ -452,9 +459,12 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	case d.Token != token || d.State != stateInProgress || d.ExpiresAt <= date(now):
 		return idem.ErrNotOwner
 	}
+	end := now.Add(s.deleteLease)
+	if owner := d.ExpiresAt.Time(); owner.After(end) {
+		end = owner
+	}
 	won, w, err := s.insertClaim(ctx, key, d.version(), claim{
-		State: stateDeleting, Gen: newGen(),
-		Lease: date(now.Add(deleteLease)), ExpiresAt: date(now.Add(deleteLease + claimKeep)),
+		State: stateDeleting, Gen: newGen(), Lease: date(end), ExpiresAt: date(end.Add(claimKeep)),
 	})
 	if err != nil {
 		return err

@@ -91,7 +91,7 @@ func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 		records = append(records, r.ID)
 		docs = append(docs, claim{
 			ID: claimID(r.ID, r.version()), State: stateDeleting, Gen: newGen(),
-			Lease: date(now.Add(deleteLease)), ExpiresAt: date(now.Add(deleteLease + claimKeep)),
+			Lease: date(now.Add(s.deleteLease)), ExpiresAt: date(now.Add(s.deleteLease + claimKeep)),
 		})
 	}
 	if len(docs) > 0 {
