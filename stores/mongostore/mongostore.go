@@ -434,7 +434,9 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 // the record (one when token does not hold it), the insert of a claim
 // ending its version (so that no takeover of it can win while the record
 // is deleted), then a delete of the in-progress record token holds; when
-// that finds nothing, a fourth withdraws the claim. Errors: ctx's error,
+// that finds nothing, a fourth withdraws the claim. A Release cut off
+// between its claim and its delete leaves the key to a takeover once the
+// owner's lease or 10s lapsed, whichever is later. Errors: ctx's error,
 // [idem.ErrNotOwner], server errors wrapped.
 func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
