@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,8 +18,8 @@ import (
 	"github.com/idemkit/idem/examples/internal/procs"
 )
 
-// TestTelemetry plays fresh, 409, replay, 422, 400 and 503 against the
-// net/http and Fiber example services (its Redis store a private redis-server, stopped for the
+// TestTelemetry plays fresh, 409, replay, 422, 400 and 503 against every
+// example service (its Redis store a private redis-server, stopped for the
 // 503) and checks that /metrics counts exactly one of each outcome plus the
 // completion, and, on the net/http based services (traced with otelhttp),
 // that the span of the replayed request, found by the trace id the client
@@ -33,19 +34,21 @@ func TestTelemetry(t *testing.T) {
 		t.Skip("redis-server not found; skipping (set CI=true to fail instead)")
 	}
 	dir := t.TempDir()
-	// Two services keep the test short: every example wires telemetry the
-	// same way (app.Telemetry, idemotel, GET /metrics), and these two cover
-	// both paths: net/http with otelhttp tracing, and Fiber without.
-	for _, name := range []string{"nethttp", "fiber"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			bin, err := procs.Build(context.Background(), dir, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			testTelemetry(t, name, bin, redisServer)
+	// All at once, not t.Parallel (which runs GOMAXPROCS at a time): each
+	// mostly waits for its charge.
+	var wg sync.WaitGroup
+	for _, name := range procs.Frameworks {
+		wg.Go(func() {
+			t.Run(name, func(t *testing.T) {
+				bin, err := procs.Build(context.Background(), dir, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				testTelemetry(t, name, bin, redisServer)
+			})
 		})
 	}
+	wg.Wait()
 }
 
 func testTelemetry(t *testing.T, name, bin, redisServer string) {
@@ -70,9 +73,10 @@ func testTelemetry(t *testing.T, name, bin, redisServer string) {
 		t.Fatal(err)
 	}
 	defer logs.Close()
-	// The charge lasts long enough for the duplicate to find it in progress:
-	// the test waits for idem.execution.active = 1 on /metrics, not for time.
-	p, err := procs.Start(bin, logs, "-store", "redis", "-redis-url", "unix://"+sock, "-charge-latency", "3s", "-trace-file", traces)
+	// The charge lasts long enough for the duplicate to find it in progress
+	// (10s: six services run at once, on a loaded machine): the test waits
+	// for idem.execution.active = 1 on /metrics, not for time.
+	p, err := procs.Start(bin, logs, "-store", "redis", "-redis-url", "unix://"+sock, "-charge-latency", "10s", "-trace-file", traces)
 	if err != nil {
 		t.Fatal(err)
 	}
