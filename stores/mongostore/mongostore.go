@@ -64,9 +64,7 @@ const claimKeep = time.Minute
 // the claim takes to reach the server. A Release's claim also lasts as long
 // as the owner's lease, before whose end nobody could take the key over
 // anyway. A deleter that died between its claim and its delete is taken
-// over once the claim's lease lapsed: the key is blocked no longer than
-// after a crash mid-handler, or this long (it was a minute, and a key
-// released by an instance SIGKILLed mid-release answered 503 for a minute).
+// over once the claim's lease lapsed, as after a crash mid-handler.
 const deleteLease = 10 * time.Second
 
 // claimSep separates a record's key from the generation of the version a
