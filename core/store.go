@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"net/http"
 	"time"
 )
 
@@ -57,40 +56,6 @@ func (s State) String() string {
 		return "completed"
 	}
 	return "unknown"
-}
-
-// Response is a captured HTTP response as stored and replayed.
-// Header holds only the header lines worth replaying (see [WithUnstoredHeaders]);
-// Body is the exact byte sequence the handler wrote.
-//
-// A Response held in its encoded form has a nil Header: a replay the
-// [Engine] answers from a store's encoding in place (see
-// [Record.Encoded]), or a response an adapter handed over as lines
-// ([Execution.FinishLines]). Its lines are read with [Response.EachHeader],
-// written with [Response.Send], encoded with [Response.AppendBinary] and
-// copied into a Header by [Response.Clone].
-type Response struct {
-	Status int
-	Header http.Header
-	Body   []byte
-
-	wire *wire // a replay read in place: its header lines (Header is nil)
-}
-
-// Clone returns a deep copy of r, for stores that keep responses as values
-// and must copy them in and out.
-func (r *Response) Clone() *Response {
-	if r == nil {
-		return nil
-	}
-	return &Response{Status: r.Status, Header: r.header().Clone(), Body: cloneBytes(r.Body)}
-}
-
-func cloneBytes(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append(make([]byte, 0, len(b)), b...)
 }
 
 // Record is what a [Store] returns for a live (non-expired) key.

@@ -1,0 +1,418 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Execution is one acquired request whose handler runs. Its methods are not
+// safe for concurrent use, except that lease renewal runs on its own until
+// Finish or Fail.
+type Execution struct {
+	e        *Engine
+	ctx      context.Context // &detached: completion survives a client hang-up
+	detached detached
+	infoCtx  infoCtx // what WithInfo returns
+	token    string
+	ev       Event // template of x's events; ev.Key is the scoped key
+	body     []byte
+
+	started  time.Time     // when the lease was acquired
+	handler  time.Duration // how long the handler ran, set by finishing
+	storeDur time.Duration // how long the last Complete took
+	info     Info          // what WithInfo puts in the handler's context
+	unit     Unit          // the execution's transaction (Transactional stores), set by WithInfo
+	fp       string
+	header   http.Header // stored header lines, from SnapshotHeader or Finish
+	outer    http.Header // header lines present when the execution began (OuterHeader)
+	resp     Response    // what Finish stores, held here: no allocation
+	wire     wire        // x.resp's header lines, after FinishLines
+
+	unreplayable bool // the body can't be captured (see Unreplayable)
+
+	renewFailed atomic.Bool // a failed renewal was logged
+
+	mu       sync.Mutex
+	timer    *time.Timer
+	finished bool // Finish or Fail was called
+	done     bool // renewal stopped
+}
+
+// Write captures response body bytes for storage. It keeps at most one byte
+// over the stored-response limit and never fails; adapters call it with
+// exactly the bytes sent to the client.
+func (x *Execution) Write(p []byte) (int, error) {
+	if room := x.e.cfg.maxResponseBytes + 1 - len(x.body); room > 0 {
+		x.body = append(x.body, p[:min(len(p), room)]...)
+	}
+	return len(p), nil
+}
+
+// OuterHeader tells x the response header lines present when the execution
+// began: middleware outside idem set them for this exchange (CORS, request
+// ids, rate limits), so they are not stored, and a replay carries what that
+// middleware sets for the new exchange instead. A line the handler changed
+// is stored with the handler's values. Adapters call it right after Begin,
+// before the handler runs; h is copied.
+func (x *Execution) OuterHeader(h http.Header) {
+	if len(h) > 0 {
+		x.outer = h.Clone()
+	}
+}
+
+// SnapshotHeader records the response header as it is when the status is
+// sent: later changes never reach the client, so they are not replayed
+// either. Adapters call it once, when the header is written; Finish takes
+// the header at its own call otherwise.
+func (x *Execution) SnapshotHeader(h http.Header) {
+	if x.header == nil {
+		x.header = x.e.storedHeader(h, x.outer)
+	}
+}
+
+// Unreplayable declares that the response body is not visible to the
+// adapter (e.g. a body stream written after the middleware returns). Finish
+// then records it like a body above the stored-response limit: retries get
+// 410 "response-not-stored", never a second execution.
+func (x *Execution) Unreplayable() { x.unreplayable = true }
+
+// Finish records the handler's response: status (0 means 200) and header as
+// sent, and the body given to Write. Responses with status 2xx, 3xx and 4xx
+// other than 408, 409, 425 and 429 are stored (all of them with
+// [WithStoreAll]); others release the key so that a retry executes again.
+// Store errors are logged and reported as events; the client's response is
+// never changed by them.
+func (x *Execution) Finish(status int, header http.Header) {
+	if status, ok := x.ending(status); ok {
+		x.finishHeader(status, header, false)
+	}
+}
+
+// ending marks the handler as done and applies the storage policy to its
+// status (0 means 200): it reports false when the key was released instead.
+func (x *Execution) ending(status int) (int, bool) {
+	x.finishing() // the lease stays renewed while completion is tried
+	if status == 0 {
+		status = http.StatusOK
+	}
+	// A status outside 100-999 (RFC 9110 section 15) cannot be replayed:
+	// release, whatever the storage policy says.
+	if status < 100 || status > 999 || !x.e.cfg.storePolicy(status) {
+		x.release()
+		x.stopRenewal()
+		return status, false
+	}
+	return status, true
+}
+
+// finishHeader stores header's lines worth replaying, filtering header in
+// place when it is owned (built for this call and never used again).
+func (x *Execution) finishHeader(status int, header http.Header, owned bool) {
+	var location string                      // read before keepStored may delete it
+	if v := header["Location"]; len(v) > 0 { // as header.Get: the name is canonical
+		location = v[0]
+	}
+	if x.header == nil && owned {
+		x.header = x.e.keepStored(header, x.outer)
+	}
+	if x.header == nil {
+		x.header = x.e.storedHeader(header, x.outer)
+	}
+	x.resp = Response{Status: status, Header: x.header, Body: x.body}
+	x.store(location)
+}
+
+// FinishLines is Finish for adapters of frameworks that keep the response
+// in their own types (fasthttp: Fiber): lines (nil: none) holds the
+// response header lines as sent, body the response body as sent (not
+// retained). The stored lines and the body are encoded straight into the
+// stored form ([Response.MarshalBinary]), with no http.Header in between.
+// The body is given here, not through Write.
+func (x *Execution) FinishLines(status int, lines *HeaderLines, body []byte) {
+	status, ok := x.ending(status)
+	if !ok {
+		return
+	}
+	if lines == nil {
+		lines = &noLines
+	}
+	if lines.more != nil { // unusual: many or long lines
+		x.body = append(x.body[:0], body[:min(len(body), x.e.cfg.maxResponseBytes+1)]...)
+		x.finishHeader(status, lines.more, true)
+		return
+	}
+	if len(body) > x.e.cfg.maxResponseBytes {
+		body = nil // not stored: response-not-stored
+		x.unreplayable = true
+	}
+	x.resp = x.e.encodeLines(lines, status, body, x.outer, &x.wire)
+	x.store(lines.location())
+}
+
+// store completes the record with x.resp, or with the response-not-stored
+// problem when its body is not replayable.
+func (x *Execution) store(location string) {
+	status := x.resp.Status
+	resp := &x.resp
+	if x.unreplayable || len(x.resp.Body) > x.e.cfg.maxResponseBytes {
+		resp = x.e.problems.notStored(status, location)
+	}
+	ev := x.event(EventCompleted)
+	ev.Status = status
+	err := x.complete(resp)
+	if errors.Is(err, ErrTooLarge) {
+		resp = x.e.problems.notStored(status, location)
+		err = x.complete(resp)
+	}
+	if transient(err) { // a blip: try once more before the client gets its answer
+		err = x.complete(resp)
+	}
+	if errors.Is(err, ErrNotOwner) && x.landed(resp) {
+		err = nil // an attempt whose reply was lost or late did store it
+	}
+	if transient(err) && x.e.cfg.completionRetry > 0 && x.e.retryInBackground(x, resp, ev) {
+		return
+	}
+	x.stopRenewal()
+	x.reportCompletion(ev, err)
+}
+
+func (x *Execution) reportCompletion(ev Event, err error) {
+	ev = x.ended(ev, OpComplete, x.storeDur)
+	switch {
+	case errors.Is(err, ErrNotOwner):
+		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before completion; the response was not stored")
+	case errors.Is(err, ErrNotDurable):
+		x.e.emitErr(x.ctx, ev, EventCompleted, err, "idem: response stored, durability not confirmed")
+	case err != nil:
+		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: complete failed; the key stays in progress until its lease lapses")
+	default:
+		x.e.emit(x.ctx, ev)
+	}
+}
+
+// transient reports whether a Complete error may go away on a retry.
+func transient(err error) bool {
+	return err != nil && !errors.Is(err, ErrNotOwner) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNotDurable)
+}
+
+func (x *Execution) complete(resp *Response) error {
+	start := x.e.clock()
+	var err error
+	if x.e.local {
+		err = x.storeComplete(x.ctx, resp)
+	} else {
+		ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+		err = x.storeComplete(ctx, resp)
+		cancel()
+	}
+	x.storeDur = x.e.clock().Sub(start)
+	return err
+}
+
+// storeComplete completes through x's Unit when it has one, else the Store.
+func (x *Execution) storeComplete(ctx context.Context, resp *Response) error {
+	if x.unit != nil {
+		return x.unit.Complete(ctx, resp, x.e.cfg.retention)
+	}
+	return x.e.store.Complete(ctx, x.ev.Key, x.token, resp, x.e.cfg.retention)
+}
+
+// retryInBackground keeps renewing the lease and retries Complete with
+// backoff for up to the completion-retry window, so that a store blip after
+// the handler ran does not let a retry execute it again. It reports false
+// when the engine is closed.
+func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return false
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer x.stopRenewal()
+		deadline := time.Now().Add(e.cfg.completionRetry)
+		err := errors.New("idem: completion retry window ended")
+		for pause := 50 * time.Millisecond; time.Now().Add(pause).Before(deadline); pause = min(2*pause, 2*time.Second) {
+			t := time.NewTimer(pause)
+			select {
+			case <-e.closing:
+				t.Stop()
+				x.reportCompletion(ev, errors.New("idem: engine closed before the completion was stored"))
+				return
+			case <-t.C:
+			}
+			if err = x.complete(resp); errors.Is(err, ErrNotOwner) && x.landed(resp) {
+				err = nil // an earlier attempt that timed out reached the store after all
+			}
+			if !transient(err) {
+				break
+			}
+		}
+		x.reportCompletion(ev, err)
+	}()
+	return true
+}
+
+// landed reports whether the key holds this execution's completed record,
+// resp: after [ErrNotOwner] from Complete, an earlier attempt whose reply
+// was lost (connection cut, reply later than the store timeout, or a
+// client-side retry of a command that had run) may have stored it. Stores
+// that drop the token on completion are matched by fingerprint and
+// response, so that a takeover's completion is not taken for this one.
+func (x *Execution) landed(resp *Response) bool {
+	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	defer cancel()
+	rec, found, err := x.e.store.Get(ctx, x.ev.Key)
+	if err != nil || !found || rec.State != StateCompleted || rec.Fingerprint != x.fp || rec.Response == nil {
+		return false
+	}
+	if rec.Token != "" {
+		return rec.Token == x.token
+	}
+	return rec.Response.Status == resp.Status && bytes.Equal(rec.Response.Body, resp.Body)
+}
+
+// Abort ends an execution whose handler panicked; adapters re-raise the
+// panic after it. status is the final status already sent to the client, or
+// 0. When nothing was sent the key is released, like Fail. When a status was
+// sent, the handler's work may be done (a panic in post-processing, after
+// the charge), so the record is completed as executed but not replayable:
+// retries get 410 "response-not-stored", never a second execution (a 5xx
+// status is still released, by the status policy).
+func (x *Execution) Abort(status int, header http.Header) {
+	if status == 0 {
+		x.Fail()
+		return
+	}
+	x.Unreplayable()
+	x.Finish(status, header)
+}
+
+// Fail releases the key after a handler error without a response, so that
+// a retry executes again.
+func (x *Execution) Fail() {
+	x.finishing()
+	x.release()
+	x.stopRenewal()
+}
+
+func (x *Execution) release() {
+	start := x.e.clock()
+	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	var err error
+	if x.unit != nil {
+		err = x.unit.Release(ctx)
+	} else {
+		err = x.e.store.Release(ctx, x.ev.Key, x.token)
+	}
+	cancel()
+	ev := x.ended(x.ev, OpRelease, x.e.clock().Sub(start))
+	switch {
+	case errors.Is(err, ErrNotOwner):
+		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before release")
+	case err != nil:
+		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: release failed; retrying in the background")
+		x.e.releaseLater(x.ctx, x.ev, x.token)
+	default:
+		ev.Kind = EventReleased
+		x.e.emit(x.ctx, ev)
+	}
+}
+
+// localLease is the lease taken in a [LocalStore] that can renew leases:
+// such a store lives and dies with the process, so a lease there never
+// needs to lapse to free the key of a crashed holder; it is held until
+// Finish, Fail or Abort, exactly as renewal would keep it, without a
+// renewal timer per execution. About 146 years: now plus it never overflows.
+const localLease = time.Duration(1 << 62)
+
+func (x *Execution) startRenewal() {
+	if x.e.extender != nil && !x.e.local {
+		x.mu.Lock()
+		x.timer = time.AfterFunc(x.e.cfg.lease/3, x.renew)
+		x.mu.Unlock()
+	}
+}
+
+func (x *Execution) renew() {
+	start := time.Now()
+	every := x.e.cfg.lease / 3
+	ctx, cancel := context.WithTimeout(x.ctx, min(x.e.cfg.storeTimeout, every)) // a slow renewal must not outlast the lease
+	err := x.e.extender.Extend(ctx, x.ev.Key, x.token, x.e.cfg.lease)
+	cancel()
+	ev := x.ev
+	ev.Op, ev.StoreDuration = OpExtend, time.Since(start)
+	if errors.Is(err, ErrNotOwner) {
+		x.mu.Lock()
+		finished := x.finished
+		x.mu.Unlock()
+		if !finished { // after Finish or Fail, the record is legitimately no longer ours
+			x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
+		}
+		return
+	}
+	if err != nil {
+		if x.renewFailed.Swap(true) { // logged once per execution; every failure is an event
+			ev.Kind, ev.Err = EventStoreError, err
+			x.e.emit(x.ctx, ev)
+		} else {
+			x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: lease renewal failed; retrying (further failures of this execution are reported as events only)")
+		}
+	}
+	x.mu.Lock()
+	if !x.done {
+		x.timer.Reset(max(0, every-time.Since(start))) // fixed rate from the previous start
+	}
+	x.mu.Unlock()
+}
+
+// finishing marks the handler as done and measures how long it ran;
+// renewal continues until stopRenewal.
+func (x *Execution) finishing() {
+	x.handler = x.e.clock().Sub(x.started)
+	x.mu.Lock()
+	x.finished = true
+	x.mu.Unlock()
+}
+
+// detached is context.WithoutCancel(parent) held in the Execution, saving
+// an allocation: values of parent, never its deadline or cancellation.
+type detached struct{ parent context.Context }
+
+func (*detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+func (*detached) Done() <-chan struct{} { return nil }
+
+func (*detached) Err() error { return nil }
+
+func (d *detached) Value(key any) any { return d.parent.Value(key) }
+
+func (x *Execution) stopRenewal() {
+	if x.timer == nil {
+		return
+	}
+	x.mu.Lock()
+	x.done = true
+	x.timer.Stop()
+	x.mu.Unlock()
+}
+
+func (x *Execution) event(k EventKind) Event {
+	ev := x.ev
+	ev.Kind = k
+	return ev
+}
+
+// ended returns ev as the event ending the execution: the store call op
+// that took d, and the handler's duration.
+func (x *Execution) ended(ev Event, op StoreOp, d time.Duration) Event {
+	ev.Op, ev.StoreDuration, ev.HandlerDuration, ev.Ended = op, d, x.handler, true
+	return ev
+}

@@ -1,0 +1,162 @@
+package idem
+
+import (
+	"maps"
+	"net/http"
+	"strconv"
+)
+
+// Response is a captured HTTP response as stored and replayed.
+// Header holds only the header lines worth replaying (see [WithUnstoredHeaders]);
+// Body is the exact byte sequence the handler wrote.
+//
+// A Response held in its encoded form has a nil Header: a replay the
+// [Engine] answers from a store's encoding in place (see
+// [Record.Encoded]), or a response an adapter handed over as lines
+// ([Execution.FinishLines]). Its lines are read with [Response.EachHeader],
+// written with [Response.Send], encoded with [Response.AppendBinary] and
+// copied into a Header by [Response.Clone].
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+
+	wire *wire // a replay read in place: its header lines (Header is nil)
+}
+
+// Clone returns a deep copy of r, for stores that keep responses as values
+// and must copy them in and out.
+func (r *Response) Clone() *Response {
+	if r == nil {
+		return nil
+	}
+	return &Response{Status: r.Status, Header: r.header().Clone(), Body: cloneBytes(r.Body)}
+}
+
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append(make([]byte, 0, len(b)), b...)
+}
+
+// IsReplay reports whether resp is a stored response being replayed (it
+// carries "Idempotent-Replayed: true"), as opposed to a problem the engine
+// answered with.
+func (resp *Response) IsReplay() bool {
+	if resp.wire != nil && resp.Header == nil {
+		return resp.wire.replayed
+	}
+	v := resp.Header[ReplayedHeader] // canonical: no Get, which canonicalises
+	return len(v) > 0 && v[0] == "true"
+}
+
+// replayedValue is the value slice of the ReplayedHeader line of every
+// replay (shared: capacity 1, so an append copies).
+var replayedValue = []string{"true"}
+
+// Send writes resp to w: header lines (replacing any of the same name), status
+// and body. Adapters on net/http based frameworks use it for Begin's answers.
+func (resp *Response) Send(w http.ResponseWriter) {
+	h := w.Header()
+	if resp.wire != nil && resp.Header == nil {
+		maps.Copy(h, resp.header()) // a new map: its value slices are h's to keep
+	} else {
+		for k, v := range resp.Header {
+			h[k] = append([]string(nil), v...)
+		}
+	}
+	if bodyAllowed(resp.Status) {
+		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	}
+	w.WriteHeader(resp.Status)
+	if len(resp.Body) > 0 {
+		_, _ = w.Write(resp.Body)
+	}
+}
+
+// bodyAllowed reports whether a response with status may carry a body and
+// Content-Length (RFC 9110 sections 6.4.1 and 8.6).
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// LineWriter is a framework's own response header type, as
+// [Response.WriteLines] writes to it; fasthttp's *ResponseHeader (Fiber
+// v2 and v3) is one.
+type LineWriter interface {
+	Del(name string)
+	Add(name, value string)
+}
+
+// WriteLines writes resp's header lines to h, replacing the lines h holds
+// under the same names, as [Response.Send] does for net/http. Every name is
+// deleted before the first line is added: fasthttp's Del moves the
+// header's last line into the gap, which would reorder lines already added.
+func (resp *Response) WriteLines(h LineWriter) {
+	prev := ""
+	resp.EachHeader(func(k, _ string) {
+		if k != prev {
+			h.Del(k)
+			prev = k
+		}
+	})
+	resp.EachHeader(h.Add)
+}
+
+// EachHeader calls fn for every header line of resp, lines of one name in a
+// row: the lines of Header, or, when resp is held encoded (Header is nil:
+// a replay the engine read in place from its stored encoding, or a
+// response given to [Execution.FinishLines]), the encoded lines, followed
+// on a replay by "Idempotent-Replayed: true". Adapters that write Begin's answers to a
+// framework's own header type use it; name and value are read-only.
+func (resp *Response) EachHeader(fn func(name, value string)) {
+	if resp.Header != nil || resp.wire == nil {
+		for k, vs := range resp.Header {
+			for _, v := range vs {
+				fn(k, v)
+			}
+		}
+		return
+	}
+	d := strDecoder{s: resp.wire.lines}
+	for range resp.wire.names {
+		k := d.string()
+		skip := resp.wire.replayed && k == ReplayedHeader // the marker replaces a stored line (as header's map does)
+		for range d.uvarint() {
+			if v := d.string(); !skip {
+				fn(k, v)
+			}
+		}
+	}
+	if resp.wire.replayed {
+		fn(ReplayedHeader, "true")
+	}
+}
+
+// header returns resp's header lines as an http.Header (Header, or for a
+// replay read in place, a new map whose strings alias the encoding; its
+// value slices share one array, each capped so that an append copies).
+func (resp *Response) header() http.Header {
+	if resp.Header != nil || resp.wire == nil {
+		return resp.Header
+	}
+	n := 1 // values, counted first: one array for all
+	for d, i := (strDecoder{s: resp.wire.lines}), int32(0); i < resp.wire.names; i++ {
+		d.string()
+		nv := d.uvarint()
+		n += int(nv)
+		for range nv {
+			d.string()
+		}
+	}
+	h := make(http.Header, resp.wire.names+1)
+	values := make([]string, n)
+	d := strDecoder{s: resp.wire.lines}
+	values = fillHeader(&d, int(resp.wire.names), h, values)
+	if resp.wire.replayed {
+		values[0] = "true"
+		h[ReplayedHeader] = values[:1:1]
+	}
+	return h
+}
