@@ -13,7 +13,8 @@ type Info struct {
 	// (seen by middleware outside idem; handlers run only when it is false).
 	Replayed bool
 
-	unit Unit // set by Execution.WithInfo for Transactional stores
+	unit   Unit    // set by Execution.WithInfo for Transactional stores
+	engine *Engine // the engine whose execution this is, set by Execution.WithInfo
 }
 
 // ContextWithInfo returns ctx carrying info. Adapters call it; a client can't

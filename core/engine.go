@@ -117,7 +117,9 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 
 // Begin decides what to do with req. It returns:
 //   - nil, nil: pass through, run the handler unprotected (method not covered,
-//     no key under [WithKeyOptional], or the store failed under [WithFailOpen]);
+//     no key under [WithKeyOptional], or the store failed under [WithFailOpen]),
+//     or as it is when ctx already belongs to an execution of this engine
+//     (the engine mounted twice on one request: the outer mount records it);
 //   - nil, resp: do not run the handler; write resp, which is either a replay
 //     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
 //     read-only and may be shared; write it with [Response.Send] (net/http)
@@ -133,7 +135,7 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 // request with this key in progress; 503 store unavailable; 500 the key's
 // stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
 func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response) {
-	if !e.cfg.methods[req.Method] {
+	if !e.cfg.methods[req.Method] || e.executing(ctx) {
 		return nil, nil
 	}
 	key, err := ParseKey(req.Keys)
@@ -231,6 +233,17 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			return nil, e.problems.inProgress
 		}
 	}
+}
+
+// executing reports whether ctx belongs to a handler that an execution of
+// e already runs: the same engine mounted twice on one request (app-wide
+// and again on a group, or a handler wrapped twice). The inner mount passes
+// through, so the handler runs once and the outer mount records it;
+// without this the inner mount would find the outer one's lease and
+// answer every request 409.
+func (e *Engine) executing(ctx context.Context) bool {
+	p, ok := ctx.Value(infoKey{}).(*Info)
+	return ok && p.engine == e
 }
 
 // maxUnreadableLogged bounds the keys remembered as logged unreadable;

@@ -34,7 +34,7 @@ import (
 type Config struct {
 	// Mount serves m.App through the adapter's middleware built from
 	// m.Engine, mounted as m.Where says, and returns the base URL
-	// ("http://127.0.0.1:PORT", plus "/g" for [Group]) of a real listener it
+	// ("http://127.0.0.1:PORT", plus "/g" for [Group] and [Twice]) of a real listener it
 	// stops in t.Cleanup. It must route every method on the paths /a, /b and
 	// /skipped (under the base URL) to app, as three routes; pass m.Skip to
 	// the adapter's skip predicate; return the [PrincipalHeader] value from
@@ -71,10 +71,22 @@ const (
 	// Global mounts it on the whole router (r.Use(idem)), so it also sees
 	// requests no route matches; those must pass through (404 stays 404).
 	Global
+	// Twice mounts the same middleware (same engine) both on the whole
+	// router and again on the group /g holding the routes, as an app that
+	// protects everything and then, by mistake or habit, a group too
+	// (r.Use(idem); r.Group("/g", idem)); Mount returns the URL ending in
+	// /g. The handler must run once per key, recorded by the outer mount.
+	Twice
+	// Nested wraps each route's handler twice in the middleware (same
+	// engine): r.POST("/a", idem, idem, app), or idem(idem(app)) on
+	// net/http.
+	Nested
 )
 
-// String returns the mount's name (PerRoute, Group, Global), used in subtest names.
-func (w Where) String() string { return [...]string{"PerRoute", "Group", "Global"}[w] }
+// String returns the mount's name (PerRoute, Group, Global, Twice, Nested), used in subtest names.
+func (w Where) String() string {
+	return [...]string{"PerRoute", "Group", "Global", "Twice", "Nested"}[w]
+}
 
 // Mount is what Config.Mount mounts.
 type Mount struct {
@@ -168,6 +180,23 @@ func Run(t *testing.T, cfg Config) {
 				{"OuterHeadersNotReplayed", m.testOuterHeaders},
 				{"Skip", m.testSkip},
 				{"UnmatchedRoutePassesThrough", m.testUnmatched},
+			} {
+				t.Run(tt.name, s.unlessUnsupported(where.String()+"/"+tt.name, tt.fn))
+			}
+		})
+	}
+	for _, where := range []Where{Twice, Nested} { // mounted twice: one execution, recorded once
+		m := &suite{cfg: cfg, where: where, client: s.client}
+		t.Run(where.String(), func(t *testing.T) {
+			for _, tt := range []struct {
+				name string
+				fn   func(*testing.T)
+			}{
+				{"ExecuteThenReplay", m.testExecuteThenReplay},
+				{"KeyReusedWithOtherPayload", m.testMismatch},
+				{"ConcurrentDuplicates", m.testConcurrent},
+				{"StatusPolicy", m.testStatusPolicy},
+				{"Panic", m.testPanic},
 			} {
 				t.Run(tt.name, s.unlessUnsupported(where.String()+"/"+tt.name, tt.fn))
 			}

@@ -55,12 +55,17 @@ func mount(t *testing.T, m adaptertest.Mount) string {
 		add = r.Group("/g", mw).Any
 	case adaptertest.Global:
 		r.Use(mw)
+	case adaptertest.Twice:
+		r.Use(mw)
+		add = r.Group("/g", mw).Any
+	case adaptertest.Nested:
+		perRoute = []echo.MiddlewareFunc{mw, mw}
 	}
 	for _, p := range []string{"/a", "/b", "/skipped"} {
 		add(p, echo.WrapHandler(m.App), perRoute...)
 	}
 	url := serve(t, r)
-	if m.Where == adaptertest.Group {
+	if m.Where == adaptertest.Group || m.Where == adaptertest.Twice {
 		url += "/g"
 	}
 	return url

@@ -93,12 +93,17 @@ func mount(t *testing.T, m adaptertest.Mount) string {
 		routes = f.Group("/g", mw)
 	case adaptertest.Global:
 		f.Use(mw)
+	case adaptertest.Twice:
+		f.Use(mw)
+		routes = f.Group("/g", mw)
+	case adaptertest.Nested:
+		perRoute = []fiber.Handler{mw, mw}
 	}
 	for _, p := range []string{"/a", "/b", "/skipped"} {
 		routes.All(p, append(perRoute[:len(perRoute):len(perRoute)], adaptor.HTTPHandler(m.App))...)
 	}
 	url := serve(t, f)
-	if m.Where == adaptertest.Group {
+	if m.Where == adaptertest.Group || m.Where == adaptertest.Twice {
 		url += "/g"
 	}
 	return url

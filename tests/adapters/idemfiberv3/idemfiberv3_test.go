@@ -92,12 +92,17 @@ func mount(t *testing.T, m adaptertest.Mount) string {
 		routes = f.Group("/g", mw)
 	case adaptertest.Global:
 		f.Use(mw)
+	case adaptertest.Twice:
+		f.Use(mw)
+		routes = f.Group("/g", mw)
+	case adaptertest.Nested:
+		handlers = []any{mw, mw, m.App}
 	}
 	for _, p := range []string{"/a", "/b", "/skipped"} {
 		routes.All(p, handlers[0], handlers[1:]...)
 	}
 	url := serve(t, f)
-	if m.Where == adaptertest.Group {
+	if m.Where == adaptertest.Group || m.Where == adaptertest.Twice {
 		url += "/g"
 	}
 	return url

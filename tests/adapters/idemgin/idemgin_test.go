@@ -46,12 +46,17 @@ func mount(t *testing.T, m adaptertest.Mount) string {
 		routes = r.Group("/g", mw)
 	case adaptertest.Global:
 		r.Use(mw)
+	case adaptertest.Twice:
+		r.Use(mw)
+		routes = r.Group("/g", mw)
+	case adaptertest.Nested:
+		handlers = []gin.HandlerFunc{mw, mw}
 	}
 	for _, p := range []string{"/a", "/b", "/skipped"} {
 		routes.Any(p, append(handlers[:len(handlers):len(handlers)], gin.WrapH(m.App))...)
 	}
 	url := serve(t, r)
-	if m.Where == adaptertest.Group {
+	if m.Where == adaptertest.Group || m.Where == adaptertest.Twice {
 		url += "/g"
 	}
 	return url

@@ -51,10 +51,22 @@ func mount(t *testing.T, m adaptertest.Mount) string {
 		}
 		mux = http.NewServeMux()
 		mux.Handle("/", mw(routes))
+	case adaptertest.Twice: // idem around the whole router and again around the sub-router /g
+		for _, p := range []string{"/a", "/b", "/skipped"} {
+			routes.Handle(p, m.App)
+		}
+		group := http.NewServeMux()
+		group.Handle("/g/", http.StripPrefix("/g", mw(routes)))
+		mux = http.NewServeMux()
+		mux.Handle("/", mw(group))
+	case adaptertest.Nested:
+		for _, p := range []string{"/a", "/b", "/skipped"} {
+			routes.Handle(p, mw(mw(m.App)))
+		}
 	}
 	srv := httptest.NewServer(outer(recoverer(mux)))
 	t.Cleanup(srv.Close)
-	if m.Where == adaptertest.Group {
+	if m.Where == adaptertest.Group || m.Where == adaptertest.Twice {
 		return srv.URL + "/g"
 	}
 	return srv.URL
