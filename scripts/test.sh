@@ -19,7 +19,9 @@ for dir in $published; do
   (cd "$dir" && GOWORK=off go build ./...) || { echo "GOWORK=off build failed in $dir"; status=1; }
 done
 
-for dir in $(go list -m -f '{{.Dir}}'); do
+modules=$(go list -m -f '{{.Dir}}' 2>/dev/null || true)
+[ -n "$modules" ] || { echo "make test: go list -m found no module of the workspace (GOWORK=$(go env GOWORK)); nothing would be tested" >&2; exit 1; }
+for dir in $modules; do
   rel=${dir#"$ROOT"/}
   echo "=== $rel"
   (cd "$dir" && go vet ./... && go test -race -count=1 -timeout 5m ./...) || status=1

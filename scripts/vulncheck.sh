@@ -39,8 +39,11 @@ fi
 out="$TMP/vulncheck"
 rm -rf "$out" && mkdir -p "$out"
 status=0
+# every module of the workspace; none (GOWORK=off, or no go.work) would check nothing
+modules=$(go list -m -f '{{.Dir}}' 2>/dev/null || true)
+[ -n "$modules" ] || { echo "vulncheck: go list -m found no module of the workspace (GOWORK=$(go env GOWORK)); nothing would be checked" >&2; exit 1; }
 # two modules at a time: govulncheck is CPU-bound and takes a few seconds each
-go list -m -f '{{.Dir}}' | xargs -P 2 -I{} sh -c '
+echo "$modules" | xargs -P 2 -I{} sh -c '
   dir={}; name=$(echo "${dir#'"$ROOT"'/}" | tr / _)
   cd "$dir" && "'"$BIN/govulncheck-$VULN_VERSION"'" -db "file://'"$DB"'" -format json ./... >"'"$out"'/$name.json" 2>"'"$out"'/$name.err" \
     || { echo "vulncheck: govulncheck failed in ${dir#'"$ROOT"'/}:"; cat "'"$out"'/$name.err"; exit 1; }' || status=1

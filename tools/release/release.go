@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/mod/modfile"
@@ -92,7 +93,7 @@ func release(o releaseOptions) error {
 	} else {
 		fmt.Fprintln(o.Out, "make test: running")
 		cmd := exec.Command("make", "test")
-		cmd.Dir, cmd.Stdout, cmd.Stderr = o.Root, o.Out, o.Out
+		cmd.Dir, cmd.Stdout, cmd.Stderr, cmd.Env = o.Root, o.Out, o.Out, shellEnv()
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("make test: %w", err)
 		}
@@ -289,4 +290,11 @@ func installWarning(dir string) (string, error) {
 		return "", nil
 	}
 	return fmt.Sprintf("go install %s@VERSION will refuse it: its go.mod has %d replace directives", mains[0], len(f.Replace)), nil
+}
+
+// shellEnv is the environment of make test: a developer's shell, without
+// the GOWORK=off that scripts/release.sh sets to run this tool, so that
+// make test sees the workspace (go.work) and tests every module.
+func shellEnv() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOWORK=") })
 }

@@ -70,12 +70,27 @@ func TestReleaseDryRun(t *testing.T) {
 	git(t, repoRoot(t), "clone", "--quiet", "--no-local", repoRoot(t), clone)
 	head := git(t, clone, "rev-parse", "HEAD")
 
-	cmd := exec.Command("bash", "scripts/release.sh", "--dry-run", "--skip-tests", "v0.2.0")
+	// With tests, as CONTRIBUTING documents it, except that make is a
+	// stand-in recording what make test would see (the real one runs this
+	// test): the workspace and its modules, not release.sh's GOWORK=off.
+	shim, seen := t.TempDir(), filepath.Join(t.TempDir(), "make-test-env")
+	writeFiles(t, shim, map[string]string{"make": "#!/bin/sh\n{ go env GOWORK; go list -m | wc -l; } >" + seen + " 2>&1\n"})
+	if err := os.Chmod(filepath.Join(shim, "make"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "scripts/release.sh", "--dry-run", "v0.2.0")
 	cmd.Dir = clone
-	cmd.Env = append(os.Environ(), "GOFLAGS=")
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "PATH="+shim+string(os.PathListSeparator)+os.Getenv("PATH"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("release.sh --dry-run: %v\n%s", err, out)
+	}
+	env, err := os.ReadFile(seen)
+	if err != nil {
+		t.Fatalf("make test did not run: %v\n%s", err, out)
+	}
+	if f := strings.Fields(string(env)); len(f) != 2 || f[0] != filepath.Join(clone, "go.work") || f[1] == "0" {
+		t.Errorf("make test saw GOWORK and module count %q, want %s and every module", env, filepath.Join(clone, "go.work"))
 	}
 	var tags []string
 	for _, l := range lines(string(out)) {
