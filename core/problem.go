@@ -74,7 +74,7 @@ func newProblems(retryAfter time.Duration, render func(Problem) (string, []byte)
 		tooLarge: p("body-too-large", "Request body too large", http.StatusRequestEntityTooLarge,
 			"The request body is larger than this endpoint accepts for idempotent requests; nothing was executed."),
 		mismatch: p("key-reused", "Idempotency key reused", http.StatusUnprocessableEntity,
-			"This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new request."),
+			"This Idempotency-Key was already used with a different request (path, query, Content-Type or body). Use a new key for a new request."),
 		inProgress: withRetry(p("in-progress", "Request in progress", http.StatusConflict,
 			"A request with this Idempotency-Key is still being processed. Retry after the Retry-After delay to get its result.")),
 		unavailable: withRetry(p("store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable,

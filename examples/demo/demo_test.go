@@ -20,7 +20,7 @@ import (
 // TestDemoOutput runs the demo itself against Redis, for one framework: it
 // prints its result table and nothing else (the services' panic stack traces
 // stay in their log file), and every key it writes is under its own
-// -redis-prefix.
+// -redis-prefix, and it deletes them when it is done.
 func TestDemoOutput(t *testing.T) {
 	client := redisClient(t)
 	prefix := "idem-demo-test:" + rand.Text()[:12] + ":"
@@ -44,11 +44,14 @@ func TestDemoOutput(t *testing.T) {
 	for _, s := range scenarios {
 		want = append(want, s.name)
 	}
-	want = append(want, "idem decisions on /metrics: acquired ", "", "OK: one charge per logical payment")
+	want = append(want, "idem decisions on /metrics: acquired ", "", "removed the demo's ", "OK: one charge per logical payment")
 	if len(lines) != len(want) {
-		t.Fatalf("demo printed %d lines, want %d (title, header, %d rows, decisions, blank, verdict):\n%s", len(lines), len(want), len(scenarios), stdout.String())
+		t.Fatalf("demo printed %d lines, want %d (title, header, %d rows, decisions, blank, keys removed, verdict):\n%s", len(lines), len(want), len(scenarios), stdout.String())
 	}
-	if l := lines[len(lines)-3]; !strings.Contains(l, "replayed ") || !strings.Contains(l, "conflict ") || !strings.Contains(l, "completed ") {
+	if l := lines[len(lines)-2]; strings.HasPrefix(l, "removed the demo's 0 ") {
+		t.Errorf("%q: the demo wrote no Redis key under its prefix", l)
+	}
+	if l := lines[len(lines)-4]; !strings.Contains(l, "replayed ") || !strings.Contains(l, "conflict ") || !strings.Contains(l, "completed ") {
 		t.Errorf("decisions line %q: want replays, conflicts and completions counted", l)
 	}
 	for i, l := range lines {
@@ -66,8 +69,8 @@ func TestDemoOutput(t *testing.T) {
 	if err := it.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if !found {
-		t.Errorf("no Redis key under the demo's prefix %q", prefix)
+	if found {
+		t.Errorf("the demo left Redis key %q behind", it.Val())
 	}
 }
 

@@ -4,8 +4,8 @@
 // loopback port as its own process, plays the scenarios, and prints a table
 // per framework with the idem decisions the service counted on its /metrics,
 // and nothing else: the services' logs go to a file that is shown only on
-// failure. With -store redis its keys live under their own prefix
-// (-redis-prefix, default "idem-demo:"); with -store postgres its tables
+// failure. With -store redis its keys live under their own prefix,
+// (-redis-prefix, default "idem-demo:"), deleted when it is done; with -store postgres its tables
 // live in their own schema (-postgres-schema, default idem_demo), and every
 // payment is a row written through its execution's transaction. It exits 1
 // if any logical payment was charged successfully more than once.
@@ -35,10 +35,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/examples/internal/procs"
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
-	framework := flag.String("framework", "all", "nethttp, gin, echo, fiber or all")
+	framework := flag.String("framework", "all", strings.Join(procs.Frameworks, ", ")+" or all")
 	store := flag.String("store", "memory", "memory, redis, mongo or postgres")
 	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
 	redisPrefix := flag.String("redis-prefix", "idem-demo:", "prefix of the demo's Redis keys, apart from any service's")
@@ -98,6 +99,13 @@ func main() {
 		}
 		printDecisions(counted)
 		fmt.Println()
+	}
+	if *store == "redis" { // the records would otherwise stay for their retention (24h)
+		n, err := deleteRedisKeys(*redisURL, *redisPrefix)
+		if err != nil {
+			fail(fmt.Errorf("removing the demo's Redis keys: %w", err), "")
+		}
+		fmt.Printf("removed the demo's %d Redis keys (prefix %q)\n", n, *redisPrefix)
 	}
 	if !ok {
 		fmt.Println("FAIL: a payment was charged more than once")
@@ -352,4 +360,26 @@ func printTable(rows []row) bool {
 	}
 	tw.Flush()
 	return ok
+}
+
+// deleteRedisKeys deletes every key under prefix (SCAN to the end of the
+// keyspace, UNLINK) and returns how many it deleted.
+func deleteRedisKeys(url, prefix string) (int, error) {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return 0, err
+	}
+	c := redis.NewClient(opts)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n := 0
+	it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for it.Next(ctx) {
+		if err := c.Unlink(ctx, it.Val()).Err(); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, it.Err()
 }
