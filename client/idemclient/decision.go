@@ -2,13 +2,13 @@ package idemclient
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strconv"
-	"syscall"
+	"strings"
 	"time"
 )
 
@@ -57,31 +57,41 @@ func ClassifyStatus(status int) Decision {
 // ClassifyError returns the decision for an error a transport returned
 // instead of a response, once the caller's own context is known to be live
 // (a cancelled or expired request context always stops; the caller checks
-// it, not this function):
+// it, not this function).
 //
-//	Retry: connection refused, reset or aborted, a broken pipe, io.EOF and
-//	       io.ErrUnexpectedEOF (the connection closed before a complete
-//	       response), timeouts (net.Error.Timeout, context.DeadlineExceeded
-//	       of a per-attempt timeout), and any other *net.OpError (dial and
-//	       read failures).
-//	Stop:  everything else, e.g. TLS certificate errors, an unsupported URL
-//	       scheme, a malformed request.
+// Any failure to get a complete response is retried: connection refused,
+// reset or aborted, io.EOF and io.ErrUnexpectedEOF (closed before a complete
+// response), a response cut inside its status line or headers (net/http:
+// "transport connection broken"), timeouts, DNS failures. The request may
+// have been executed, but the key makes a re-send safe. Only errors a
+// re-send cannot cure stop, as in go-retryablehttp's default policy:
+// context.Canceled, TLS certificate and handshake-record errors, and the
+// request errors net/http reports for an unsupported URL scheme, a URL
+// without host, or an invalid header field.
 func ClassifyError(err error) Decision {
-	if err == nil {
+	if err == nil || errors.Is(err, context.Canceled) {
 		return Stop
 	}
-	var ne net.Error
-	var op *net.OpError
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, context.DeadlineExceeded),
-		errors.As(err, &ne) && ne.Timeout(),
-		errors.As(err, &op):
-		return Retry
+	var (
+		verify   *tls.CertificateVerificationError
+		record   tls.RecordHeaderError
+		unknown  x509.UnknownAuthorityError
+		invalid  x509.CertificateInvalidError
+		hostname x509.HostnameError
+	)
+	if errors.As(err, &verify) || errors.As(err, &record) || errors.As(err, &unknown) ||
+		errors.As(err, &invalid) || errors.As(err, &hostname) {
+		return Stop
 	}
-	return Stop
+	// net/http's request errors have no exported type; their messages are
+	// stable (go-retryablehttp matches them the same way).
+	msg := err.Error()
+	for _, permanent := range []string{"unsupported protocol scheme", "no Host in request URL", "invalid header field", "nil Request.URL"} {
+		if strings.Contains(msg, permanent) {
+			return Stop
+		}
+	}
+	return Retry
 }
 
 // ParseRetryAfter returns the delay a Retry-After header value asks for
