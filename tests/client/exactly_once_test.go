@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,18 +50,53 @@ func (n newKeyPerAttempt) RoundTrip(req *http.Request) (*http.Response, error) {
 // same retries (same transport, same attempts, same waits) with a new key
 // per attempt. Keep-alives are off so that each attempt opens a connection
 // of its own, on which toxiproxy rolls its dice anew.
-func newClient(naive bool) *http.Client {
+// The faults each attempt met are counted in faults.
+func newClient(naive bool, faults *faultCount) *http.Client {
 	var base http.RoundTripper = &http.Transport{DisableKeepAlives: true}
 	if naive {
 		base = newKeyPerAttempt{base}
 	}
 	return &http.Client{Transport: idemclient.New(
 		idemclient.WithBase(base),
+		idemclient.WithAttemptHook(faults.add),
 		idemclient.WithMaxAttempts(maxAttempts),
 		idemclient.WithBackoff(20*time.Millisecond, 300*time.Millisecond),
 		idemclient.WithAttemptTimeout(700*time.Millisecond),
 		idemclient.WithMaxElapsed(90*time.Second),
 	)}
+}
+
+// faultCount counts attempts by what they met.
+type faultCount struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (f *faultCount) add(a idemclient.Attempt) {
+	kind := "answered"
+	switch {
+	case a.Err == nil && a.Response.StatusCode == http.StatusConflict:
+		kind = "409"
+	case a.Err == nil:
+	case errors.Is(a.Err, context.DeadlineExceeded):
+		kind = "late"
+	case errors.Is(a.Err, syscall.ECONNRESET):
+		kind = "reset"
+	default:
+		kind = "cut" // malformed status line, EOF
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == nil {
+		f.n = map[string]int{}
+	}
+	f.n[kind]++
+}
+
+func (f *faultCount) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fmt.Sprintf("answered %d, 409 %d, reset %d, cut %d, late %d", f.n["answered"], f.n["409"], f.n["reset"], f.n["cut"], f.n["late"])
 }
 
 // pay sends one logical payment of amount (minor units) for user.
@@ -102,7 +139,7 @@ func pay(c *http.Client, url, user string, amount int64) outcome {
 
 // run starts framework with store behind a faulty proxy, sends the logical
 // payments through a client, stops the service and returns its executions.
-func run(t *testing.T, framework, store string, naive bool) (int64, []outcome) {
+func run(t *testing.T, framework, store string, naive bool) (int64, []outcome, *faultCount) {
 	svc := startService(t, framework, "-store", store, "-redis-url", redisURL(),
 		"-redis-prefix", "idem-client-e2e:"+rand.Text()[:10]+":", "-ttl", "2m", "-charge-latency", "20ms")
 	px, url := newProxy(t, svc.URL)
@@ -111,7 +148,8 @@ func run(t *testing.T, framework, store string, naive bool) (int64, []outcome) {
 	addToxic(t, px, "reset_peer", 0.2, tpclient.Attributes{"timeout": 0}) // connection reset as the reply starts
 	addToxic(t, px, "limit_data", 0.2, tpclient.Attributes{"bytes": 10})  // reply cut inside its status line
 	addToxic(t, px, "latency", 0.1, tpclient.Attributes{"latency": 1500}) // reply later than the attempt timeout
-	c := newClient(naive)
+	faults := &faultCount{}
+	c := newClient(naive, faults)
 	user := "u-" + rand.Text()[:8]
 	out := make([]outcome, payments)
 	var wg sync.WaitGroup
@@ -128,7 +166,7 @@ func run(t *testing.T, framework, store string, naive bool) (int64, []outcome) {
 	}
 	close(next)
 	wg.Wait()
-	return svc.stop(), out
+	return svc.stop(), out, faults
 }
 
 // TestExactlyOnce: through resets, cut replies and late replies, N logical
@@ -142,7 +180,7 @@ func TestExactlyOnce(t *testing.T) {
 				t.Parallel()
 				t.Run("idemclient", func(t *testing.T) {
 					t.Parallel()
-					execs, out := run(t, framework, store, false)
+					execs, out, faults := run(t, framework, store, false)
 					ids := map[string]int64{}
 					retried, replays, attempts := 0, 0, 0
 					for _, o := range out {
@@ -165,11 +203,11 @@ func TestExactlyOnce(t *testing.T) {
 					if execs != payments {
 						t.Errorf("%d executions for %d logical payments", execs, payments)
 					}
-					t.Logf("%d payments, %d executions, %d attempts, %d retried, %d answered by a replay", payments, execs, attempts, retried, replays)
+					t.Logf("%d payments, %d executions, %d attempts (%v), %d retried, %d answered by a replay", payments, execs, attempts, faults, retried, replays)
 				})
 				t.Run("naive", func(t *testing.T) {
 					t.Parallel()
-					execs, out := run(t, framework, store, true)
+					execs, out, faults := run(t, framework, store, true)
 					failed := 0
 					for _, o := range out {
 						if o.err != nil || o.status != http.StatusCreated {
@@ -179,7 +217,7 @@ func TestExactlyOnce(t *testing.T) {
 					if execs <= payments {
 						t.Errorf("naive client: %d executions for %d logical payments; the faults should have caused duplicates", execs, payments)
 					}
-					t.Logf("naive: %d payments, %d executions (%d duplicates), %d not answered 201", payments, execs, execs-payments, failed)
+					t.Logf("naive: %d payments, %d executions (%d duplicates), %d not answered 201; attempts: %v", payments, execs, execs-payments, failed, faults)
 				})
 			})
 		}

@@ -63,7 +63,7 @@ func TestMain(m *testing.M) {
 		code := m.Run()
 		stopToxiproxy()
 		if code == 0 {
-			if err := goleak.Find(); err != nil {
+			if err := goleak.Find(goleak.MaxRetryAttempts(150), goleak.MaxSleepInterval(100*time.Millisecond)); err != nil { // toxiproxy links wind down after their proxies are deleted
 				fmt.Fprintln(os.Stderr, "goleak:", err)
 				return 1
 			}
