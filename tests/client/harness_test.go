@@ -63,7 +63,13 @@ func TestMain(m *testing.M) {
 		code := m.Run()
 		stopToxiproxy()
 		if code == 0 {
-			if err := goleak.Find(goleak.MaxRetryAttempts(150), goleak.MaxSleepInterval(100*time.Millisecond)); err != nil { // toxiproxy links wind down after their proxies are deleted
+			// toxiproxy's links wind down after their proxies are deleted
+			// (a latency toxic finishes its sleep): give them time.
+			err := goleak.Find()
+			for deadline := time.Now().Add(15 * time.Second); err != nil && time.Now().Before(deadline); err = goleak.Find() {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
 				fmt.Fprintln(os.Stderr, "goleak:", err)
 				return 1
 			}
