@@ -63,6 +63,7 @@ type Transport struct {
 	maxRetryAfter time.Duration
 	attemptTO     time.Duration
 	bodyLimit     int64
+	respBuffer    int64
 	hook          func(Attempt)
 }
 
@@ -117,6 +118,16 @@ func WithAttemptTimeout(d time.Duration) Option { return func(t *Transport) { t.
 // http.NewRequest over bytes, strings and bytes.Buffer have GetBody and are
 // never buffered. Optional. Default is [DefaultBodyLimit] (1 MiB).
 func WithBodyLimit(n int64) Option { return func(t *Transport) { t.bodyLimit = n } }
+
+// WithResponseBuffer makes RoundTrip read the body of a final response of
+// up to n bytes before it returns, so that a reply cut inside its body is
+// retried like one cut inside its headers (the key makes that safe) rather
+// than failing the caller's read; Attempt.Err then wraps the read error. A
+// longer body (by Content-Length, or past n bytes) is returned as a stream,
+// its first n bytes already read. Leave it off for streaming responses: the
+// read waits for n bytes or the end. Optional. Default is 0: bodies are
+// streamed to the caller.
+func WithResponseBuffer(n int64) Option { return func(t *Transport) { t.respBuffer = n } }
 
 // WithAttemptHook sets a function called after every attempt of a covered
 // request, on the caller's goroutine, before the wait that may follow (for
@@ -221,6 +232,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		attempt, cancel := t.withAttemptTimeout(attempt)
 		resp, err := t.base.RoundTrip(attempt)
+		if err == nil && ClassifyStatus(resp.StatusCode) == Stop && t.respBuffer > 0 {
+			err = bufferBody(resp, t.respBuffer)
+			if err != nil {
+				resp = nil
+			}
+		}
 
 		a := Attempt{Key: key, N: n, Request: attempt, Response: resp, Err: err}
 		gaveUp := &GaveUpError{Key: key, Attempts: n, Err: err}
@@ -349,6 +366,29 @@ func closeBody(req *http.Request) {
 	if req.Body != nil {
 		_ = req.Body.Close()
 	}
+}
+
+// bufferBody reads resp's body into memory when it is at most n bytes; a
+// read error closes it and is returned.
+func bufferBody(resp *http.Response, n int64) error {
+	if resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength > n {
+		return nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(resp.Body, n+1))
+	if err != nil {
+		_ = resp.Body.Close()
+		return fmt.Errorf("idemclient: reading the response body: %w", err)
+	}
+	if int64(len(buf)) > n {
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(buf), resp.Body), resp.Body}
+		return nil
+	}
+	_ = resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(buf))
+	return nil
 }
 
 // cancelBody ends an attempt's timeout context when its body is closed.

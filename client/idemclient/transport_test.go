@@ -710,3 +710,70 @@ func TestConcurrent(t *testing.T) {
 		t.Errorf("%d keys for 20 logical requests", len(bodies))
 	}
 }
+
+// TestResponseBuffer: a reply cut inside its body is retried when the
+// Transport buffers final bodies, and fails the caller's read when not.
+func TestResponseBuffer(t *testing.T) {
+	cutFirst := func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n == 0 {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_, _ = conn.Write([]byte("HTTP/1.1 201 Created\r\nContent-Length: 20\r\n\r\n{\"id\":"))
+			_ = conn.Close()
+			return
+		}
+		w.WriteHeader(201)
+		_, _ = io.WriteString(w, `{"id":"pay_12345678"}`)
+	}
+	read := func(cl *http.Client, url string) (*http.Response, string, error) {
+		resp, err := post(t, cl, url, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp, string(b), err
+	}
+	t.Run("off", func(t *testing.T) {
+		s := newScript(t, cutFirst)
+		cl := client(fast()...)
+		defer closeIdle(cl)
+		resp, _, err := read(cl, s.srv.URL)
+		if !errors.Is(err, io.ErrUnexpectedEOF) || idemclient.Attempts(resp) != 1 {
+			t.Fatalf("read %v after %d attempts; want the cut to reach the caller", err, idemclient.Attempts(resp))
+		}
+	})
+	t.Run("on", func(t *testing.T) {
+		s := newScript(t, cutFirst)
+		var hooked []idemclient.Attempt
+		cl := client(fast(idemclient.WithResponseBuffer(1<<10), idemclient.WithAttemptHook(func(a idemclient.Attempt) { hooked = append(hooked, a) }))...)
+		defer closeIdle(cl)
+		resp, body, err := read(cl, s.srv.URL)
+		if err != nil || body != `{"id":"pay_12345678"}` || idemclient.Attempts(resp) != 2 {
+			t.Fatalf("body %q err %v after %d attempts", body, err, idemclient.Attempts(resp))
+		}
+		if got := s.requests(); got[0].keys[0] != got[1].keys[0] {
+			t.Error("the retry changed the key")
+		}
+		if !errors.Is(hooked[0].Err, io.ErrUnexpectedEOF) || hooked[0].Decision != idemclient.Retry || hooked[0].Response != nil {
+			t.Errorf("first attempt: %+v", hooked[0])
+		}
+	})
+	t.Run("longer than the buffer", func(t *testing.T) {
+		long := strings.Repeat("z", 5000)
+		s := newScript(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(200)
+			_, _ = io.WriteString(w, long)
+			w.(http.Flusher).Flush() // chunked: no Content-Length
+		})
+		cl := client(fast(idemclient.WithResponseBuffer(100), idemclient.WithAttemptTimeout(time.Minute))...)
+		defer closeIdle(cl)
+		_, body, err := read(cl, s.srv.URL)
+		if err != nil || body != long {
+			t.Fatalf("body of %d bytes, err %v", len(body), err)
+		}
+	})
+}

@@ -22,7 +22,7 @@ import (
 const (
 	payments    = 20 // logical payments per framework, store and client
 	workers     = 10
-	maxAttempts = 20 // with ~40% of attempts faulted, P(a payment fails every attempt) ≈ 0.42^20
+	maxAttempts = 20 // with ~45% of attempts faulted, P(a payment fails every attempt) ≈ 0.45^20 ≈ 1e-7
 )
 
 // outcome is what the caller of one logical payment learned.
@@ -62,6 +62,7 @@ func newClient(naive bool, faults *faultCount) *http.Client {
 		idemclient.WithMaxAttempts(maxAttempts),
 		idemclient.WithBackoff(20*time.Millisecond, 300*time.Millisecond),
 		idemclient.WithAttemptTimeout(700*time.Millisecond),
+		idemclient.WithResponseBuffer(64<<10), // a reply cut inside its body is retried too
 		idemclient.WithMaxElapsed(90*time.Second),
 	)}
 }
@@ -80,10 +81,12 @@ func (f *faultCount) add(a idemclient.Attempt) {
 	case a.Err == nil:
 	case errors.Is(a.Err, context.DeadlineExceeded):
 		kind = "late"
+	case strings.Contains(a.Err.Error(), "reading the response body"):
+		kind = "cut body"
 	case errors.Is(a.Err, syscall.ECONNRESET):
 		kind = "reset"
 	default:
-		kind = "cut" // malformed status line, EOF
+		kind = "cut" // inside the status line or headers
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -96,7 +99,8 @@ func (f *faultCount) add(a idemclient.Attempt) {
 func (f *faultCount) String() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return fmt.Sprintf("answered %d, 409 %d, reset %d, cut %d, late %d", f.n["answered"], f.n["409"], f.n["reset"], f.n["cut"], f.n["late"])
+	return fmt.Sprintf("answered %d, 409 %d, reset %d, cut %d, cut body %d, late %d",
+		f.n["answered"], f.n["409"], f.n["reset"], f.n["cut"], f.n["cut body"], f.n["late"])
 }
 
 // pay sends one logical payment of amount (minor units) for user.
@@ -145,9 +149,10 @@ func run(t *testing.T, framework, store string, naive bool) (int64, []outcome, *
 	px, url := newProxy(t, svc.URL)
 	// Every fault hits a reply, after the payment executed: only the key
 	// tells a retry from a new payment.
-	addToxic(t, px, "reset_peer", 0.2, tpclient.Attributes{"timeout": 0}) // connection reset as the reply starts
-	addToxic(t, px, "limit_data", 0.2, tpclient.Attributes{"bytes": 10})  // reply cut inside its status line
-	addToxic(t, px, "latency", 0.1, tpclient.Attributes{"latency": 1500}) // reply later than the attempt timeout
+	addToxic(t, px, "reset", "reset_peer", 0.15, tpclient.Attributes{"timeout": 0})  // connection reset as the reply starts
+	addToxic(t, px, "cut10", "limit_data", 0.15, tpclient.Attributes{"bytes": 10})   // reply cut inside its status line
+	addToxic(t, px, "cut265", "limit_data", 0.15, tpclient.Attributes{"bytes": 265}) // reply cut inside its body (headers are 200 to 260 bytes)
+	addToxic(t, px, "late", "latency", 0.1, tpclient.Attributes{"latency": 1500})    // reply later than the attempt timeout
 	faults := &faultCount{}
 	c := newClient(naive, faults)
 	user := "u-" + rand.Text()[:8]

@@ -252,11 +252,11 @@ func newProxy(t *testing.T, url string) (*tpclient.Proxy, string) {
 	return p, "http://" + p.Listen
 }
 
-// addToxic adds a toxic on the replies (downstream) that hits a share
-// toxicity of the connections.
-func addToxic(t *testing.T, p *tpclient.Proxy, kind string, toxicity float32, attrs tpclient.Attributes) {
+// addToxic adds a toxic named name on the replies (downstream) that hits a
+// share toxicity of the connections.
+func addToxic(t *testing.T, p *tpclient.Proxy, name, kind string, toxicity float32, attrs tpclient.Attributes) {
 	t.Helper()
-	if _, err := p.AddToxic(kind, kind, "downstream", toxicity, attrs); err != nil {
+	if _, err := p.AddToxic(name, kind, "downstream", toxicity, attrs); err != nil {
 		t.Fatal(err)
 	}
 }
