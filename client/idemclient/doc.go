@@ -25,7 +25,9 @@
 // when they end first the error is a [*GaveUpError] carrying the key, the
 // last status or error and the reason (errors.Is with [ErrAttemptsExhausted],
 // [ErrOutOfTime], [ErrRetryAfterTooLong], [ErrBodyNotReplayable] or the
-// context's error). Calling again later with the same key is safe.
+// context's error). Calling again later with the same key is safe. A reply
+// cut inside its body surfaces on the caller's read, unless
+// [WithResponseBuffer] reads final bodies first and retries such cuts too.
 //
 // # What a response tells
 //

@@ -51,8 +51,9 @@ const (
 // Go's http.Transport treats a request carrying an Idempotency-Key header as
 // replayable (golang/go#19943): when a reused keep-alive connection breaks
 // before any response byte arrived, it re-sends the request itself, with the
-// same key and the body from GetBody (always set here). Such re-sends stay
-// inside one attempt and are safe for the same reason ours are.
+// same key and the body from GetBody (set here whenever the body can be
+// re-sent). Such re-sends stay inside one attempt and are safe for the same
+// reason ours are.
 type Transport struct {
 	base          http.RoundTripper
 	methods       []string
@@ -316,6 +317,14 @@ func (t *Transport) withAttemptTimeout(attempt *http.Request) (*http.Request, co
 	}
 	ctx, cancel := context.WithTimeout(attempt.Context(), t.attemptTO)
 	return attempt.WithContext(ctx), cancel
+}
+
+// CloseIdleConnections closes the idle connections of the base transport,
+// if it has such a method (http.Client.CloseIdleConnections calls it).
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 func (t *Transport) report(a Attempt) {

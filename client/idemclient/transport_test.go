@@ -777,3 +777,20 @@ func TestResponseBuffer(t *testing.T) {
 		}
 	})
 }
+
+type idleCounter struct {
+	http.RoundTripper
+	closed int
+}
+
+func (c *idleCounter) CloseIdleConnections() { c.closed++ }
+
+func TestCloseIdleConnections(t *testing.T) {
+	base := &idleCounter{RoundTripper: http.DefaultTransport}
+	c := &http.Client{Transport: idemclient.New(idemclient.WithBase(base))}
+	c.CloseIdleConnections()
+	if base.closed != 1 {
+		t.Errorf("base CloseIdleConnections called %d times", base.closed)
+	}
+	idemclient.New(idemclient.WithBase(struct{ http.RoundTripper }{http.DefaultTransport})).CloseIdleConnections() // no such method: nothing
+}
