@@ -794,3 +794,44 @@ func TestCloseIdleConnections(t *testing.T) {
 	}
 	idemclient.New(idemclient.WithBase(struct{ http.RoundTripper }{http.DefaultTransport})).CloseIdleConnections() // no such method: nothing
 }
+
+// TestNetHTTPReplay: Go's http.Transport re-sends a request carrying an
+// Idempotency-Key by itself when a reused keep-alive connection closes
+// before any response byte (golang/go#19943). The server then sees the
+// request twice within one attempt, with the same key and body: safe, and
+// invisible in Attempts.
+func TestNetHTTPReplay(t *testing.T) {
+	s := newScript(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n == 1 { // the second request, on the kept-alive connection: closed unanswered
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = conn.Close()
+			return
+		}
+		w.WriteHeader(201)
+	})
+	var attempts int
+	cl := client(idemclient.WithAttemptHook(func(idemclient.Attempt) { attempts++ }))
+	defer closeIdle(cl)
+	for i := range 2 {
+		resp, err := post(t, cl, s.srv.URL, "same body")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if idemclient.Attempts(resp) != 1 || resp.StatusCode != 201 {
+			t.Fatalf("call %d: %d after %d attempts", i+1, resp.StatusCode, idemclient.Attempts(resp))
+		}
+	}
+	got := s.requests()
+	if len(got) != 3 || attempts != 2 {
+		t.Fatalf("server saw %d requests for %d attempts; want 3 for 2 (one re-sent by net/http)", len(got), attempts)
+	}
+	if got[1].keys[0] != got[2].keys[0] || got[1].body != got[2].body || got[0].keys[0] == got[1].keys[0] {
+		t.Errorf("net/http's re-send: %+v", got)
+	}
+}
