@@ -12,6 +12,7 @@ require (
 	github.com/idemkit/idem/adapters/idemfiberv3 v0.1.0
 	github.com/idemkit/idem/adapters/idemgin v0.1.0
 	github.com/idemkit/idem/adapters/idemhttp v0.1.0
+	github.com/idemkit/idem/client/idemclient v0.1.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/observability/idemotel v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
@@ -107,6 +108,7 @@ replace (
 	github.com/idemkit/idem/adapters/idemfiberv3 => ../adapters/idemfiberv3
 	github.com/idemkit/idem/adapters/idemgin => ../adapters/idemgin
 	github.com/idemkit/idem/adapters/idemhttp => ../adapters/idemhttp
+	github.com/idemkit/idem/client/idemclient => ../client/idemclient
 	github.com/idemkit/idem/core => ../core
 	github.com/idemkit/idem/observability/idemotel => ../observability/idemotel
 	github.com/idemkit/idem/stores/memstore => ../stores/memstore

@@ -34,6 +34,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemkit/idem/client/idemclient"
 	"github.com/idemkit/idem/examples/internal/procs"
 	"github.com/redis/go-redis/v9"
 )
@@ -261,13 +262,16 @@ var scenarios = []scenario{
 			go func() { defer wg.Done(); send(d.client, "alice", key, 1999) }()
 		}
 		wg.Wait()
-		retry(send, d.client, "alice", key, 1999) // the client finally reads its result
+		c := &http.Client{Transport: idemclient.New()} // waits out 409s as Retry-After says
+		defer c.CloseIdleConnections()
+		send(c, "alice", key, 1999) // the client finally reads its result
 	}},
-	{"client times out mid-request, retries", 1, "", func(d *demo, send sender) {
-		key := newKey()
-		impatient := &http.Client{Timeout: d.latency / 3}
-		send(impatient, "alice", key, 2500)
-		retry(send, d.client, "alice", key, 2500)
+	{"client times out mid-request, idemclient retries", 1, "one call: its attempts share the key", func(d *demo, send sender) {
+		// idemclient abandons the attempt after latency/3, re-sends it with
+		// the same key, waits out the 409 (Retry-After) and gets the replay.
+		c := &http.Client{Transport: idemclient.New(idemclient.WithAttemptTimeout(d.latency/3), idemclient.WithMaxAttempts(20))}
+		defer c.CloseIdleConnections()
+		send(c, "alice", newKey(), 2500)
 	}},
 	{"provider 5xx, then retry", 2, "a 5xx is not stored: the retry runs again by design", func(d *demo, send sender) {
 		key := newKey()

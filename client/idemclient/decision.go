@@ -1,0 +1,129 @@
+package idemclient
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Decision is what a client does with the outcome of one attempt of a
+// request that carries an idempotency key. It does not depend on HTTP, so
+// that other transports (a gRPC interceptor mapping its own codes) share the
+// same vocabulary.
+type Decision int
+
+const (
+	// Stop: the outcome is final. It is returned to the caller as it is.
+	Stop Decision = iota
+	// Retry: the outcome says nothing was decided for good (the request may
+	// not have arrived, its answer was lost, or the server asked for a later
+	// attempt); re-sending it with the same key is safe.
+	Retry
+)
+
+func (d Decision) String() string {
+	if d == Retry {
+		return "retry"
+	}
+	return "stop"
+}
+
+// ClassifyStatus returns the decision for an HTTP response status of a
+// request carrying an idempotency key:
+//
+//	Retry: 409 (idem: a request with this key is in progress), 429 (rate
+//	       limited), 500 (idem releases the key on 5xx, so a retry executes
+//	       again only when nothing was stored), 502, 503 (idem: store
+//	       unavailable), 504.
+//	Stop:  everything else: 1xx-3xx, 400, 401, 403, 404, 410, 413, 422 (the
+//	       key reused with another payload: a client bug to surface) and
+//	       every other 4xx and 5xx (501, 505, ... will not change on a retry).
+func ClassifyStatus(status int) Decision {
+	switch status {
+	case http.StatusConflict, http.StatusTooManyRequests,
+		http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return Retry
+	}
+	return Stop
+}
+
+// ClassifyError returns the decision for an error a transport returned
+// instead of a response, once the caller's own context is known to be live
+// (a cancelled or expired request context always stops; the caller checks
+// it, not this function).
+//
+// Any failure to get a complete response is retried: connection refused,
+// reset or aborted, io.EOF and io.ErrUnexpectedEOF (closed before a complete
+// response), a response cut inside its status line or headers (net/http:
+// "transport connection broken"), timeouts, DNS failures. The request may
+// have been executed, but the key makes a re-send safe. Only errors a
+// re-send cannot cure stop, as in go-retryablehttp's default policy:
+// context.Canceled, TLS certificate and handshake-record errors, and the
+// request errors net/http reports for an unsupported URL scheme, a URL
+// without host, or an invalid header field.
+func ClassifyError(err error) Decision {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return Stop
+	}
+	var (
+		verify   *tls.CertificateVerificationError
+		record   tls.RecordHeaderError
+		unknown  x509.UnknownAuthorityError
+		invalid  x509.CertificateInvalidError
+		hostname x509.HostnameError
+	)
+	if errors.As(err, &verify) || errors.As(err, &record) || errors.As(err, &unknown) ||
+		errors.As(err, &invalid) || errors.As(err, &hostname) {
+		return Stop
+	}
+	// net/http's request errors have no exported type; their messages are
+	// stable (go-retryablehttp matches them the same way).
+	msg := err.Error()
+	for _, permanent := range []string{"unsupported protocol scheme", "no Host in request URL", "invalid header field", "nil Request.URL"} {
+		if strings.Contains(msg, permanent) {
+			return Stop
+		}
+	}
+	return Retry
+}
+
+// ParseRetryAfter returns the delay a Retry-After header value asks for
+// (RFC 9110 section 10.2.3): delta-seconds ("120") or an HTTP-date, relative
+// to now (a date in the past is 0). ok is false for an empty or malformed
+// value.
+func ParseRetryAfter(value string, now time.Time) (d time.Duration, ok bool) {
+	if value == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseUint(value, 10, 32); err == nil {
+		return time.Duration(s) * time.Second, true
+	}
+	t, err := http.ParseTime(value)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now), 0), true
+}
+
+// Backoff returns the delay before retry number retry (1 for the first
+// retry) with exponential backoff and full jitter (AWS Architecture Blog,
+// "Exponential Backoff And Jitter"): uniform in [0, min(maxDelay,
+// base·2^(retry-1))].
+func Backoff(retry int, base, maxDelay time.Duration) time.Duration {
+	d := base
+	for i := 1; i < retry && d < maxDelay; i++ {
+		d *= 2
+	}
+	d = min(d, maxDelay)
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1) //nolint:gosec // jitter, not a secret
+}

@@ -1,0 +1,48 @@
+// Package idemclient is the client half of idem: an http.RoundTripper that
+// sends one idempotency key per logical request (IETF draft "The
+// Idempotency-Key HTTP Header Field") and retries the request while that is
+// safe, so that a payment is charged once however often the network fails.
+//
+// # Using it
+//
+//	client := &http.Client{Transport: idemclient.New()}
+//	resp, err := client.Post(url, "application/json", body) // key, retries, replay
+//
+// Every attempt of one call carries the same Idempotency-Key and the same
+// body bytes; two calls get two keys. Fix the key yourself with a header,
+// with [WithKey], or derive it from your own durable ids with [Key] so that a
+// process that restarts sends it again:
+//
+//	ctx = idemclient.WithKey(ctx, idemclient.Key(userID, orderID))
+//
+// # Retries
+//
+// [ClassifyStatus] and [ClassifyError] decide, [ParseRetryAfter] and
+// [Backoff] set the wait: 409 (in progress), 429, 500, 502, 503, 504 and
+// transport failures are retried, honouring Retry-After up to a cap, else
+// with exponential backoff and full jitter; every other status is final.
+// The attempts, the total time and the request context bound the retries;
+// when they end first the error is a [*GaveUpError] carrying the key, the
+// last status or error and the reason (errors.Is with [ErrAttemptsExhausted],
+// [ErrOutOfTime], [ErrRetryAfterTooLong], [ErrBodyNotReplayable] or the
+// context's error). Calling again later with the same key is safe. A reply
+// cut inside its body surfaces on the caller's read, unless
+// [WithResponseBuffer] reads final bodies first and retries such cuts too.
+//
+// # What a response tells
+//
+// A final response is returned as the server sent it. [Replayed] reports
+// whether it is a stored answer replayed by the server (Idempotent-Replayed:
+// true), [Attempts] how many attempts it took and [RequestKey] the key it
+// was sent with; they read the response's Request, the last attempt.
+// [WithAttemptHook] sees every attempt, for logs and metrics.
+//
+// # Other retrying clients
+//
+// The Transport retries by itself. Put it under another retrying layer
+// (go-retryablehttp, failsafe-go, resty) only with that layer's retries off,
+// or the layers multiply their attempts; a layer above that retries a whole
+// call should pass the key from the first call ([RequestKey] or the
+// GaveUpError's Key) back with [WithKey], else each of its retries is a new
+// logical request.
+package idemclient
