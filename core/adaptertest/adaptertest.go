@@ -2,7 +2,7 @@
 // through its real framework, over a real loopback listener:
 //
 //	func TestBehaviour(t *testing.T) {
-//		adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: newStore})
+//		adaptertest.Run(t, adaptertest.Config{Mount: mount, Native: native, NewStore: newStore})
 //	}
 //
 // It checks what a client sees: status codes, problem bodies, replayed bytes

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,11 +54,11 @@ const (
 	// swallowed the panic after a complete answer). Where the framework still holds the answer back
 	// (fasthttp), recovery answers 500 and the key is released.
 	PanicAfterWrite
-	// HeaderLines: the handler adds, with the framework's header setters
-	// and in this order, Link: `</a>; rel="next", </b>; rel="prev"`,
-	// x-lower-case: ",", Link: `</c>; rel="last"`,
-	// idempotent-replayed: "false", [NativeMount.Pad] lines x-pad: 0, 1, …,
-	// then answers 201 "body" as "text/plain; charset=utf-8". The outer
+	// HeaderLines: the handler adds [NativeMount.Lines] in order with the
+	// framework's own header setter for adding a line (repeated names,
+	// commas inside values, lower-case names, a spoofed replay marker and
+	// sometimes more lines than idem.HeaderLines holds inline), then
+	// answers 201 "body" as "text/plain; charset=utf-8". The outer
 	// middleware (see [Config.Native]) sets x-request-id. The client sends
 	// its key on a lower-case idempotency-key line.
 	HeaderLines
@@ -89,8 +90,9 @@ type NativeMount struct {
 	// Variant is one of [Config.NativeVariants] ("" when there are none),
 	// e.g. an app configuration to run every case under.
 	Variant string
-	// Pad is the number of x-pad lines of [HeaderLines].
-	Pad int
+	// Lines are the response header lines, name and value, a [HeaderLines]
+	// handler adds in order.
+	Lines [][2]string
 	// Executed must be called by the handler first, once per execution.
 	Executed func()
 	// Release is closed when a [Stream] handler may write its second event
@@ -278,7 +280,16 @@ func (n *native) panicAfterWrite(t *testing.T, v string, inside bool) {
 }
 
 func (n *native) headerLines(t *testing.T, v string, pad int) {
-	ns := n.serve(t, NativeMount{Case: HeaderLines, Variant: v, Pad: pad})
+	lines := [][2]string{
+		{"Link", `</a>; rel="next", </b>; rel="prev"`},
+		{"x-lower-case", ","},
+		{"Link", `</c>; rel="last"`},
+		{"idempotent-replayed", "false"},
+	}
+	for i := range pad {
+		lines = append(lines, [2]string{"x-pad", strconv.Itoa(i)})
+	}
+	ns := n.serve(t, NativeMount{Case: HeaderLines, Variant: v, Lines: lines})
 	send := func(id string) nativeReply {
 		req := n.request(context.Background(), ns.url, "")
 		req.Header["idempotency-key"] = []string{"k"} // sent as is, lower case

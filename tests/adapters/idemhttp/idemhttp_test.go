@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -120,12 +119,8 @@ func native(t *testing.T, m adaptertest.NativeMount) string {
 	case adaptertest.HeaderLines:
 		h = func(w http.ResponseWriter, _ *http.Request) {
 			hd := w.Header()
-			hd.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
-			hd.Add("x-lower-case", ",")
-			hd.Add("Link", `</c>; rel="last"`)
-			hd.Add("idempotent-replayed", "false")
-			for i := range m.Pad {
-				hd.Add("x-pad", strconv.Itoa(i))
+			for _, l := range m.Lines {
+				hd.Add(l[0], l[1])
 			}
 			hd.Set("Content-Type", "text/plain; charset=utf-8")
 			w.WriteHeader(http.StatusCreated)
