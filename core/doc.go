@@ -15,4 +15,75 @@
 // Import it as:
 //
 //	import idem "github.com/idemkit/idem/core"
+//
+// Each section below is for one reader (an application, an adapter author,
+// a store author, a consumer of the engine's events) and lists the names
+// that reader needs; the others can be skipped.
+//
+// # Using idem
+//
+// An application builds one [Engine] with [New] from a store
+// (stores/memstore, redisstore, mongostore, pgstore) and options, mounts
+// an adapter (adapters/idemhttp, idemgin, idemecho, idemechov5, idemfiber,
+// idemfiberv3) built from it, and calls [Engine.Close] after its server
+// has shut down.
+//
+//   - Options: [WithHeader], [WithMethods], [WithLease], [WithRetention],
+//     [WithStoreTimeout], [WithMaxBodyBytes], [WithMaxResponseBytes],
+//     [WithWait], [WithRetryAfter], [WithCompletionRetry], [WithStoreAll],
+//     [WithStorePolicy], [WithStoredHeaders], [WithUnstoredHeaders],
+//     [WithFailOpen], [WithGlobalScope], [WithKeyOptional],
+//     [WithKeyValidator], [WithProblemRenderer], [WithLogger],
+//     [WithEventHook].
+//   - In a handler: [InfoFromContext] and [Info] (the scoped key, fit to
+//     forward as a payment provider's idempotency key; whether the answer is
+//     a replay, for middleware outside idem).
+//   - What clients see: [Problem] and [ProblemTypeBase] (RFC 9457 answers),
+//     [DefaultHeader], [ReplayedHeader], [MaxKeyLength].
+//   - Operators and tests: [ScopedKey] names the record of one request (as
+//     cmd/idemctl does), [Fingerprint] and [ParseKey] (errors
+//     [ErrKeyMissing], [ErrKeyMalformed], [ErrKeyTooLong], [ErrKeyConflict])
+//     compute what the engine compares and parses.
+//
+// # Writing an adapter
+//
+// An adapter translates one framework; it decides nothing. It calls
+// [Engine.Covers] first and passes other requests through, refuses a
+// missing scope function at construction with [Engine.MustHaveScope], then
+// starts each covered request with [Engine.BeginHTTP] (net/http based
+// frameworks) or [Engine.Begin] with a [Request] (frameworks with their own
+// request type; [Engine.Header] names the key header). An answer ([Response])
+// is written with [Response.Send] or [Response.WriteLines] (a [LineWriter]
+// such as fasthttp's header). An [Execution] runs the handler: bind
+// [Execution.WithInfo] into the handler's context (with [InfoKey] and
+// [ContextWithInfo] where the framework keeps its own context values), tell
+// it the lines outer middleware set with [Execution.OuterHeader], capture
+// with [Execution.NewCaptureWriter] ([CaptureWriter]) or
+// [Execution.Write], and end it exactly once: [Execution.Finish],
+// [Execution.FinishLines] with [HeaderLines], [Execution.Fail] (an error
+// without a response), [Execution.Abort] (a panic), after
+// [Execution.SnapshotHeader] or [Execution.Unreplayable] where the
+// framework needs them. The suite core/adaptertest checks an adapter
+// through its real framework; CONTRIBUTING.md says where its tests live.
+//
+// # Writing a store
+//
+// A store keeps records for the engine; applications only construct one.
+// It implements [Store] (records: [Record], [State]; errors:
+// [ErrNotOwner], [ErrInvalidDuration], [ErrTooLarge], [ErrNotDurable],
+// [ErrCorrupt]) and, where it can, the optional [Extender] (lease renewal),
+// [Transactional] with [Unit] (completion inside the store's transaction;
+// handlers reach it through [UnitFromContext]), [Inspector] with
+// [RecordInfo] and [ErrRecordChanged] (cmd/idemctl), or [LocalStore]. The
+// suite core/storetest checks a store against its real server, including
+// an outage (storetest.RunOutage).
+//
+// # Events
+//
+// [WithEventHook] receives one [Event] per decision and store call:
+// [EventKind] (acquired, replayed, conflict, mismatch, rejected, completed,
+// released, lease-lost, store-error, unprotected), the [StoreOp] behind it
+// and durations, never the raw key or the principal.
+// observability/idemotel turns them into OpenTelemetry metrics and span
+// data.
 package idem

@@ -95,7 +95,8 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	return e, nil
 }
 
-// Header returns the canonical name of the idempotency key header.
+// Header returns the canonical name of the idempotency key header, for
+// adapters that fill [Request.Keys] from their framework's header type.
 func (e *Engine) Header() string { return e.cfg.header }
 
 // MustHaveScope panics, naming the fix, when an adapter is built without a
@@ -115,7 +116,8 @@ func (e *Engine) MustHaveScope(has bool, option string) {
 // Adapters call it first so that other requests pass through untouched.
 func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 
-// Begin decides what to do with req. It returns:
+// Begin decides what to do with req; it is for adapter authors (see
+// "Writing an adapter" in the package doc). It returns:
 //   - nil, nil: pass through, run the handler unprotected (method not covered,
 //     no key under [WithKeyOptional], or the store failed under [WithFailOpen]),
 //     or as it is when ctx already belongs to an execution of this engine

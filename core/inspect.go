@@ -11,7 +11,8 @@ import (
 // expired or was deleted meanwhile. Nothing is deleted.
 var ErrRecordChanged = errors.New("idem: record changed since it was inspected")
 
-// RecordInfo is an operator's view of a stored record.
+// RecordInfo is an operator's view of a stored record, returned by an
+// [Inspector] (store authors implement it; cmd/idemctl reads it).
 type RecordInfo struct {
 	Record
 	// TTL is the time left, by the store's clock, until the lease (in
@@ -19,7 +20,7 @@ type RecordInfo struct {
 	TTL time.Duration
 }
 
-// Inspector is implemented by stores that let an operator look a record up
+// Inspector, for store authors, is implemented by stores that let an operator look a record up
 // and evict it (cmd/idemctl: "my payment is stuck"). It is optional: the
 // [Engine] never calls it. Keys are scoped keys ([ScopedKey]). core/storetest
 // checks implementations.

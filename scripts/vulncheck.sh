@@ -7,7 +7,7 @@
 # `govulncheck -db file://...` reads. Both are built once into .tmp/.
 #   IDEM_VULNDB_VERSION   the golang.org/x/vulndb version (a newer one = newer data)
 #   IDEM_VULNCHECK_STRICT=1  also fail on standard-library and unfixed findings
-# Policy (scripts/vulnsummary): a called vulnerability in a required module
+# Policy (tools/vulnsummary): a called vulnerability in a required module
 # that has a fix fails; standard-library ones (fixed by the toolchain that
 # builds the binary) and ones without a fix are printed as warnings.
 set -euo pipefail
@@ -49,5 +49,5 @@ echo "$modules" | xargs -P 2 -I{} sh -c '
     || { echo "vulncheck: govulncheck failed in ${dir#'"$ROOT"'/}:"; cat "'"$out"'/$name.err"; exit 1; }' || status=1
 strict=()
 [ "${IDEM_VULNCHECK_STRICT:-}" = 1 ] && strict=(-strict)
-GOWORK=off go run scripts/vulnsummary/main.go "${strict[@]}" "$out"/*.json || status=1
+GOWORK=off go run tools/vulnsummary/main.go "${strict[@]}" "$out"/*.json || status=1
 exit $status

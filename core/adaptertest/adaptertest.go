@@ -2,12 +2,16 @@
 // through its real framework, over a real loopback listener:
 //
 //	func TestBehaviour(t *testing.T) {
-//		adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: newStore})
+//		adaptertest.Run(t, adaptertest.Config{Mount: mount, Native: native, NewStore: newStore})
 //	}
 //
 // It checks what a client sees: status codes, problem bodies, replayed bytes
 // and header lines, the replay marker, execution counts, scope isolation,
-// limits, panics, store outages and clients that hang up.
+// limits, panics, store outages and clients that hang up. Most checks run
+// the suite's [App], a net/http handler bridged into the framework; the
+// native cases ([Case]) run handlers the adapter's test writes in the
+// framework's own API (returned errors, recovery, header setters, streams,
+// hang-ups), with the assertions kept here.
 package adaptertest
 
 import (
@@ -51,6 +55,26 @@ type Config struct {
 	// mounting of App (an http.Handler) buffers; such adapters must test
 	// their framework's native streaming themselves.
 	SkipStreaming string
+	// Native serves one native [Case] and returns the URL of its route: the
+	// handler m.Case describes, written in the framework's own API, on the
+	// route POST /x behind the adapter built from m.Engine (mounted per
+	// route, scope from [PrincipalHeader]), over a real listener it stops
+	// in t.Cleanup. Outside idem it mounts the framework's recovery
+	// middleware (between idem and the handler when m.RecoveryInside) and a
+	// middleware that copies the request's X-Request-Id into the response
+	// as x-request-id (lower case where the framework keeps the case).
+	// Required.
+	Native func(t *testing.T, m NativeMount) string
+	// NativeVariants, if set, runs every native case once per name, passed
+	// as [NativeMount.Variant] (e.g. Fiber with and without header
+	// normalising).
+	NativeVariants []string
+	// NativeStreamGone says that the framework writes a [Stream] after the
+	// middleware returned (Fiber's body stream writers), so it cannot be
+	// captured: retries, during and after the stream, get 410
+	// response-not-stored with the original status and Location, never the
+	// stream and never a second execution.
+	NativeStreamGone bool
 	// Unsupported maps the names of suite checks the adapter does not pass
 	// yet ("OuterHeadersNotReplayed", "Group/ScopeByPrincipalAndRoute") to
 	// the reason; each is reported skipped with it. It is for an adapter
@@ -167,6 +191,7 @@ func Run(t *testing.T, cfg Config) {
 	for _, tt := range tests {
 		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))
 	}
+	t.Run("Native", func(t *testing.T) { runNative(t, cfg, s.client) })
 	for _, where := range []Where{Group, Global} {
 		m := &suite{cfg: cfg, where: where, client: s.client}
 		t.Run(where.String(), func(t *testing.T) {

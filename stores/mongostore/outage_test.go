@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -15,7 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/stores/mongostore"
 )
 
@@ -73,112 +72,53 @@ func (p *ferretProc) kill() {
 	_ = p.cmd.Wait()
 }
 
-// TestOutage stops the server under a running engine: Begin answers 503 and
-// executes nothing; once the server is back on the same port, the same
-// engine and client recover without a restart. FerretDB keeps its data in a
-// temporary directory, so the restarted server is empty.
+// TestOutage kills a private FerretDB under a running store and starts it
+// again on the same port (storetest.RunOutage). FerretDB keeps its data in
+// a temporary directory, so the restarted server is empty.
 func TestOutage(t *testing.T) {
 	uri(t) // integration tests only
 	if ferretBin == "" {
 		t.Fatalf("no FerretDB binary (%s unset and the build failed): %v", envFerretDB, ferretBinErr)
 	}
-	u, proc := startFerretDB(t, "127.0.0.1:0")
-	parsed, err := url.Parse(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := mongo.Connect(options.Client().ApplyURI(u).
-		SetServerSelectionTimeout(300 * time.Millisecond).
-		SetConnectTimeout(300 * time.Millisecond).
-		SetHeartbeatInterval(500 * time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = client.Disconnect(ctx)
+	storetest.RunOutage(t, func(t *testing.T) storetest.Outage {
+		u, proc := startFerretDB(t, "127.0.0.1:0")
+		parsed, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, err := mongo.Connect(options.Client().ApplyURI(u).
+			SetServerSelectionTimeout(300 * time.Millisecond).
+			SetConnectTimeout(300 * time.Millisecond).
+			SetHeartbeatInterval(500 * time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = client.Disconnect(ctx)
+		})
+		// A short clock refresh makes the operations during the outage go
+		// through a failing clock refresh too.
+		coll := client.Database(testDB).Collection("outage")
+		store := mongostore.New(coll, mongostore.WithClockRefresh(100*time.Millisecond))
+		return storetest.Outage{
+			Store:   store,
+			Cut:     proc.kill,
+			Restore: func() { startFerretDB(t, parsed.Host) },
+			During: func(t *testing.T) {
+				time.Sleep(150 * time.Millisecond) // the clock offset is now stale
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if _, _, err := store.Get(ctx, storetest.Key()); err == nil || !strings.Contains(err.Error(), "mongostore:") {
+					t.Fatalf("Get during the outage = %v; want a wrapped server error", err)
+				}
+				ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if _, _, err := mongostore.New(coll).Get(ctx, storetest.Key()); err == nil || !strings.Contains(err.Error(), "server clock") {
+					t.Fatalf("first operation of a new store during the outage = %v; want the clock read error", err)
+				}
+			},
+		}
 	})
-	// A short clock refresh makes the operations during the outage go
-	// through a failing clock refresh too.
-	coll := client.Database(testDB).Collection("outage")
-	store := mongostore.New(coll, mongostore.WithClockRefresh(100*time.Millisecond))
-	e, err := idem.New(store, idem.WithStoreTimeout(time.Second), idem.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { // stop the background releases of acquires that failed during the outage
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		defer cancel()
-		_ = e.Close(ctx)
-	})
-	executions := map[string]int{}
-	run := func(key string) *idem.Response {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		x, resp := e.Begin(ctx, payment(key, `{"amount":5}`))
-		if resp != nil {
-			return resp
-		}
-		executions[key]++
-		_, _ = x.Write([]byte(`{"ok":true}`))
-		x.Finish(http.StatusCreated, http.Header{"Content-Type": {"application/json"}})
-		return nil
-	}
-
-	if resp := run("before"); resp != nil {
-		t.Fatalf("before the outage: %d %s; want executed", resp.Status, resp.Body)
-	}
-	t0 := time.Now()
-	proc.kill()
-	t.Logf("killed the server in %v", time.Since(t0).Round(time.Millisecond))
-
-	time.Sleep(150 * time.Millisecond) // the clock offset is now stale
-	start := time.Now()
-	resp := run("during")
-	if resp == nil || resp.Status != http.StatusServiceUnavailable {
-		t.Fatalf("during the outage: %+v; want 503", resp)
-	}
-	if executions["during"] != 0 {
-		t.Fatal("a request executed while the store was down")
-	}
-	if d := time.Since(start); d > 10*time.Second { // bounded by the store timeout (1s); slack for a loaded machine
-		t.Errorf("503 took %v; want it bounded by the store timeout (1s)", d)
-	}
-	if _, _, err := store.Get(context.Background(), "during"); err == nil || !strings.Contains(err.Error(), "mongostore:") {
-		t.Fatalf("Get during the outage = %v; want a wrapped server error", err)
-	}
-	if resp := run("during"); resp == nil || resp.Status != http.StatusServiceUnavailable {
-		t.Fatalf("retry during the outage: %+v; want 503", resp)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if _, _, err := mongostore.New(coll).Get(ctx, "during"); err == nil || !strings.Contains(err.Error(), "server clock") {
-		t.Fatalf("first operation of a new store during the outage = %v; want the clock read error", err)
-	}
-
-	t0 = time.Now()
-	startFerretDB(t, parsed.Host)
-	t.Logf("restarted the server in %v", time.Since(t0).Round(time.Millisecond))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp := run("during")
-		if resp == nil {
-			break
-		}
-		if resp.Status != http.StatusServiceUnavailable {
-			t.Fatalf("after the restart: %d %s; want executed (or 503 while reconnecting)", resp.Status, resp.Body)
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the engine still answers 503 20s after the server came back")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Logf("recovered %v after the restart", time.Since(t0).Round(time.Millisecond))
-	if resp := run("during"); resp == nil || resp.Status != http.StatusCreated || resp.Header.Get(idem.ReplayedHeader) != "true" {
-		t.Fatalf("duplicate after recovery: %+v; want a replay", resp)
-	}
-	if executions["during"] != 1 || executions["before"] != 1 {
-		t.Fatalf("executions = %v; want exactly one per key", executions)
-	}
 }

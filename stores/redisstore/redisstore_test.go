@@ -424,74 +424,28 @@ func TestClusterMultiInstance(t *testing.T) {
 	multiInstance(t, func() redis.UniversalClient { return newClusterClient(t) })
 }
 
-// TestOutage stops a private Redis under a running engine: Begin answers 503
-// and runs nothing; once Redis is back on the same port, the same engine and
-// client execute again.
+// TestOutage stops a private Redis under a running store and starts it
+// again on the same port (storetest.RunOutage).
 func TestOutage(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
-	srv := startRedisT(t, port)
-	c := redis.NewClient(&redis.Options{Addr: srv.addr, ContextTimeoutEnabled: true,
-		DialTimeout: 200 * time.Millisecond, MaxRetries: 1})
-	t.Cleanup(func() { _ = c.Close() })
-	e, err := idem.New(redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c))), idem.WithStoreTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { // stop the background releases of acquires that failed during the outage
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		defer cancel()
-		_ = e.Close(ctx)
+	storetest.RunOutage(t, func(t *testing.T) storetest.Outage {
+		port := freePort(t)
+		srv := startRedisT(t, port)
+		c := redis.NewClient(&redis.Options{Addr: srv.addr, ContextTimeoutEnabled: true,
+			DialTimeout: 200 * time.Millisecond, MaxRetries: 1})
+		t.Cleanup(func() { _ = c.Close() })
+		return storetest.Outage{
+			Store: redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c))),
+			Cut:   srv.stop,
+			Restore: func() {
+				srv2, err := startRedis(binary(t, "redis-server"), port, t.TempDir())
+				if err != nil {
+					t.Fatalf("restart on port %d: %v", port, err)
+				}
+				t.Cleanup(srv2.stop)
+			},
+		}
 	})
-	executions := 0
-	run := func(key string) *idem.Response {
-		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
-		if x != nil {
-			executions++
-			x.Write([]byte("ok"))
-			x.Finish(201, nil)
-			return &idem.Response{Status: 201}
-		}
-		return resp
-	}
-	if resp := run("before"); resp.Status != 201 {
-		t.Fatalf("before the outage: %d; want 201", resp.Status)
-	}
-
-	srv.stop()
-	start := time.Now()
-	resp := run("during")
-	if resp.Status != 503 || resp.Header.Get("Retry-After") == "" || !bytes.Contains(resp.Body, []byte("store-unavailable")) {
-		t.Fatalf("during the outage: %d %s; want 503 store-unavailable problem with Retry-After", resp.Status, resp.Body)
-	}
-	if executions != 1 {
-		t.Fatalf("%d executions; the request during the outage must not execute", executions)
-	}
-	t.Logf("503 after %v", time.Since(start).Round(time.Millisecond))
-
-	srv2, err := startRedis(binary(t, "redis-server"), port, t.TempDir())
-	if err != nil {
-		t.Fatalf("restart on port %d: %v", port, err)
-	}
-	t.Cleanup(srv2.stop)
-	start = time.Now()
-	for {
-		resp := run("after")
-		if resp.Status == 201 {
-			break
-		}
-		if resp.Status != 503 || time.Since(start) > 10*time.Second {
-			t.Fatalf("after Redis came back: %d %s; want 201 within 10s", resp.Status, resp.Body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Logf("201 again %v after Redis came back", time.Since(start).Round(time.Millisecond))
-	if executions != 2 {
-		t.Fatalf("%d executions; want 2 (before, after)", executions)
-	}
-	if resp := run("after"); resp.Status != 201 || !resp.IsReplay() {
-		t.Fatalf("retry after recovery: %d; want 201 replay", resp.Status)
-	}
 }
 
 // TestCrashedOwnerLease: a process acquires and dies (no Finish, no

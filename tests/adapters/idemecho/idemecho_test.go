@@ -1,20 +1,14 @@
 package idemecho_test
 
 import (
-	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"net/http/httptest"
-	"reflect"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -82,7 +76,69 @@ func outer(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 func TestBehaviour(t *testing.T) {
-	adaptertest.Run(t, adaptertest.Config{Mount: mount, NewStore: client.NewStore})
+	adaptertest.Run(t, adaptertest.Config{Mount: mount, Native: native, NewStore: client.NewStore})
+}
+
+// native serves one of the suite's native cases written with Echo's API.
+func native(t *testing.T, m adaptertest.NativeMount) string {
+	r := newEcho()
+	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			c.Response().Header()["x-request-id"] = []string{c.Request().Header.Get("X-Request-Id")}
+			return next(c)
+		}
+	})
+	var h echo.HandlerFunc
+	switch m.Case {
+	case adaptertest.HandlerError:
+		h = func(echo.Context) error { return echo.NewHTTPError(402, "card declined") }
+	case adaptertest.PlainError:
+		h = func(echo.Context) error { return errors.New("database gone") }
+	case adaptertest.Panic:
+		h = func(echo.Context) error { panic("boom") }
+	case adaptertest.PanicAfterWrite:
+		h = func(c echo.Context) error {
+			_ = c.String(201, "written")
+			c.Response().Flush()
+			panic("boom")
+		}
+	case adaptertest.HeaderLines:
+		h = func(c echo.Context) error {
+			hd := c.Response().Header()
+			for _, l := range m.Lines {
+				hd.Add(l[0], l[1])
+			}
+			return c.Blob(201, "text/plain; charset=utf-8", []byte("body"))
+		}
+	case adaptertest.Stream:
+		h = func(c echo.Context) error {
+			res := c.Response()
+			res.Header().Set("Content-Type", "text/event-stream")
+			res.Header().Set("Location", "/streams/1")
+			res.WriteHeader(200)
+			for i := 1; i <= 3; i++ {
+				if i == 2 {
+					<-m.Release
+				}
+				fmt.Fprintf(res, "data: %d\n\n", i)
+				res.Flush()
+			}
+			return nil
+		}
+	case adaptertest.HangUp:
+		h = func(c echo.Context) error {
+			<-c.Request().Context().Done()
+			return c.String(201, "done after hang-up")
+		}
+	}
+	mw := idemecho.New(m.Engine, idemecho.WithScope(scope))
+	handler := func(c echo.Context) error { m.Executed(); return h(c) }
+	if m.RecoveryInside {
+		r.POST("/x", handler, mw, recoverer())
+	} else {
+		r.POST("/x", handler, recoverer(), mw)
+	}
+	return serve(t, r) + "/x"
 }
 
 func serve(t *testing.T, r *echo.Echo) string {
@@ -130,12 +186,12 @@ func TestBindAndInfo(t *testing.T) {
 	}
 }
 
-// A returned echo.HTTPError is written by the error handler inside the
-// middleware and stored; a plain error becomes a 500 and is released. The
-// app's error handler runs once per error (as under Echo's Logger
-// middleware); outer middleware finds the error with HandledError; the
-// client gets the body once.
-func TestReturnedErrors(t *testing.T) {
+// The app's error handler runs once per returned error (as under Echo's
+// Logger middleware): outer middleware finds the error with HandledError,
+// and the client gets the body once. (That a returned HTTPError is stored
+// and a plain error released is the suite's native HandlerError and
+// PlainError.)
+func TestHandledError(t *testing.T) {
 	var runs, handled atomic.Int64
 	outerErrs := make(chan error, 10)
 	r := newEcho()
@@ -193,113 +249,6 @@ func TestReturnedErrors(t *testing.T) {
 	}
 }
 
-// A panic releases the key and reaches middleware.Recover, mounted before or
-// after idemecho.
-func TestPanicRecoveryOrder(t *testing.T) {
-	for _, order := range []string{"recover-before-idem", "recover-after-idem"} {
-		t.Run(order, func(t *testing.T) {
-			var runs atomic.Int64
-			handler := func(c echo.Context) error {
-				if runs.Add(1) <= 2 {
-					panic("boom")
-				}
-				return c.String(201, "ok")
-			}
-			r := newEcho()
-			mw := idemecho.New(client.Engine(t), idemecho.WithScope(scope))
-			if order == "recover-before-idem" {
-				r.POST("/x", handler, recoverer(), mw)
-			} else {
-				r.POST("/x", handler, mw, recoverer())
-			}
-			url := serve(t, r) + "/x"
-			for i := 0; i < 2; i++ {
-				if got := client.Post(t, url, "k", `{}`); got.Status != 500 {
-					t.Fatalf("panic %d: status %d, want 500 from middleware.Recover", i, got.Status)
-				}
-			}
-			if got := client.Post(t, url, "k", `{}`); got.Status != 201 || got.Replayed() || runs.Load() != 3 {
-				t.Fatalf("after two panics: %d replayed=%v runs=%d; want a third execution", got.Status, got.Replayed(), runs.Load())
-			}
-		})
-	}
-}
-
-// Multiple header lines, commas inside values and their order are replayed
-// exactly.
-func TestHeaderLines(t *testing.T) {
-	r := newEcho()
-	r.POST("/x", func(c echo.Context) error {
-		h := c.Response().Header()
-		h.Add("Link", `</a>; rel="next", </b>; rel="prev"`)
-		h.Add("Link", `</c>; rel="last"`)
-		h.Add("X-Empty-Comma", ",")
-		return c.Blob(201, "text/plain; charset=utf-8", []byte("body"))
-	}, idemecho.New(client.Engine(t), idemecho.WithScope(scope)))
-	url := serve(t, r) + "/x"
-	first := client.Post(t, url, "k", `{}`)
-	second := client.Post(t, url, "k", `{}`)
-	if !second.Replayed() || second.Body != "body" {
-		t.Fatalf("retry: %d %q replayed=%v", second.Status, second.Body, second.Replayed())
-	}
-	for _, name := range []string{"Link", "X-Empty-Comma", "Content-Type"} {
-		if !reflect.DeepEqual(second.Header.Values(name), first.Header.Values(name)) || len(first.Header.Values(name)) == 0 {
-			t.Fatalf("%s replayed as %q, sent as %q", name, second.Header.Values(name), first.Header.Values(name))
-		}
-	}
-	if got := second.Header.Values("Link"); len(got) != 2 {
-		t.Fatalf("Link lines = %q, want 2", got)
-	}
-}
-
-// Flushed events reach the client before the handler ends; a retry during
-// the stream gets 409, one after it the whole stream.
-func TestStreaming(t *testing.T) {
-	release := make(chan struct{})
-	var once sync.Once
-	done := func() { once.Do(func() { close(release) }) }
-	var runs atomic.Int64
-	r := newEcho()
-	r.POST("/events", func(c echo.Context) error {
-		runs.Add(1)
-		res := c.Response()
-		res.Header().Set("Content-Type", "text/event-stream")
-		res.WriteHeader(200)
-		for i := 1; i <= 3; i++ {
-			if i == 2 {
-				<-release
-			}
-			fmt.Fprintf(res, "data: %d\n\n", i)
-			res.Flush()
-		}
-		return nil
-	}, idemecho.New(client.Engine(t), idemecho.WithScope(scope)))
-	url := serve(t, r) + "/events"
-	t.Cleanup(done) // runs before the server's Close, so a failing test doesn't hang
-	resp, err := http.DefaultClient.Do(client.NewRequest(context.Background(), url, "s", `{}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if line, err := br.ReadString('\n'); err != nil || line != "data: 1\n" {
-		t.Fatalf("first event before the handler ended: %q %v", line, err)
-	}
-	if got := client.Post(t, url, "s", `{}`); got.Status != 409 {
-		t.Fatalf("retry during the stream: %d %s, want 409", got.Status, got.Body)
-	}
-	done()
-	rest, _ := io.ReadAll(br)
-	full := "data: 1\n" + string(rest)
-	if full != "data: 1\n\ndata: 2\n\ndata: 3\n\n" {
-		t.Fatalf("stream = %q", full)
-	}
-	got := client.Post(t, url, "s", `{}`)
-	if got.Status != 200 || got.Body != full || !got.Replayed() || got.Header.Get("Content-Type") != "text/event-stream" || runs.Load() != 1 {
-		t.Fatalf("retry after the stream: %d %q %q runs=%d; want the whole stream replayed", got.Status, got.Body, got.Header.Get("Content-Type"), runs.Load())
-	}
-}
-
 // WithSkipper lets chosen requests pass through without a key.
 func TestSkipper(t *testing.T) {
 	r := newEcho()
@@ -314,44 +263,5 @@ func TestSkipper(t *testing.T) {
 	}
 	if got := client.Post(t, base+"/pay", "", `{}`); got.Status != 400 {
 		t.Fatalf("covered route without a key: %d, want 400", got.Status)
-	}
-}
-
-// The handler's context is cancelled when the client hangs up (net/http);
-// the response is still recorded and replayed.
-func TestClientGoneCancelsHandlerContext(t *testing.T) {
-	cancelled := make(chan struct{})
-	var runs atomic.Int64
-	r := newEcho()
-	r.POST("/x", func(c echo.Context) error {
-		runs.Add(1)
-		<-c.Request().Context().Done()
-		close(cancelled)
-		return c.String(201, "done after hang-up")
-	}, idemecho.New(client.Engine(t), idemecho.WithScope(scope)))
-	url := serve(t, r) + "/x"
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { // hang up once the handler runs (not on a timer a loaded machine can beat)
-		for deadline := time.Now().Add(20 * time.Second); runs.Load() == 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		}
-		cancel()
-	}()
-	if _, err := http.DefaultClient.Do(client.NewRequest(ctx, url, "gone", `{}`)); err == nil {
-		t.Fatal("want the client to give up")
-	}
-	<-cancelled
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got := client.Post(t, url, "gone", `{}`)
-		if got.Status == 201 && got.Replayed() && got.Body == "done after hang-up" {
-			break
-		}
-		if got.Status != 409 || time.Now().After(deadline) {
-			t.Fatalf("retry: %d %q; want 409 then the replay", got.Status, got.Body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if runs.Load() != 1 {
-		t.Fatalf("runs = %d", runs.Load())
 	}
 }

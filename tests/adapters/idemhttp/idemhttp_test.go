@@ -84,11 +84,82 @@ func outer(next http.Handler) http.Handler {
 
 func TestBehaviour(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Config{
-		Mount: mount,
+		Mount:  mount,
+		Native: native,
 		NewStore: func(t *testing.T) idem.Store {
 			s := memstore.New()
 			t.Cleanup(func() { s.Close() })
 			return s
 		},
 	})
+}
+
+// native serves one of the suite's native cases written as plain net/http
+// handlers: net/http has no error type, so both errors are http.Error.
+func native(t *testing.T, m adaptertest.NativeMount) string {
+	var h http.HandlerFunc
+	switch m.Case {
+	case adaptertest.HandlerError:
+		h = func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "card declined", http.StatusPaymentRequired)
+		}
+	case adaptertest.PlainError:
+		h = func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "database gone", http.StatusInternalServerError)
+		}
+	case adaptertest.Panic:
+		h = func(http.ResponseWriter, *http.Request) { panic("boom") }
+	case adaptertest.PanicAfterWrite:
+		h = func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte("written"))
+			_ = http.NewResponseController(w).Flush()
+			panic("boom")
+		}
+	case adaptertest.HeaderLines:
+		h = func(w http.ResponseWriter, _ *http.Request) {
+			hd := w.Header()
+			for _, l := range m.Lines {
+				hd.Add(l[0], l[1])
+			}
+			hd.Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte("body"))
+		}
+	case adaptertest.Stream:
+		h = func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Location", "/streams/1")
+			w.WriteHeader(http.StatusOK)
+			for i := 1; i <= 3; i++ {
+				if i == 2 {
+					<-m.Release
+				}
+				fmt.Fprintf(w, "data: %d\n\n", i)
+				_ = http.NewResponseController(w).Flush()
+			}
+		}
+	case adaptertest.HangUp:
+		h = func(w http.ResponseWriter, r *http.Request) {
+			<-r.Context().Done()
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte("done after hang-up"))
+		}
+	}
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.Executed(); h(w, r) })
+	mw := idemhttp.New(m.Engine, idemhttp.WithScope(func(r *http.Request) string { return r.Header.Get(adaptertest.PrincipalHeader) }))
+	var chain http.Handler
+	if m.RecoveryInside {
+		chain = mw(recoverer(handler))
+	} else {
+		chain = recoverer(mw(handler))
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /x", chain)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["x-request-id"] = []string{r.Header.Get("X-Request-Id")}
+		mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL + "/x"
 }

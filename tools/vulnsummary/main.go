@@ -7,7 +7,7 @@
 // binary, which is the user's) and in modules without a fix are warnings.
 // Vulnerabilities in imported code that is never called are only counted.
 //
-//	go run scripts/vulnsummary/main.go [-strict] module1.json module2.json ...
+//	go run tools/vulnsummary/main.go [-strict] module1.json module2.json ...
 package main
 
 import (
