@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -144,8 +145,18 @@ type jsonWalk struct {
 	scratch []byte    // reordering
 }
 
+// walkPool holds jsonWalks and their buffers between requests.
+var walkPool = sync.Pool{New: func() any { return new(jsonWalk) }}
+
 func (c *jsonCanon) append(dst []byte, contentType string, body []byte) ([]byte, error) {
-	w := jsonWalk{jsonCanon: c, src: body}
+	w := walkPool.Get().(*jsonWalk)
+	*w = jsonWalk{jsonCanon: c, src: body, segs: w.segs[:0], picked: w.picked[:0], path: w.path[:0], str: w.str[:0], scratch: w.scratch[:0]}
+	defer func() {
+		w.jsonCanon, w.src = nil, nil
+		if cap(w.scratch) <= 4<<20 {
+			walkPool.Put(w)
+		}
+	}()
 	dst = appendField(dst, normalizeMediaType(contentType))
 	var err error
 	if c.only != nil {
@@ -409,12 +420,18 @@ func (w *jsonWalk) search(dst []byte) ([]byte, error) {
 // by name and rewrites them so; a name twice is an error (RFC 8259
 // section 4: names SHOULD be unique; readers disagree on duplicates).
 func (w *jsonWalk) reorder(dst []byte, from int, segs []jsonSeg) ([]byte, error) {
-	name := func(s jsonSeg) []byte { return dst[s.keyStart:s.keyEnd] }
-	cmp := func(x, y jsonSeg) int { return bytes.Compare(name(x), name(y)) }
-	if !slices.IsSortedFunc(segs, cmp) {
-		slices.SortFunc(segs, cmp)
-	} else if len(segs) < 2 {
+	if len(segs) < 2 {
 		return dst, nil
+	}
+	name := func(s jsonSeg) []byte { return dst[s.keyStart:s.keyEnd] }
+	if len(segs) <= 12 { // objects are mostly small: insertion sort, no indirection
+		for i := 1; i < len(segs); i++ {
+			for j := i; j > 0 && bytes.Compare(dst[segs[j].keyStart:segs[j].keyEnd], dst[segs[j-1].keyStart:segs[j-1].keyEnd]) < 0; j-- {
+				segs[j], segs[j-1] = segs[j-1], segs[j]
+			}
+		}
+	} else {
+		slices.SortFunc(segs, func(x, y jsonSeg) int { return bytes.Compare(name(x), name(y)) })
 	}
 	sorted := true
 	for i := 1; i < len(segs); i++ {

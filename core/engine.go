@@ -299,7 +299,11 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 func (e *Engine) ids(req *Request, route, key string) (scoped, fp, token string) {
 	var stack [256]byte
 	b := appendHex(stack[:0], scopedSum(req.Principal, req.Method, route, key))
-	b = e.fingerprinter(req.Method, route).appendFingerprint(b, req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
+	if f := e.fingerprinter(req.Method, route); f.id == "" { // the default: byte-exact, no ID
+		b = appendHex(b, fingerprintSum(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body))
+	} else {
+		b = f.appendFingerprint(b, req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
+	}
 	n := len(b)
 	b = append(b, e.tokenPrefix...)
 	b = strconv.AppendUint(b, e.tokens.Add(1), 36)

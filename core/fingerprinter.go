@@ -87,7 +87,7 @@ var canonPool = sync.Pool{New: func() any { return new([]byte) }}
 // the bare hex SHA-256 for the default, else ID ":" hex. Canonical forms
 // are hashed with a 'c' in front, byte-exact fallbacks with an 'r', so the
 // two never collide.
-func (f Fingerprinter) appendFingerprint(b []byte, method, path, rawQuery, contentType string, body []byte) []byte {
+func (f *Fingerprinter) appendFingerprint(b []byte, method, path, rawQuery, contentType string, body []byte) []byte {
 	if f.id == "" {
 		return appendHex(b, fingerprintSum(method, path, rawQuery, contentType, body))
 	}
@@ -223,9 +223,9 @@ func WithFingerprint(f Fingerprinter) Option { return func(c *config) { c.finger
 func WithRouteFingerprint(method, route string, f Fingerprinter) Option {
 	return func(c *config) {
 		if c.routeFingerprints == nil {
-			c.routeFingerprints = map[routeKey]Fingerprinter{}
+			c.routeFingerprints = map[routeKey]*Fingerprinter{}
 		}
-		c.routeFingerprints[routeKey{method, route}] = f
+		c.routeFingerprints[routeKey{method, route}] = &f
 	}
 }
 
@@ -259,7 +259,7 @@ func (c *config) indexFingerprints() error {
 		return err
 	}
 	for _, f := range c.routeFingerprints {
-		if err := add(f); err != nil {
+		if err := add(*f); err != nil {
 			return err
 		}
 	}
@@ -272,13 +272,13 @@ func (c *config) indexFingerprints() error {
 }
 
 // fingerprinter returns the fingerprint function of a route.
-func (e *Engine) fingerprinter(method, route string) Fingerprinter {
+func (e *Engine) fingerprinter(method, route string) *Fingerprinter {
 	if len(e.cfg.routeFingerprints) > 0 {
 		if f, ok := e.cfg.routeFingerprints[routeKey{method, route}]; ok {
 			return f
 		}
 	}
-	return e.cfg.fingerprint
+	return &e.cfg.fingerprint
 }
 
 // sameRequest reports whether req, whose fingerprint fp differs from the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime/multipart"
@@ -397,4 +398,51 @@ func FuzzMultipartFingerprint(f *testing.F) {
 			t.Fatalf("%q: changed content, same fingerprint", fields)
 		}
 	})
+}
+
+// jsonBody returns a JSON object of about n bytes: payment-like members
+// and an array of line items.
+func jsonBody(n int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"amount":1000,"currency":"eur","sent_at":"2026-12-01T10:00:00Z","customer":{"id":"cus_123","name":"Ann \u00e9"},"lines":[`)
+	for i := 0; b.Len() < n-40; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"sku":"sku-%d","qty":%d,"price":12.50,"note":"line %d"}`, i, i%7, i)
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
+}
+
+// BenchmarkFingerprinters measures each fingerprint function on a JSON
+// body of 1 KiB and 16 KiB (multipart and form on bodies of the same
+// size): ns/op divided by the size in KiB is the cost per KiB.
+func BenchmarkFingerprinters(b *testing.B) {
+	for _, kib := range []int{1, 16} {
+		body := jsonBody(kib << 10)
+		ct, mp := multipartBody(b, [][3]string{{"amount", "", "1000"}, {"doc", "a.json", string(body)}})
+		form := []byte("amount=1000&currency=eur&note=" + strings.Repeat("x", len(body)-30))
+		for _, c := range []struct {
+			name string
+			f    Fingerprinter
+			ct   string
+			body []byte
+		}{
+			{"bytes", BytesFingerprint(), "application/json", body},
+			{"json", JSONFingerprint(), "application/json", body},
+			{"json-excluding", JSONFingerprintExcluding("/sent_at", "/lines/0/note"), "application/json", body},
+			{"json-only", JSONFingerprintOnly("/amount", "/customer/id"), "application/json", body},
+			{"multipart", MultipartFingerprint(), ct, mp},
+			{"form", FormFingerprint(), "application/x-www-form-urlencoded", form},
+		} {
+			b.Run(fmt.Sprintf("f=%s/kib=%d", c.name, kib), func(b *testing.B) {
+				b.SetBytes(int64(len(c.body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					c.f.Fingerprint("POST", "/v1/payments", "", c.ct, c.body)
+				}
+			})
+		}
+	}
 }

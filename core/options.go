@@ -53,7 +53,7 @@ type config struct {
 
 	replayCheck       func(context.Context, ReplayInfo) error // WithReplayCheck; nil: none
 	fingerprint       Fingerprinter                           // WithFingerprint; zero: bytes
-	routeFingerprints map[routeKey]Fingerprinter              // WithRouteFingerprint
+	routeFingerprints map[routeKey]*Fingerprinter             // WithRouteFingerprint
 	knownFingerprints []Fingerprinter                         // WithKnownFingerprints
 	fingerprints      map[string]Fingerprinter                // every one above by ID, built by validate
 }
