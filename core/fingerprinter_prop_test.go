@@ -72,7 +72,7 @@ func mutate(r *rand.Rand, v *jv) bool {
 			}
 		}
 		return false
-	case v.arr != nil && len(v.arr) > 0:
+	case len(v.arr) > 0:
 		if i, j := r.Intn(len(v.arr)), r.Intn(len(v.arr)); r.Intn(3) == 0 && render(nil, v.arr[i], false) != render(nil, v.arr[j], false) {
 			v.arr[i], v.arr[j] = v.arr[j], v.arr[i]
 			return true

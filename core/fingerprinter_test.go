@@ -52,7 +52,7 @@ func TestJSONFingerprint(t *testing.T) {
 		if _, err := f.canon(nil, "application/json", []byte(body)); !errors.Is(err, ErrNotCanonical) {
 			t.Errorf("%.20q: canonical form read it (%v)", body, err)
 		}
-		if jsonFP(f, body) != jsonFP(f, body) || jsonFP(f, body) == jsonFP(f, body+" ") {
+		if jsonFP(f, body) == jsonFP(f, body+" ") {
 			t.Errorf("%.20q: not compared byte for byte", body)
 		}
 	}
