@@ -96,7 +96,10 @@ func (f *Fingerprinter) appendFingerprint(b []byte, method, path, rawQuery, cont
 	c = appendField(c, path)
 	c = appendQuery(c, rawQuery)
 	n := len(c)
-	c, err := f.canon(append(c, 'c'), contentType, body)
+	err := ErrNotCanonical // a function New would refuse reads nothing
+	if f.canon != nil {
+		c, err = f.canon(append(c, 'c'), contentType, body)
+	}
 	if err != nil {
 		c = appendField(append(c[:n], 'r'), normalizeMediaType(contentType))
 		c = append(c, body...)
