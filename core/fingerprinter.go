@@ -177,6 +177,7 @@ func appendMultipart(dst []byte, contentType string, body []byte) ([]byte, error
 	r := multipart.NewReader(bytes.NewReader(body), params["boundary"])
 	var parts []multipartPart
 	h := sha256.New()
+	buf := make([]byte, 4<<10) // io.Copy would take 32 KiB per part
 	for {
 		p, err := r.NextPart()
 		if err == io.EOF {
@@ -186,7 +187,7 @@ func appendMultipart(dst []byte, contentType string, body []byte) ([]byte, error
 			return dst, fmt.Errorf("%w: %w", ErrNotCanonical, err)
 		}
 		h.Reset()
-		if _, err := io.Copy(h, p); err != nil {
+		if _, err := io.CopyBuffer(h, p, buf); err != nil {
 			return dst, fmt.Errorf("%w: %w", ErrNotCanonical, err)
 		}
 		mp := multipartPart{name: p.FormName(), filename: p.FileName()}

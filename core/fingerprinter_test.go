@@ -303,11 +303,18 @@ func FuzzJSONFingerprint(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	c := JSONFingerprint()
+	selective := []Fingerprinter{JSONFingerprintExcluding("/a", "/0/b", "/b/a"), JSONFingerprintOnly("/a", "/b/0", "/0")}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		_, err := c.canon(nil, "application/json", body)
 		valid := json.Valid(body)
 		if err == nil && !valid {
 			t.Fatalf("%q: read as JSON, encoding/json says it is not", body)
+		}
+		for _, s := range selective { // the same reader: never stricter, never laxer about syntax
+			_, serr := s.canon(nil, "application/json", body)
+			if err == nil && serr != nil || serr == nil && !valid {
+				t.Fatalf("%q: %s read it: %v; plain JSON: %v; valid: %v", body, s.ID(), serr, err, valid)
+			}
 		}
 		if !valid {
 			return
