@@ -178,6 +178,9 @@ func (c *jsonCanon) append(dst []byte, contentType string, body []byte) ([]byte,
 }
 
 func (w *jsonWalk) skipSpace() {
+	if w.i < len(w.src) && w.src[w.i] > ' ' { // compact JSON: no space here
+		return
+	}
 	for w.i < len(w.src) {
 		switch w.src[w.i] {
 		case ' ', '\t', '\n', '\r':
@@ -511,16 +514,13 @@ func (w *jsonWalk) number() ([]byte, error) {
 func (w *jsonWalk) string() ([]byte, error) {
 	s := w.src
 	i := w.i + 1
-	for ; i < len(s); i++ { // fast path: no escapes, ASCII
-		c := s[i]
-		if c == '"' {
-			out := s[w.i+1 : i]
-			w.i = i + 1
-			return out, nil
-		}
-		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
-			break
-		}
+	for i < len(s) && plainStringByte[s[i]] { // fast path: no escapes, ASCII
+		i++
+	}
+	if i < len(s) && s[i] == '"' {
+		out := s[w.i+1 : i]
+		w.i = i + 1
+		return out, nil
 	}
 	b := append(w.str[:0], s[w.i+1:i]...)
 	for i < len(s) {
@@ -579,6 +579,15 @@ func (w *jsonWalk) string() ([]byte, error) {
 	}
 	return nil, errJSON
 }
+
+// plainStringByte tells the bytes a JSON string holds as they are: ASCII
+// from 0x20, except '"' and '\\'.
+var plainStringByte = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 var jsonLiterals = [...]struct {
 	text []byte
