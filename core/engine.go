@@ -185,7 +185,6 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
 		start := e.clock()
 		rec, acquired, err := e.acquire(ctx, scoped, token, fp)
-		var resp *Response
 		now := e.clock()
 		ev.Op, ev.StoreDuration = OpAcquire, now.Sub(start)
 		switch {
@@ -208,7 +207,8 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			x.startRenewal()
 			return x, nil
 		case rec.Fingerprint != fp && !e.sameRequest(req, rec.Fingerprint, fp):
-			ev.Kind, resp = EventMismatch, e.problems.mismatch
+			ev.Kind = EventMismatch
+			resp := e.problems.mismatch
 			if _, known := e.cfg.fingerprints[fingerprintID(rec.Fingerprint)]; !known {
 				ev.Kind, resp = EventFingerprintChanged, e.problems.fingerprintChanged
 			}

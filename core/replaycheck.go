@@ -29,8 +29,8 @@ type ReplayInfo struct {
 // WithReplayCheck runs fn before every answer that reveals a stored record
 // of the key: a replay, 409 in progress, and 422 key-reused or
 // fingerprint-changed, so that a caller whose permission was revoked
-// after the first request gets none of its outcome (LabStack Echo Pro's
-// ReplayCheck; Stripe re-authorizes every request). When fn returns an
+// after the first request gets none of its outcome (as LabStack Echo
+// Pro's ReplayCheck). When fn returns an
 // error the answer is 403 problem "replay-forbidden" instead, carrying
 // nothing stored (no body, no stored header, no Idempotent-Replayed), and
 // the event [EventReplayForbidden] reports the error; the handler does not
