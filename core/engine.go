@@ -133,8 +133,11 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //
 // Answers: 400 missing or malformed key (or one the [WithKeyValidator]
 // function refused), or unreadable body; 401 no principal;
-// 413 body above the limit; 422 key reused with another fingerprint; 409
-// request with this key in progress; 503 store unavailable; 500 the key's
+// 413 body above the limit; 422 key reused with another fingerprint
+// ("key-reused"), or with a record fingerprinted by a function this engine
+// does not know ("fingerprint-changed", see [WithKnownFingerprints]); 409
+// request with this key in progress; 403 the [WithReplayCheck] function
+// refused the replay, 409 or 422; 503 store unavailable; 500 the key's
 // stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
 func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response) {
 	if !e.cfg.methods[req.Method] || e.executing(ctx) {
@@ -205,20 +208,33 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			e.emit(ctx, x.event(EventAcquired))
 			x.startRenewal()
 			return x, nil
-		case rec.Fingerprint != fp:
+		case rec.Fingerprint != fp && !e.sameRequest(req, rec.Fingerprint, fp):
 			ev.Kind = EventMismatch
+			resp := e.problems.mismatch
+			if _, known := e.cfg.fingerprints[fingerprintID(rec.Fingerprint)]; !known {
+				ev.Kind, resp = EventFingerprintChanged, e.problems.fingerprintChanged
+			}
+			if r := e.forbidden(ctx, req, ev, rec.State, 0, ev.Kind); r != nil {
+				return nil, r
+			}
 			e.emit(ctx, ev)
-			return nil, e.problems.mismatch
+			return nil, resp
 		case rec.State == StateCompleted && rec.Encoded != nil:
 			resp, err := sharedReplay(rec.Encoded)
 			if err != nil {
 				e.reportUnreadable(ctx, ev, fmt.Errorf("%w: %w", ErrCorrupt, err))
 				return nil, e.problems.unreadable
 			}
+			if r := e.forbidden(ctx, req, ev, rec.State, resp.Status, EventReplayed); r != nil {
+				return nil, r
+			}
 			ev.Kind = EventReplayed
 			e.emit(ctx, ev)
 			return nil, resp
 		case rec.State == StateCompleted && rec.Response != nil:
+			if r := e.forbidden(ctx, req, ev, rec.State, rec.Response.Status, EventReplayed); r != nil {
+				return nil, r
+			}
 			ev.Kind = EventReplayed
 			e.emit(ctx, ev)
 			resp := rec.Response
@@ -230,6 +246,9 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		}
 		// In progress: wait for it when configured, else 409.
 		if deadline.IsZero() || time.Now().Add(pause).After(deadline) || sleep(ctx, pause) != nil {
+			if r := e.forbidden(ctx, req, ev, rec.State, 0, EventConflict); r != nil {
+				return nil, r
+			}
 			ev.Kind = EventConflict
 			e.emit(ctx, ev)
 			return nil, e.problems.inProgress
@@ -282,11 +301,16 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 func (e *Engine) ids(req *Request, route, key string) (scoped, fp, token string) {
 	var stack [256]byte
 	b := appendHex(stack[:0], scopedSum(req.Principal, req.Method, route, key))
-	b = appendHex(b, fingerprintSum(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body))
+	if f := e.fingerprinter(req.Method, route); f.id == "" { // the default: byte-exact, no ID
+		b = appendHex(b, fingerprintSum(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body))
+	} else {
+		b = f.appendFingerprint(b, req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
+	}
+	n := len(b)
 	b = append(b, e.tokenPrefix...)
 	b = strconv.AppendUint(b, e.tokens.Add(1), 36)
 	s := string(b)
-	return s[:64], s[64:128], s[128:]
+	return s[:64], s[64:n], s[n:]
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -10,19 +10,22 @@ type EventKind uint8
 
 // Event kinds, reported to the hook set with [WithEventHook].
 const (
-	EventAcquired    EventKind = iota + 1 // lease taken; the handler runs
-	EventReplayed                         // stored response replayed
-	EventConflict                         // 409: the key is in progress
-	EventMismatch                         // 422: the key was used with another fingerprint
-	EventRejected                         // 400, 401 or 413: bad key, no principal or body too large
-	EventCompleted                        // response stored (Err is set when its durability is not confirmed)
-	EventReleased                         // key released after a 5xx, error or panic
-	EventLeaseLost                        // another request took the key over, or the lease lapsed
-	EventStoreError                       // the store failed; Err says how
-	EventUnprotected                      // no key under WithKeyOptional: the handler ran unprotected
+	EventAcquired           EventKind = iota + 1 // lease taken; the handler runs
+	EventReplayed                                // stored response replayed
+	EventConflict                                // 409: the key is in progress
+	EventMismatch                                // 422: the key was used with another fingerprint
+	EventRejected                                // 400, 401 or 413: bad key, no principal or body too large
+	EventCompleted                               // response stored (Err is set when its durability is not confirmed)
+	EventReleased                                // key released after a 5xx, error or panic
+	EventLeaseLost                               // another request took the key over, or the lease lapsed
+	EventStoreError                              // the store failed; Err says how
+	EventUnprotected                             // no key under WithKeyOptional: the handler ran unprotected
+	EventReplayForbidden                         // 403: the WithReplayCheck function refused; Err says why
+	EventFingerprintChanged                      // 422: the key's record was fingerprinted by a function this engine does not know
 )
 
-var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error", "unprotected"}
+var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error", "unprotected",
+	"replay-forbidden", "fingerprint-changed"}
 
 // String returns the event's name, e.g. "replayed".
 func (k EventKind) String() string {
@@ -69,10 +72,12 @@ type Event struct {
 	Route string
 	// Status is the handler's status, for EventCompleted.
 	Status int
-	// Err is the cause, for EventRejected, EventLeaseLost and EventStoreError.
+	// Err is the cause, for EventRejected, EventLeaseLost, EventStoreError
+	// and EventReplayForbidden.
 	Err error
 	// Op is the store call the event reports: OpAcquire for acquired,
-	// replayed, conflict and mismatch; the failed call for lease-lost and
+	// replayed, conflict, mismatch, fingerprint-changed and
+	// replay-forbidden; the failed call for lease-lost and
 	// store-error; OpComplete for completed; OpRelease for released. 0 for
 	// rejected requests, which reach no store.
 	Op StoreOp

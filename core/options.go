@@ -50,6 +50,12 @@ type config struct {
 	stored           map[string]bool // allowlist; nil means every name not unstored
 	logger           *slog.Logger
 	onEvent          func(context.Context, Event)
+
+	replayCheck       func(context.Context, ReplayInfo) error // WithReplayCheck; nil: none
+	fingerprint       Fingerprinter                           // WithFingerprint; zero: bytes
+	routeFingerprints map[routeKey]*Fingerprinter             // WithRouteFingerprint
+	knownFingerprints []Fingerprinter                         // WithKnownFingerprints
+	fingerprints      map[string]Fingerprinter                // every one above by ID, built by validate
 }
 
 func defaultConfig() config {
@@ -94,7 +100,7 @@ func (c *config) validate() error {
 	case len(c.badMethods) > 0:
 		return fmt.Errorf("idem: WithMethods(%q): not an HTTP method token", c.badMethods[0])
 	}
-	return nil
+	return c.indexFingerprints()
 }
 
 // WithHeader sets the request header that carries the idempotency key.

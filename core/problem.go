@@ -37,7 +37,8 @@ func (p Problem) Response() *Response {
 // problems are the engine's fixed answers, built once.
 type problems struct {
 	missing, malformed, tooLong, conflictingKeys, noPrincipal,
-	badBody, tooLarge, mismatch, inProgress, unavailable, unreadable *Response
+	badBody, tooLarge, mismatch, inProgress, unavailable, unreadable,
+	forbidden, fingerprintChanged *Response
 	render func(Problem) (contentType string, body []byte) // WithProblemRenderer; nil: RFC 9457
 }
 
@@ -75,6 +76,10 @@ func newProblems(retryAfter time.Duration, render func(Problem) (string, []byte)
 			"The request body is larger than this endpoint accepts for idempotent requests; nothing was executed."),
 		mismatch: p("key-reused", "Idempotency key reused", http.StatusUnprocessableEntity,
 			"This Idempotency-Key was already used with a different request (path, query, Content-Type or body). Use a new key for a new request."),
+		fingerprintChanged: p("fingerprint-changed", "Request fingerprint changed", http.StatusUnprocessableEntity,
+			"A request with this Idempotency-Key was recorded while this service compared requests another way (a configuration change), so it cannot tell whether this request is the same one; nothing was executed. Use a new key for a new request."),
+		forbidden: p("replay-forbidden", "Replay forbidden", http.StatusForbidden,
+			"A request with this Idempotency-Key was already made, and this caller is not allowed to see its outcome."),
 		inProgress: withRetry(p("in-progress", "Request in progress", http.StatusConflict,
 			"A request with this Idempotency-Key is still being processed. Retry after the Retry-After delay to get its result.")),
 		unavailable: withRetry(p("store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable,

@@ -187,6 +187,8 @@ func Run(t *testing.T, cfg Config) {
 		{"TransactionalUnitInHandlerContext", s.testTransactionalUnit},
 		{"KeyOptional", s.testKeyOptional},
 		{"ProblemRenderer", s.testProblemRenderer},
+		{"ReplayCheck", s.testReplayCheck},
+		{"FingerprintFunctions", s.testFingerprints},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))

@@ -66,6 +66,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"Inspector", testInspector},
 		{"EncodedRecords", testEncodedRecords},
 		{"CompleteFromLines", testCompleteFromLines},
+		{"FingerprintWithID", testFingerprintWithID},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })

@@ -12,7 +12,9 @@
 //
 //   - idem.decisions (Counter, {decision}): every event, by idem.outcome
 //     (acquired, replayed, conflict, mismatch, rejected, completed, released,
-//     lease-lost, store-error), http.request.method and http.route;
+//     lease-lost, store-error, unprotected, replay-forbidden,
+//     fingerprint-changed: [idem.EventKind.String]), http.request.method
+//     and http.route;
 //   - idem.store.operation.duration (Histogram, s): store calls by
 //     idem.store.operation (acquire, complete, release, extend), with
 //     error.type when the store failed;

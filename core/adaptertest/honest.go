@@ -1,0 +1,151 @@
+package adaptertest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// testReplayCheck: while the replay check refuses the caller, a replay, a
+// 409 and a 422 all answer 403 "replay-forbidden" with nothing stored (no
+// body, no stored header, no replay marker) and the handler does not run;
+// once allowed, the replay comes back.
+func (s *suite) testReplayCheck(t *testing.T) {
+	var revoked atomic.Bool
+	var checked atomic.Int64
+	app, base := s.serve(t, nil, idem.WithReplayCheck(func(_ context.Context, info idem.ReplayInfo) error {
+		checked.Add(1)
+		if revoked.Load() && info.Principal == "alice" {
+			return errors.New("grant revoked")
+		}
+		return nil
+	}))
+	first := s.do(t, base, call{path: "/a", body: `{"amount":100}`, keys: []string{"pay"}})
+	if first.status != 201 || checked.Load() != 0 {
+		t.Fatalf("first: %d, checks %d; want 201 without a check", first.status, checked.Load())
+	}
+	revoked.Store(true)
+	wantForbidden := func(what string, r result) {
+		t.Helper()
+		wantProblem(t, r, http.StatusForbidden, "replay-forbidden")
+		for _, h := range []string{idem.ReplayedHeader, "Location", "X-Multi", "Set-Cookie"} {
+			if r.header.Get(h) != "" {
+				t.Fatalf("%s: stored header %s leaked into the 403: %q", what, h, r.header.Values(h))
+			}
+		}
+		if bytes.Contains(r.body, []byte("execution")) || bytes.Contains(r.body, first.body) {
+			t.Fatalf("%s: stored body leaked into the 403: %s", what, r.body)
+		}
+	}
+	wantForbidden("replay", s.do(t, base, call{path: "/a", body: `{"amount":100}`, keys: []string{"pay"}}))
+	wantForbidden("other payload", s.do(t, base, call{path: "/a", body: `{"amount":999}`, keys: []string{"pay"}}))
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if r, err := s.send(base, call{path: "/a?hold=1", body: `{}`, keys: []string{"held"}, principal: "bob"}); err != nil || r.status != 201 {
+			t.Errorf("held request: %v %d", err, r.status)
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); app.Executions() < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("held request never reached the handler")
+		}
+	}
+	// bob is not revoked: his duplicate gets the usual 409.
+	wantProblem(t, s.do(t, base, call{path: "/a?hold=1", body: `{}`, keys: []string{"held"}, principal: "bob"}), http.StatusConflict, "in-progress")
+	app.Release()
+	wg.Wait()
+	wantExecutions(t, app, 2)
+
+	// A check refusing 409s: a duplicate of a request in progress gets 403.
+	s2app, base2 := s.serve(t, nil, idem.WithReplayCheck(func(_ context.Context, info idem.ReplayInfo) error {
+		if info.Outcome == idem.EventConflict {
+			return errors.New("no peeking")
+		}
+		return nil
+	}))
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if r, err := s.send(base2, call{path: "/a?hold=1", body: `{}`, keys: []string{"held"}}); err != nil || r.status != 201 {
+			t.Errorf("held request: %v %d", err, r.status)
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); s2app.Executions() < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("held request never reached the handler")
+		}
+	}
+	wantForbidden("in progress", s.do(t, base2, call{path: "/a?hold=1", body: `{}`, keys: []string{"held"}}))
+	s2app.Release()
+	wg.Wait()
+	wantExecutions(t, s2app, 1)
+
+	revoked.Store(false)
+	again := s.do(t, base, call{path: "/a", body: `{"amount":100}`, keys: []string{"pay"}})
+	if again.status != 201 || again.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("allowed again: %d %s, want the replay", again.status, again.body)
+	}
+}
+
+// testFingerprints: with a multipart fingerprint a body re-sent with
+// another boundary replays; with a JSON fingerprint a re-ordered body and a
+// changed excluded member replay while a changed member that counts is
+// 422; the handler always reads the body as sent.
+func (s *suite) testFingerprints(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithFingerprint(idem.MultipartFingerprint()))
+	multipartCall := func(amount string) call {
+		var b bytes.Buffer
+		w := multipart.NewWriter(&b) // a random boundary each time
+		_ = w.WriteField("amount", amount)
+		f, _ := w.CreateFormFile("receipt", "r.txt")
+		_, _ = io.WriteString(f, "receipt bytes")
+		_ = w.Close()
+		return call{path: "/a", body: b.String(), keys: []string{"upload"}, header: http.Header{"Content-Type": {w.FormDataContentType()}}}
+	}
+	first := s.do(t, base, multipartCall("10"))
+	again := s.do(t, base, multipartCall("10"))
+	if first.status != 201 || again.status != 201 || again.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("multipart with another boundary: %d, then %d %s; want the replay", first.status, again.status, again.body)
+	}
+	wantProblem(t, s.do(t, base, multipartCall("11")), http.StatusUnprocessableEntity, "key-reused")
+	wantExecutions(t, app, 1)
+
+	app, base = s.serve(t, nil, idem.WithFingerprint(idem.JSONFingerprintExcluding("/sent_at")))
+	jsonCall := func(body string) call { return call{path: "/a", body: body, keys: []string{"pay"}} }
+	first = s.do(t, base, jsonCall(`{"amount":100,"currency":"eur","sent_at":"10:00:00"}`))
+	if first.status != 201 {
+		t.Fatalf("first: %d", first.status)
+	}
+	for what, body := range map[string]string{
+		"re-ordered":       `{"currency":"eur", "amount":100, "sent_at":"10:00:00"}`,
+		"excluded changed": `{"amount":100,"currency":"eur","sent_at":"10:00:05"}`,
+		"excluded dropped": `{"currency":"eur","amount":100}`,
+	} {
+		r := s.do(t, base, jsonCall(body))
+		if r.status != 201 || r.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(r.body, first.body) {
+			t.Fatalf("%s: %d %s; want the replay", what, r.status, r.body)
+		}
+	}
+	wantProblem(t, s.do(t, base, jsonCall(`{"amount":101,"currency":"eur","sent_at":"10:00:00"}`)), http.StatusUnprocessableEntity, "key-reused")
+	wantExecutions(t, app, 1)
+
+	app, base = s.serve(t, nil, idem.WithFingerprint(idem.JSONFingerprintOnly("/amount")))
+	first = s.do(t, base, jsonCall(`{"amount":100,"note":"a"}`))
+	if r := s.do(t, base, jsonCall(`{"note":"b","amount":100}`)); r.status != 201 || !bytes.Equal(r.body, first.body) {
+		t.Fatalf("only /amount, other member changed: %d %s; want the replay", r.status, r.body)
+	}
+	wantProblem(t, s.do(t, base, jsonCall(`{"amount":200,"note":"a"}`)), http.StatusUnprocessableEntity, "key-reused")
+	wantExecutions(t, app, 1)
+}
