@@ -233,7 +233,7 @@ func testGRPCInProgress(t *testing.T, kind string) {
 	if d, ok := idemgrpc.RetryDelay(c.err); !ok || d != 3*time.Second {
 		t.Fatalf("RetryDelay = %v, %v", d, ok)
 	}
-	close(s.pay.gate)
+	s.pay.release()
 	if first := <-done; first.err != nil {
 		t.Fatal(first.err)
 	}
@@ -268,7 +268,7 @@ func testGRPCDuplicates(t *testing.T, kind string) {
 		}
 		aborted++
 	}
-	close(s.pay.gate)
+	s.pay.release()
 	wg.Wait()
 	if c := <-results; c.err != nil {
 		t.Fatal(c.err)

@@ -77,8 +77,11 @@ func (p *payments) create(ctx context.Context, in *structpb.Struct) outcome {
 	case amountPanic:
 		panic("payments: boom")
 	case amountBlock:
+		p.mu.Lock()
+		gate := p.gate
+		p.mu.Unlock()
 		p.started <- struct{}{}
-		<-p.gate
+		<-gate
 	}
 	out, _ := structpb.NewStruct(map[string]any{"id": id, "amount": in.GetFields()["amount"].GetNumberValue()})
 	return outcome{out: out, id: id}
@@ -172,11 +175,7 @@ func startGRPC(t testing.TB, e *idem.Engine, outer []grpc.UnaryServerInterceptor
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
 	t.Cleanup(func() {
-		select {
-		case <-pay.gate:
-		default:
-			close(pay.gate)
-		}
+		pay.release()
 		srv.Stop()
 		<-done
 	})
@@ -198,4 +197,13 @@ func dial(t testing.TB, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
 func req(amount float64, call string) *structpb.Struct {
 	s, _ := structpb.NewStruct(map[string]any{"amount": amount, "call": call})
 	return s
+}
+
+// release opens the gate for blocked executions and closes a new one for
+// the next.
+func (p *payments) release() {
+	p.mu.Lock()
+	close(p.gate)
+	p.gate = make(chan struct{})
+	p.mu.Unlock()
 }
