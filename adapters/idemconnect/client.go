@@ -4,8 +4,11 @@ import (
 	"context"
 	crand "crypto/rand"
 	"errors"
+	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -58,7 +61,10 @@ func WithClientSkip(fn func(procedure string) bool) ClientOption {
 // NewClientInterceptor returns a client interceptor (connect.WithInterceptors
 // on a client) that gives each logical unary call one idempotency key in its
 // request header (or keeps the one the caller set) and retries it with that
-// same key: after CodeUnavailable, waiting the google.rpc.RetryInfo delay
+// same key: after CodeUnavailable or a transport failure (an error the
+// client made up, not the server's, from a reset connection or a truncated
+// response, which connect-go reports as CodeCanceled, CodeUnknown or
+// CodeInternal), waiting the google.rpc.RetryInfo delay
 // when the error carries one (spread by up to a fifth), else an exponential
 // backoff with jitter; and after CodeAborted with RetryInfo (idem's answer
 // while the first attempt is in progress). Every other outcome is returned
@@ -87,6 +93,9 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 					return res, err
 				}
 				delay, ok := RetryDelay(err)
+				if !ok && transportFailure(ctx, err) {
+					delay, ok = -1, true
+				}
 				if !ok {
 					return res, err
 				}
@@ -136,4 +145,18 @@ func RetryDelay(err error) (time.Duration, bool) {
 		return delay, delay >= 0
 	}
 	return 0, false
+}
+
+// transportFailure reports whether err is the client's own report of a
+// broken exchange while ctx is live: a connection reset or closed, or a
+// response cut short (connect-go gives these CodeCanceled, CodeUnknown or
+// CodeInternal; the server may or may not have run the call).
+func transportFailure(ctx context.Context, err error) bool {
+	ce := new(connect.Error)
+	if ctx.Err() != nil || !errors.As(err, &ce) || connect.IsWireError(err) {
+		return false
+	}
+	var ne net.Error
+	return ce.Code() == connect.CodeCanceled || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne)
 }

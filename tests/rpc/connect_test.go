@@ -55,6 +55,16 @@ var connectAuth = connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) conn
 // behind recovery, auth and idem (when e is not nil); mw wraps the handler
 // when not nil.
 func startConnect(t testing.TB, e *idem.Engine, mw func(http.Handler) http.Handler) (*httptest.Server, *payments) {
+	return startConnectMW(t, e, mw, nil)
+}
+
+// startConnectWith is startConnect with outer, an interceptor between
+// auth and idem.
+func startConnectWith(t testing.TB, e *idem.Engine, outer connect.Interceptor) (*httptest.Server, *payments) {
+	return startConnectMW(t, e, nil, outer)
+}
+
+func startConnectMW(t testing.TB, e *idem.Engine, mw func(http.Handler) http.Handler, outer connect.Interceptor) (*httptest.Server, *payments) {
 	t.Helper()
 	pay := newPayments()
 	opts := []connect.HandlerOption{
@@ -62,6 +72,9 @@ func startConnect(t testing.TB, e *idem.Engine, mw func(http.Handler) http.Handl
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("panic: %v", p))
 		}),
 		connect.WithInterceptors(connectAuth),
+	}
+	if outer != nil {
+		opts = append(opts, connect.WithInterceptors(outer))
 	}
 	if e != nil {
 		opts = append(opts, connect.WithInterceptors(idemconnect.NewInterceptor(e, idemconnect.WithScope(userID), idemconnect.WithUnstoredHeaders("X-Request-Id"))))
@@ -360,16 +373,17 @@ func TestConnectIdemhttp(t *testing.T) {
 	if c := connectCreate(ctx, cl, "alice", "", req(1200, "h")); c.code() != connect.CodeInternal {
 		t.Fatalf("missing key through idemhttp: %v, want CodeInternal (HTTP 400 as Connect reads it)", c.err)
 	}
-	// gRPC protocol: the declined call is HTTP 200 with grpc-status in the
-	// trailers, so idemhttp stores it as a success; its replay is HTTP 200
-	// with the trailers lost.
+	// gRPC protocol: an Unavailable answer is HTTP 200 with grpc-status in
+	// the trailers (or in the header of a trailers-only response), so
+	// idemhttp stores it instead of releasing the key: the retry does not
+	// execute again (what the client sees of the replay varies).
 	g := newConnectClient(srv, connect.WithGRPC())
 	key = rand.Text()
 	if c := connectCreate(ctx, g, "alice", key, req(amountUnavailable, "h5")); c.code() != connect.CodeUnavailable {
 		t.Fatalf("first: %v", c.err)
 	}
-	c := connectCreate(ctx, g, "alice", key, req(amountUnavailable, "h5"))
-	if n := pay.calls("h5"); n != 1 || c.code() == connect.CodeUnavailable {
-		t.Fatalf("idemhttp on gRPC: %d executions and %v; expected the Unavailable to be stored as a 200 (the reason for idemconnect)", n, c.err)
+	_ = connectCreate(ctx, g, "alice", key, req(amountUnavailable, "h5"))
+	if n := pay.calls("h5"); n != 1 {
+		t.Fatalf("idemhttp on gRPC: %d executions; expected the Unavailable to be stored as a 200 (the reason for idemconnect)", n)
 	}
 }
