@@ -100,10 +100,10 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 					return res, err
 				}
 				if delay < 0 {
-					delay = backoff/2 + rand.N(backoff/2+1)
+					delay = backoff/2 + rand.N(backoff/2+1) //nolint:gosec // jitter spreads retries; it guards no secret
 					backoff = min(2*backoff, c.max)
 				} else {
-					delay += rand.N(delay/5 + 1)
+					delay += rand.N(delay/5 + 1) //nolint:gosec // jitter, as above
 				}
 				if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
 					return res, err

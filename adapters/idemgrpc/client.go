@@ -93,10 +93,10 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 				return err
 			}
 			if delay < 0 { // no RetryInfo: back off
-				delay = backoff/2 + rand.N(backoff/2+1)
+				delay = backoff/2 + rand.N(backoff/2+1) //nolint:gosec // jitter spreads retries; it guards no secret
 				backoff = min(2*backoff, c.max)
 			} else { // at least the server's delay, spread so that waiting clients don't return together
-				delay += rand.N(delay/5 + 1)
+				delay += rand.N(delay/5 + 1) //nolint:gosec // jitter, as above
 			}
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
 				return err
