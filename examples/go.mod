@@ -59,6 +59,7 @@ require (
 	github.com/gofiber/schema v1.7.0 // indirect
 	github.com/gofiber/utils/v2 v2.0.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemkit/idem/adapters/idemrpc v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -114,6 +115,7 @@ replace (
 	github.com/idemkit/idem/adapters/idemgin => ../adapters/idemgin
 	github.com/idemkit/idem/adapters/idemgrpc => ../adapters/idemgrpc
 	github.com/idemkit/idem/adapters/idemhttp => ../adapters/idemhttp
+	github.com/idemkit/idem/adapters/idemrpc => ../adapters/idemrpc
 	github.com/idemkit/idem/core => ../core
 	github.com/idemkit/idem/observability/idemotel => ../observability/idemotel
 	github.com/idemkit/idem/stores/memstore => ../stores/memstore

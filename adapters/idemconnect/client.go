@@ -5,15 +5,14 @@ import (
 	crand "crypto/rand"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 )
 
 // ClientOption configures the client interceptor.
@@ -86,7 +85,7 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 			if req.Header().Get(c.key) == "" {
 				req.Header().Set(c.key, c.newKey())
 			}
-			backoff := c.base
+			backoff := idemrpc.NewBackoff(c.base, c.max)
 			for attempt := 1; ; attempt++ {
 				res, err := next(ctx, req)
 				if err == nil || attempt >= c.attempts {
@@ -96,24 +95,8 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 				if !ok && transportFailure(ctx, err) {
 					delay, ok = -1, true
 				}
-				if !ok {
+				if !ok || !idemrpc.Wait(ctx, backoff.Delay(delay)) {
 					return res, err
-				}
-				if delay < 0 {
-					delay = backoff/2 + rand.N(backoff/2+1) //nolint:gosec // jitter spreads retries; it guards no secret
-					backoff = min(2*backoff, c.max)
-				} else {
-					delay += rand.N(delay/5 + 1) //nolint:gosec // jitter, as above
-				}
-				if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
-					return res, err
-				}
-				t := time.NewTimer(delay)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return res, err
-				case <-t.C:
 				}
 			}
 		}
@@ -130,21 +113,14 @@ func RetryDelay(err error) (time.Duration, bool) {
 	if !errors.As(err, &ce) {
 		return 0, false
 	}
-	delay := time.Duration(-1)
+	var details []any
 	for _, d := range ce.Details() {
 		if v, err := d.Value(); err == nil {
-			if ri, ok := v.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
-				delay = max(0, ri.GetRetryDelay().AsDuration())
-			}
+			details = append(details, v)
 		}
 	}
-	switch ce.Code() {
-	case connect.CodeUnavailable:
-		return delay, true
-	case connect.CodeAborted:
-		return delay, delay >= 0
-	}
-	return 0, false
+	delay := idemrpc.RetryInfoDelay(details)
+	return delay, idemrpc.Retryable(uint32(ce.Code()), delay)
 }
 
 // transportFailure reports whether err is the client's own report of a

@@ -8,20 +8,14 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
-
-// fingerprintType is the content type the engine fingerprints a request
-// message under: its deterministic protocol buffers encoding, whatever codec
-// (proto or JSON) and protocol carried it; idemgrpc uses the same, so both
-// doors share records.
-const fingerprintType = "application/proto"
 
 // Option configures the handler interceptor.
 type Option func(*config)
@@ -111,13 +105,13 @@ func NewInterceptor(e *idem.Engine, opts ...Option) connect.Interceptor {
 				principal = c.scope(ctx)
 			}
 			r := idem.Request{Method: http.MethodPost, Route: spec.Procedure, Path: spec.Procedure,
-				ContentType: fingerprintType, Keys: keys, Principal: principal, Body: body}
+				ContentType: idemrpc.FingerprintType, Keys: keys, Principal: principal, Body: body}
 			x, resp := e.Begin(ctx, &r)
 			switch {
 			case resp != nil && resp.IsReplay():
 				return replay(resp)
 			case resp != nil:
-				return nil, problemError(resp, c.key, keys)
+				return nil, statusError(idemrpc.Answer(resp, c.key, "header", keys))
 			case x == nil: // fail-open, or no key under WithKeyOptional
 				return next(ctx, req)
 			}
@@ -136,24 +130,19 @@ func NewInterceptor(e *idem.Engine, opts ...Option) connect.Interceptor {
 
 // finish records the handler's outcome in x.
 func (c *config) finish(x *idem.Execution, res connect.AnyResponse, herr error) {
-	var v envelope
-	code := connect.Code(0)
+	var v idemrpc.Outcome
+	status := http.StatusOK
 	if herr != nil {
-		code = connect.CodeOf(herr)
-		st := &spb.Status{Code: int32(code), Message: herr.Error()}
-		if ce := new(connect.Error); errors.As(herr, &ce) {
-			st.Message = ce.Message()
-			for _, d := range ce.Details() {
-				st.Details = append(st.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
-			}
-			v.header = c.entries(ce.Meta())
+		st, ce := toStatus(herr)
+		if ce != nil {
+			v.Header = c.entries(ce.Meta())
 		}
 		b, err := proto.Marshal(st)
 		if err != nil {
 			x.Fail()
 			return
 		}
-		v.status = b
+		v.Status, status = b, HTTPStatus(connect.CodeOf(herr))
 	} else {
 		m, ok := res.Any().(proto.Message)
 		if !ok {
@@ -165,21 +154,17 @@ func (c *config) finish(x *idem.Execution, res connect.AnyResponse, herr error) 
 			x.Fail()
 			return
 		}
-		v.typeName, v.message = string(m.ProtoReflect().Descriptor().FullName()), b
-		v.header, v.trailer = c.entries(res.Header()), c.entries(res.Trailer())
+		v.TypeName, v.Message = string(m.ProtoReflect().Descriptor().FullName()), b
+		v.Header, v.Trailer = c.entries(res.Header()), c.entries(res.Trailer())
 	}
-	_, _ = x.Write(v.marshal())
-	status := http.StatusOK
-	if herr != nil {
-		status = HTTPStatus(code)
-	}
+	_, _ = x.Write(v.Marshal())
 	x.Finish(status, nil)
 }
 
 // entries returns h's storable lines with lowercase names, sorted; -bin
 // values are stored decoded (raw bytes), as gRPC metadata holds them.
-func (c *config) entries(h http.Header) []entry {
-	var es []entry
+func (c *config) entries(h http.Header) []idemrpc.Entry {
+	var es []idemrpc.Entry
 	for k, vs := range h {
 		k = strings.ToLower(k)
 		if c.unstored[k] || strings.HasPrefix(k, "grpc-") || strings.HasPrefix(k, "connect-") {
@@ -193,21 +178,21 @@ func (c *config) entries(h http.Header) []entry {
 				}
 				v = string(b)
 			}
-			es = append(es, entry{k, v})
+			es = append(es, idemrpc.Entry{Name: k, Value: v})
 		}
 	}
-	sort.SliceStable(es, func(i, j int) bool { return es[i].name < es[j].name })
+	sort.SliceStable(es, func(i, j int) bool { return es[i].Name < es[j].Name })
 	return es
 }
 
 // addEntries adds es to h, encoding -bin values.
-func addEntries(h http.Header, es []entry) {
+func addEntries(h http.Header, es []idemrpc.Entry) {
 	for _, e := range es {
-		v := e.value
-		if strings.HasSuffix(e.name, "-bin") {
+		v := e.Value
+		if strings.HasSuffix(e.Name, "-bin") {
 			v = connect.EncodeBinaryHeader([]byte(v))
 		}
-		h.Add(e.name, v)
+		h.Add(e.Name, v)
 	}
 }
 
@@ -221,37 +206,32 @@ func (r *replayResponse) Any() any { return r.msg }
 
 // replay answers a call with a stored outcome.
 func replay(resp *idem.Response) (connect.AnyResponse, error) {
-	var v envelope
-	if err := v.unmarshal(resp.Body); err != nil {
+	var v idemrpc.Outcome
+	if err := v.Unmarshal(resp.Body); err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
 	}
-	if v.status != nil {
+	if v.Status != nil {
 		var st spb.Status
-		if err := proto.Unmarshal(v.status, &st); err != nil {
+		if err := proto.Unmarshal(v.Status, &st); err != nil {
 			return nil, connect.NewError(connect.CodeInternal, errors.New("idemconnect: stored status unreadable"))
 		}
-		ce := connect.NewError(connect.Code(st.GetCode()), errors.New(st.GetMessage()))
-		for _, a := range st.GetDetails() {
-			if d, err := connect.NewErrorDetail(a); err == nil {
-				ce.AddDetail(d)
-			}
-		}
-		addEntries(ce.Meta(), v.header)
-		addEntries(ce.Meta(), v.trailer)
+		ce := statusError(&st, 0)
+		addEntries(ce.Meta(), v.Header)
+		addEntries(ce.Meta(), v.Trailer)
 		ce.Meta().Set(idem.ReplayedHeader, "true")
 		return nil, ce
 	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(v.typeName))
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(v.TypeName))
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInternal, errors.New("idemconnect: stored response type "+v.typeName+" is not registered in this binary"))
+		return nil, connect.NewError(connect.CodeInternal, errors.New("idemconnect: stored response type "+v.TypeName+" is not registered in this binary"))
 	}
 	m := mt.New().Interface()
-	if err := proto.Unmarshal(v.message, m); err != nil {
+	if err := proto.Unmarshal(v.Message, m); err != nil {
 		return nil, connect.NewError(connect.CodeInternal, errors.New("idemconnect: stored response unreadable"))
 	}
 	r := &replayResponse{Response: connect.NewResponse(&emptypb.Empty{}), msg: m}
-	addEntries(r.Header(), v.header)
-	addEntries(r.Trailer(), v.trailer)
+	addEntries(r.Header(), v.Header)
+	addEntries(r.Trailer(), v.Trailer)
 	r.Header().Set(idem.ReplayedHeader, "true")
 	return r, nil
 }

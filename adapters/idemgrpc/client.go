@@ -3,14 +3,12 @@ package idemgrpc
 import (
 	"context"
 	crand "crypto/rand"
-	"math/rand/v2"
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -82,31 +80,15 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(c.key)) == 0 {
 			ctx = metadata.AppendToOutgoingContext(ctx, c.key, c.newKey())
 		}
-		backoff := c.base
+		backoff := idemrpc.NewBackoff(c.base, c.max)
 		for attempt := 1; ; attempt++ {
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			if err == nil || attempt >= c.attempts {
 				return err
 			}
 			delay, ok := RetryDelay(err)
-			if !ok {
+			if !ok || !idemrpc.Wait(ctx, backoff.Delay(delay)) {
 				return err
-			}
-			if delay < 0 { // no RetryInfo: back off
-				delay = backoff/2 + rand.N(backoff/2+1) //nolint:gosec // jitter spreads retries; it guards no secret
-				backoff = min(2*backoff, c.max)
-			} else { // at least the server's delay, spread so that waiting clients don't return together
-				delay += rand.N(delay/5 + 1) //nolint:gosec // jitter, as above
-			}
-			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
-				return err
-			}
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return err
-			case <-t.C:
 			}
 		}
 	}
@@ -122,17 +104,6 @@ func RetryDelay(err error) (time.Duration, bool) {
 	if !ok {
 		return 0, false
 	}
-	delay := time.Duration(-1)
-	for _, d := range st.Details() {
-		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
-			delay = max(0, ri.GetRetryDelay().AsDuration())
-		}
-	}
-	switch st.Code() {
-	case codes.Unavailable:
-		return delay, true
-	case codes.Aborted:
-		return delay, delay >= 0
-	}
-	return 0, false
+	delay := idemrpc.RetryInfoDelay(st.Details())
+	return delay, idemrpc.Retryable(uint32(st.Code()), delay)
 }

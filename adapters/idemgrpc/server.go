@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -21,11 +22,6 @@ import (
 // ReplayedMetadata is the header metadata name marking a replayed response,
 // with the value "true" (idem.ReplayedHeader, lowercased as gRPC names are).
 const ReplayedMetadata = "idempotent-replayed"
-
-// fingerprintType is the content type the engine fingerprints a request
-// message under: its deterministic protocol buffers encoding, whatever codec
-// carried it (idemconnect uses the same, so both doors share records).
-const fingerprintType = "application/proto"
 
 // Option configures the server interceptor.
 type Option func(*config)
@@ -107,13 +103,14 @@ func UnaryServerInterceptor(e *idem.Engine, opts ...Option) grpc.UnaryServerInte
 			principal = c.scope(ctx)
 		}
 		r := idem.Request{Method: http.MethodPost, Route: info.FullMethod, Path: info.FullMethod,
-			ContentType: fingerprintType, Keys: keys, Principal: principal, Body: body}
+			ContentType: idemrpc.FingerprintType, Keys: keys, Principal: principal, Body: body}
 		x, resp := e.Begin(ctx, &r)
 		switch {
 		case resp != nil && resp.IsReplay():
 			return replay(ctx, resp)
 		case resp != nil:
-			return nil, problemStatus(resp, c.key, keys).Err()
+			st, _ := idemrpc.Answer(resp, c.key, "metadata", keys)
+			return nil, status.FromProto(st).Err()
 		case x == nil: // fail-open, or no key under WithKeyOptional
 			return handler(ctx, req)
 		}
@@ -137,14 +134,14 @@ func UnaryServerInterceptor(e *idem.Engine, opts ...Option) grpc.UnaryServerInte
 // finish records the handler's outcome in x.
 func (c *config) finish(x *idem.Execution, rec *recorder, out any, herr error) {
 	rec.mu.Lock()
-	v := envelope{header: c.entries(rec.header), trailer: c.entries(rec.trailer)}
+	v := idemrpc.Outcome{Header: c.entries(rec.header), Trailer: c.entries(rec.trailer)}
 	rec.mu.Unlock()
 	code := codes.OK
 	if herr != nil {
 		st := status.Convert(herr)
 		code = st.Code()
 		if b, err := proto.Marshal(st.Proto()); err == nil {
-			v.status = b
+			v.Status = b
 		}
 	} else {
 		m, ok := out.(proto.Message)
@@ -157,60 +154,60 @@ func (c *config) finish(x *idem.Execution, rec *recorder, out any, herr error) {
 			x.Fail()
 			return
 		}
-		v.typeName, v.message = string(m.ProtoReflect().Descriptor().FullName()), b
+		v.TypeName, v.Message = string(m.ProtoReflect().Descriptor().FullName()), b
 	}
-	_, _ = x.Write(v.marshal())
+	_, _ = x.Write(v.Marshal())
 	x.Finish(HTTPStatus(code), nil)
 }
 
 // entries returns md's storable lines, sorted by name; -bin values are kept
 // as the raw bytes gRPC hands over.
-func (c *config) entries(md metadata.MD) []entry {
-	var es []entry
+func (c *config) entries(md metadata.MD) []idemrpc.Entry {
+	var es []idemrpc.Entry
 	for k, vs := range md {
 		k = strings.ToLower(k)
 		if c.unstored[k] || strings.HasPrefix(k, "grpc-") || strings.HasPrefix(k, ":") {
 			continue
 		}
 		for _, v := range vs {
-			es = append(es, entry{k, v})
+			es = append(es, idemrpc.Entry{Name: k, Value: v})
 		}
 	}
-	sort.SliceStable(es, func(i, j int) bool { return es[i].name < es[j].name })
+	sort.SliceStable(es, func(i, j int) bool { return es[i].Name < es[j].Name })
 	return es
 }
 
 // replay answers a call with a stored outcome.
 func replay(ctx context.Context, resp *idem.Response) (any, error) {
-	var v envelope
-	if err := v.unmarshal(resp.Body); err != nil {
+	var v idemrpc.Outcome
+	if err := v.Unmarshal(resp.Body); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	header := metadata.Pairs(ReplayedMetadata, "true")
-	for _, e := range v.header {
-		header.Append(e.name, e.value)
+	for _, e := range v.Header {
+		header.Append(e.Name, e.Value)
 	}
 	_ = grpc.SetHeader(ctx, header)
-	if len(v.trailer) > 0 {
+	if len(v.Trailer) > 0 {
 		trailer := metadata.MD{}
-		for _, e := range v.trailer {
-			trailer.Append(e.name, e.value)
+		for _, e := range v.Trailer {
+			trailer.Append(e.Name, e.Value)
 		}
 		_ = grpc.SetTrailer(ctx, trailer)
 	}
-	if v.status != nil {
+	if v.Status != nil {
 		var st spb.Status
-		if err := proto.Unmarshal(v.status, &st); err != nil {
+		if err := proto.Unmarshal(v.Status, &st); err != nil {
 			return nil, status.Errorf(codes.Internal, "idemgrpc: stored status unreadable: %v", err)
 		}
 		return nil, status.ErrorProto(&st)
 	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(v.typeName))
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(v.TypeName))
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idemgrpc: stored response type %q is not registered in this binary: %v", v.typeName, err)
+		return nil, status.Errorf(codes.Internal, "idemgrpc: stored response type %q is not registered in this binary: %v", v.TypeName, err)
 	}
 	m := mt.New().Interface()
-	if err := proto.Unmarshal(v.message, m); err != nil {
+	if err := proto.Unmarshal(v.Message, m); err != nil {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: stored response unreadable: %v", err)
 	}
 	return m, nil

@@ -3,8 +3,11 @@ module github.com/idemkit/idem/tests/rpc
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/Shopify/toxiproxy/v2 v2.12.0
+	github.com/idemkit/idem/adapters/idemconnect v0.1.0
 	github.com/idemkit/idem/adapters/idemgrpc v0.1.0
+	github.com/idemkit/idem/adapters/idemhttp v0.1.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
@@ -20,6 +23,7 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/gorilla/mux v1.8.1 // indirect
+	github.com/idemkit/idem/adapters/idemrpc v0.1.0 // indirect
 	github.com/klauspost/compress v1.17.11 // indirect
 	github.com/mattn/go-colorable v0.1.14 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
@@ -40,6 +44,7 @@ replace (
 	github.com/idemkit/idem/adapters/idemconnect => ../../adapters/idemconnect
 	github.com/idemkit/idem/adapters/idemgrpc => ../../adapters/idemgrpc
 	github.com/idemkit/idem/adapters/idemhttp => ../../adapters/idemhttp
+	github.com/idemkit/idem/adapters/idemrpc => ../../adapters/idemrpc
 	github.com/idemkit/idem/core => ../../core
 	github.com/idemkit/idem/stores/memstore => ../../stores/memstore
 	github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
