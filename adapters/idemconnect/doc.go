@@ -20,7 +20,7 @@
 // the fingerprint covers the procedure and the request message in its
 // deterministic protocol buffers encoding, so a retry may switch between
 // protocols and codecs (JSON or binary) and still match. Outcomes are
-// recorded under [HTTPStatus] of their code (idemgrpc.HTTPStatus's table:
+// recorded under [HTTPStatus] of their code (idemrpc.HTTPStatus table:
 // OK and deterministic client errors stored, Canceled, Aborted,
 // ResourceExhausted, DeadlineExceeded, Unavailable, Unimplemented, Unknown,
 // Internal and DataLoss released), and idem's own answers are Connect

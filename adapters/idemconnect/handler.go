@@ -108,7 +108,7 @@ func NewInterceptor(e *idem.Engine, opts ...Option) connect.Interceptor {
 				ContentType: idemrpc.FingerprintType, Keys: keys, Principal: principal, Body: body}
 			x, resp := e.Begin(ctx, &r)
 			switch {
-			case resp != nil && resp.IsReplay():
+			case resp != nil && resp.IsReplay() && resp.Status != http.StatusGone: // 410: executed, response not stored
 				return replay(resp)
 			case resp != nil:
 				return nil, statusError(idemrpc.Answer(resp, c.key, "header", keys))

@@ -60,7 +60,7 @@
 // created over HTTP (POST /v1/payments) and the same key sent to the gRPC
 // method are two records: the two doors are different operations with
 // different request encodings. idemconnect uses the same route, fingerprint
-// and stored form as this package, so a call executed through grpc-go is
+// and stored form (idemrpc.Outcome) as this package, so a call executed through grpc-go is
 // replayed through connect-go (and the reverse) for the same procedure,
 // principal and key.
 package idemgrpc

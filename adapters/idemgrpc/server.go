@@ -106,7 +106,7 @@ func UnaryServerInterceptor(e *idem.Engine, opts ...Option) grpc.UnaryServerInte
 			ContentType: idemrpc.FingerprintType, Keys: keys, Principal: principal, Body: body}
 		x, resp := e.Begin(ctx, &r)
 		switch {
-		case resp != nil && resp.IsReplay():
+		case resp != nil && resp.IsReplay() && resp.Status != http.StatusGone: // 410: executed, response not stored
 			return replay(ctx, resp)
 		case resp != nil:
 			st, _ := idemrpc.Answer(resp, c.key, "metadata", keys)

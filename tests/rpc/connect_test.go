@@ -392,3 +392,20 @@ func TestConnectIdemhttp(t *testing.T) {
 		t.Fatalf("idemhttp on gRPC: %d executions in all, want 2 (1 + 1 unavailable); expected the Unavailable to be stored as a 200 (the reason for idemconnect)", n)
 	}
 }
+
+// TestConnectResponseNotStored: a response over the stored limit is sent
+// once; retries get FailedPrecondition RESPONSE_NOT_STORED, on every protocol.
+func TestConnectResponseNotStored(t *testing.T) {
+	ctx := ctxT(t)
+	srv, pay := startConnect(t, newEngine(t, newStore(t, "memory", ""), idem.WithMaxResponseBytes(16)), nil)
+	key := rand.Text()
+	if c := connectCreate(ctx, newConnectClient(srv), "alice", key, req(1200, "big")); c.err != nil {
+		t.Fatal(c.err)
+	}
+	for _, p := range protocols {
+		wantConnectCode(t, connectCreate(ctx, newConnectClient(srv, p.opts...), "alice", key, req(1200, "big")), connect.CodeFailedPrecondition, "RESPONSE_NOT_STORED")
+	}
+	if n := pay.total.Load(); n != 1 {
+		t.Fatalf("%d executions, want 1", n)
+	}
+}

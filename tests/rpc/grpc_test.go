@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/adapters/idemgrpc"
+	idem "github.com/idemkit/idem/core"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -328,4 +329,46 @@ func TestGRPCSkip(t *testing.T) {
 	if n := s.pay.total.Load(); n != 2 {
 		t.Fatalf("%d executions, want 2", n)
 	}
+}
+
+// TestGRPCEngineAnswers covers the engine's other answers: a request
+// message over the body limit (ResourceExhausted), a response over the
+// stored limit (executed once, then FailedPrecondition with its original
+// status), and an app's problem renderer (the gRPC answers don't depend on
+// the problem's body).
+func TestGRPCEngineAnswers(t *testing.T) {
+	ctx := ctxT(t)
+	t.Run("body too large", func(t *testing.T) {
+		s := startGRPC(t, newEngine(t, newStore(t, "memory", ""), idem.WithMaxBodyBytes(8)), nil)
+		cc := dial(t, s.addr)
+		wantCode(t, create(ctx, cc, "alice", rand.Text(), req(1200, strings.Repeat("x", 64))), codes.ResourceExhausted, "BODY_TOO_LARGE")
+		if n := s.pay.total.Load(); n != 0 {
+			t.Fatalf("%d executions, want 0", n)
+		}
+	})
+	t.Run("response not stored", func(t *testing.T) {
+		s := startGRPC(t, newEngine(t, newStore(t, "memory", ""), idem.WithMaxResponseBytes(16)), nil)
+		cc := dial(t, s.addr)
+		key := rand.Text()
+		if c := create(ctx, cc, "alice", key, req(1200, "big")); c.err != nil {
+			t.Fatal(c.err)
+		}
+		c := create(ctx, cc, "alice", key, req(1200, "big"))
+		wantCode(t, c, codes.FailedPrecondition, "RESPONSE_NOT_STORED")
+		if info, _ := detail[*errdetails.ErrorInfo](c.err); info.GetMetadata()["original_status"] != "200" {
+			t.Fatalf("ErrorInfo metadata %v, want original_status 200", info.GetMetadata())
+		}
+		if n := s.pay.total.Load(); n != 1 {
+			t.Fatalf("%d executions, want 1", n)
+		}
+	})
+	t.Run("problem renderer", func(t *testing.T) {
+		e := newEngine(t, newStore(t, "memory", ""), idem.WithProblemRenderer(func(p idem.Problem) (string, []byte) {
+			return "text/plain", []byte(p.Title)
+		}))
+		s := startGRPC(t, e, nil)
+		cc := dial(t, s.addr)
+		wantCode(t, create(ctx, cc, "alice", "", req(1200, "r")), codes.InvalidArgument, "KEY_MISSING")
+		wantCode(t, create(ctx, cc, "", rand.Text(), req(1200, "r")), codes.Unauthenticated, "NO_PRINCIPAL")
+	})
 }
