@@ -4,10 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"errors"
-	"io"
-	"net"
 	"net/http"
-	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -124,15 +121,17 @@ func RetryDelay(err error) (time.Duration, bool) {
 }
 
 // transportFailure reports whether err is the client's own report of a
-// broken exchange while ctx is live: a connection reset or closed, or a
-// response cut short (connect-go gives these CodeCanceled, CodeUnknown or
-// CodeInternal; the server may or may not have run the call).
+// broken exchange while ctx is live, not an error the server sent: a
+// connection reset or closed, a response cut short (connect-go gives
+// these CodeCanceled, CodeUnknown or CodeInternal; the server may or may
+// not have run the call, and the key makes a retry safe either way).
 func transportFailure(ctx context.Context, err error) bool {
-	ce := new(connect.Error)
-	if ctx.Err() != nil || !errors.As(err, &ce) || connect.IsWireError(err) {
+	if ctx.Err() != nil || connect.IsWireError(err) {
 		return false
 	}
-	var ne net.Error
-	return ce.Code() == connect.CodeCanceled || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne)
+	switch connect.CodeOf(err) {
+	case connect.CodeCanceled, connect.CodeUnknown, connect.CodeInternal:
+		return true
+	}
+	return false
 }

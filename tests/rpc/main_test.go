@@ -15,7 +15,10 @@ import (
 	tpclient "github.com/Shopify/toxiproxy/v2/client"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
@@ -43,7 +46,7 @@ func TestMain(m *testing.M) {
 }
 
 // storeKinds are the stores every behaviour test runs on.
-var storeKinds = []string{"memory", "redis"}
+var storeKinds = []string{"memory", "redis", "postgres"}
 
 // redisAddr is the host:port of IDEM_REDIS_URL (default 127.0.0.1:6379).
 func redisOptions(t testing.TB) *redis.Options {
@@ -82,6 +85,30 @@ func newStore(t testing.TB, kind, addr string) idem.Store {
 			t.Fatalf("redis at %s: %v (set IDEM_REDIS_URL; source scripts/services.sh)", opt.Addr, err)
 		}
 		return redisstore.New(c, redisstore.WithPrefix("idemtest:rpc:"+rand.Text()[:10]+":"))
+	case "postgres":
+		u := os.Getenv("IDEM_POSTGRES_URL")
+		if u == "" {
+			u = "postgres://postgres@127.0.0.1:5432/test"
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		pool, err := pgxpool.New(ctx, u)
+		if err != nil {
+			t.Fatalf("IDEM_POSTGRES_URL %q: %v", u, err)
+		}
+		table := "idem_rpc_" + strings.ToLower(rand.Text()[:10])
+		s := pgstore.New(pool, pgstore.WithTable(table))
+		if err := s.EnsureSchema(ctx); err != nil {
+			pool.Close()
+			t.Fatalf("postgres at %s: %v (source scripts/services.sh)", u, err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+			pool.Close()
+		})
+		return s
 	}
 	t.Fatalf("unknown store %q", kind)
 	return nil
