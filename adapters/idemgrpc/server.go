@@ -139,10 +139,12 @@ func (c *config) finish(x *idem.Execution, rec *recorder, out any, herr error) {
 	code := codes.OK
 	if herr != nil {
 		st := status.Convert(herr)
-		code = st.Code()
-		if b, err := proto.Marshal(st.Proto()); err == nil {
-			v.Status = b
+		b, err := proto.Marshal(st.Proto())
+		if err != nil {
+			x.Fail()
+			return
 		}
+		code, v.Status = st.Code(), b
 	} else {
 		m, ok := out.(proto.Message)
 		if !ok || m == nil {
