@@ -3,14 +3,17 @@ module github.com/idemkit/idem/examples
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/gin-gonic/gin v1.12.0
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
+	github.com/idemkit/idem/adapters/idemconnect v0.1.0
 	github.com/idemkit/idem/adapters/idemecho v0.1.0
 	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
 	github.com/idemkit/idem/adapters/idemfiber v0.1.0
 	github.com/idemkit/idem/adapters/idemfiberv3 v0.1.0
 	github.com/idemkit/idem/adapters/idemgin v0.1.0
+	github.com/idemkit/idem/adapters/idemgrpc v0.1.0
 	github.com/idemkit/idem/adapters/idemhttp v0.1.0
 	github.com/idemkit/idem/client/idemclient v0.1.0
 	github.com/idemkit/idem/core v0.1.0
@@ -31,6 +34,9 @@ require (
 	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -54,6 +60,7 @@ require (
 	github.com/gofiber/schema v1.7.0 // indirect
 	github.com/gofiber/utils/v2 v2.0.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemkit/idem/adapters/idemrpc v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -93,21 +100,23 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/arch v0.22.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
-	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 replace (
+	github.com/idemkit/idem/adapters/idemconnect => ../adapters/idemconnect
 	github.com/idemkit/idem/adapters/idemecho => ../adapters/idemecho
 	github.com/idemkit/idem/adapters/idemechov5 => ../adapters/idemechov5
 	github.com/idemkit/idem/adapters/idemfiber => ../adapters/idemfiber
 	github.com/idemkit/idem/adapters/idemfiberv3 => ../adapters/idemfiberv3
 	github.com/idemkit/idem/adapters/idemgin => ../adapters/idemgin
+	github.com/idemkit/idem/adapters/idemgrpc => ../adapters/idemgrpc
 	github.com/idemkit/idem/adapters/idemhttp => ../adapters/idemhttp
+	github.com/idemkit/idem/adapters/idemrpc => ../adapters/idemrpc
 	github.com/idemkit/idem/client/idemclient => ../client/idemclient
 	github.com/idemkit/idem/core => ../core
 	github.com/idemkit/idem/observability/idemotel => ../observability/idemotel

@@ -1,0 +1,66 @@
+// Package idemgrpc is the gRPC adapter of idem: a unary server interceptor
+// that runs each call at most once per idempotency key on an [idem.Engine]
+// (the same engine, store and records as the HTTP adapters), and a unary
+// client interceptor that sends one key per logical call and retries it
+// safely.
+//
+//	e, err := idem.New(store)
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+//		recovery, auth, // outside idem
+//		idemgrpc.UnaryServerInterceptor(e, idemgrpc.WithScope(userID)),
+//	))
+//
+//	conn, err := grpc.NewClient(addr, grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor()))
+//
+// # What the server does
+//
+// The key is read from the request metadata "idempotency-key" (the engine's
+// header name lowercased; [WithKeyMetadata]) with the HTTP header's syntax
+// rules ([idem.ParseKey]); the scope is the principal [WithScope] returns
+// and the full method name ("/payments.v1.Payments/Create"); the
+// fingerprint covers the method and the request message in its
+// deterministic protocol buffers encoding. A duplicate of a completed call
+// gets the stored response message, decoded into its registered type, with
+// the header and trailer metadata the handler set (grpc.SetHeader,
+// grpc.SendHeader, grpc.SetTrailer inside the interceptor; "grpc-*",
+// content-type, date and [WithUnstoredMetadata] names excluded) and
+// "idempotent-replayed: true" in the header metadata. A stored error is
+// replayed with its code, message and details. Streaming calls pass through
+// untouched.
+//
+// The handler's outcome is recorded under an HTTP status ([HTTPStatus]),
+// so the engine's store policy ([idem.WithStorePolicy], [idem.WithStoreAll])
+// decides: by default OK and the deterministic client errors are stored,
+// and Canceled, Aborted, ResourceExhausted, DeadlineExceeded, Unavailable,
+// Unimplemented, Unknown, Internal and DataLoss release the key, so a retry
+// executes again. A panic releases the key.
+//
+// # idem's own answers
+//
+//	situation (HTTP answer)             gRPC status          details (plus ErrorInfo{Domain: ErrorDomain, Reason})
+//	key missing or malformed (400)      InvalidArgument      BadRequest field violation on the metadata name
+//	no principal (401)                  Unauthenticated
+//	same key in progress (409)          Aborted              RetryInfo (the engine's Retry-After)
+//	key reused, other request (422)     FailedPrecondition   PreconditionFailure{Type: "IDEMPOTENCY_KEY"}
+//	request message too large (413)     ResourceExhausted
+//	executed, response not stored (410) FailedPrecondition   ErrorInfo metadata original_status
+//	store unavailable (503)             Unavailable          RetryInfo
+//	stored record unreadable (500)      Internal
+//
+// A reused key is FailedPrecondition rather than InvalidArgument: the
+// request is valid on its own and fails only against the state the key
+// already holds, which is gRPC's definition of FailedPrecondition (and a
+// client must not retry it unchanged). Aborted is gRPC's code for a
+// concurrency conflict to retry at a higher level; [UnaryClientInterceptor]
+// retries it only when it carries RetryInfo, as idem's does.
+//
+// # Sharing records with HTTP and Connect
+//
+// The scope includes the route, here the full method name, so a payment
+// created over HTTP (POST /v1/payments) and the same key sent to the gRPC
+// method are two records: the two doors are different operations with
+// different request encodings. idemconnect uses the same route, fingerprint
+// and stored form (idemrpc.Outcome) as this package, so a call executed through grpc-go is
+// replayed through connect-go (and the reverse) for the same procedure,
+// principal and key.
+package idemgrpc
