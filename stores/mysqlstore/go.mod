@@ -1,0 +1,13 @@
+module github.com/idemkit/idem/stores/mysqlstore
+
+go 1.25.0
+
+require (
+	github.com/go-sql-driver/mysql v1.10.1
+	github.com/idemkit/idem/core v0.1.0
+	go.uber.org/goleak v1.3.0
+)
+
+require filippo.io/edwards25519 v1.2.0 // indirect
+
+replace github.com/idemkit/idem/core => ../../core
