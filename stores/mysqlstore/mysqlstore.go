@@ -62,11 +62,8 @@ const maxAcquireAttempts = 5
 
 // MySQL error numbers the store reacts to.
 const (
-	erLockDeadlock    = 1213 // ER_LOCK_DEADLOCK: the statement was rolled back
-	erNetPacketLarge  = 1153 // ER_NET_PACKET_TOO_LARGE
-	erPacketOverflow  = 1301 // ER_WARN_ALLOWED_PACKET_OVERFLOWED
-	erWrongArguments  = 1210 // a long-data parameter over max_allowed_packet
-	erLongDataTooLong = 1162 // ER_TOO_LONG_STRING... reported by some servers for long data
+	erLockDeadlock   = 1213 // ER_LOCK_DEADLOCK: the statement was rolled back
+	erNetPacketLarge = 1153 // ER_NET_PACKET_TOO_LARGE (MariaDB, for a long parameter too)
 )
 
 var (
@@ -333,16 +330,22 @@ func (s *Store) complete(ctx context.Context, tx *sql.Tx, key, token string, b [
 	}
 	res, err := st.ExecContext(ctx, b, micros(retention), key, token)
 	if err != nil {
-		if errors.Is(err, mysql.ErrPktTooLarge) {
-			return fmt.Errorf("%w (%d bytes): %w", ErrTooLarge, len(b), err)
-		}
-		switch mysqlErrno(err) {
-		case erNetPacketLarge, erPacketOverflow, erWrongArguments, erLongDataTooLong:
+		if tooLarge(err) {
 			return fmt.Errorf("%w (%d bytes): %w", ErrTooLarge, len(b), err)
 		}
 		return fmt.Errorf("mysqlstore: complete: %w", err)
 	}
 	return ownedRow(res, "complete")
+}
+
+// tooLarge reports whether err refuses a statement as larger than
+// max_allowed_packet: the driver's own check, MariaDB's
+// ER_NET_PACKET_TOO_LARGE, or MySQL's message for a long parameter
+// ("… longer than 'max_allowed_packet' bytes", reported as an unknown error).
+func tooLarge(err error) bool {
+	var me *mysql.MySQLError
+	return errors.Is(err, mysql.ErrPktTooLarge) ||
+		errors.As(err, &me) && (me.Number == erNetPacketLarge || strings.Contains(me.Message, "max_allowed_packet"))
 }
 
 // ownedRow turns a conditional statement's result into nil (one row

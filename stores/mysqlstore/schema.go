@@ -40,7 +40,8 @@ const procVersion = "idem mysqlstore acquire v1"
 // UPDATE, whose assignments all test the takeover condition (expired, or
 // this token's own in-progress record) on the row it locked, expires_at
 // last so the condition holds while the others are assigned; then it
-// returns the live row, whoever won. Each statement in it is its own
+// returns the live row, whoever won, or this token's own row even if its
+// lease (however short) lapsed meanwhile. Each statement in it is its own
 // transaction (autocommit), so the final read sees the latest commit at
 // either isolation level.
 func (s *Store) SchemaSQL() []string {
@@ -72,7 +73,7 @@ BEGIN
       token = IF(` + cond + `, p_token, token),
       expires_at = IF(` + cond + `, UTC_TIMESTAMP(6) + INTERVAL p_lease MICROSECOND, expires_at);
   END IF;
-  SELECT state, token, fingerprint, response FROM ` + t + " WHERE `key` = p_key AND " + live + `;
+  SELECT state, token, fingerprint, response FROM ` + t + " WHERE `key` = p_key AND (" + live + ` OR (state = 1 AND token = p_token));
 END`,
 	}
 }
