@@ -73,7 +73,7 @@ var (
 	_ idem.Inspector     = (*Store)(nil)
 )
 
-// Store is an idem.Store on MySQL 8 or MariaDB 10.6+ (InnoDB), safe for
+// Store is an idem.Store on MySQL 8 or MariaDB (InnoDB), safe for
 // concurrent use. It borrows its *sql.DB and never closes it.
 type Store struct {
 	db     *sql.DB
@@ -152,7 +152,7 @@ func New(db *sql.DB, opts ...Option) *Store {
 // completion at the end of a long transaction judges its lease by the time
 // it runs). Durations are passed in microseconds.
 type queries struct {
-	acquire, complete, release, extend, get, completedBy, inspect, evict, purgeSelect string
+	acquire, complete, release, extend, get, completedBy, inspect, evict, purgeSelect, purgeDelete string
 }
 
 // live is the condition on a live row.
@@ -176,6 +176,9 @@ func newQueries(t, proc string) queries {
 		// key, so purging takes no gap locks on the index under
 		// REPEATABLE READ.
 		purgeSelect: "SELECT `key` FROM " + t + ` WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?`,
+		// PurgeBatch keys (NULL for none), and still expired: a row taken
+		// over since the read stays.
+		purgeDelete: "DELETE FROM " + t + " WHERE `key` IN (?" + strings.Repeat(", ?", PurgeBatch-1) + ") AND expires_at <= UTC_TIMESTAMP(6)",
 	}
 }
 

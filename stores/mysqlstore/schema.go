@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	idem "github.com/idemkit/idem/core"
@@ -147,8 +146,13 @@ func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 		if len(keys) == 0 {
 			return deleted, nil
 		}
-		q := "DELETE FROM " + s.table + " WHERE `key` IN (?" + strings.Repeat(", ?", len(keys)-1) + ") AND expires_at <= UTC_TIMESTAMP(6)"
-		res, err := s.db.ExecContext(ctx, q, keys...)
+		st, err := s.stmt(ctx, s.q.purgeDelete)
+		if err != nil {
+			return deleted, fmt.Errorf("mysqlstore: purge: %w", err)
+		}
+		full := len(keys) == PurgeBatch
+		keys = append(keys, make([]any, PurgeBatch-len(keys))...) // NULL matches no key
+		res, err := st.ExecContext(ctx, keys...)
 		if err != nil {
 			return deleted, fmt.Errorf("mysqlstore: purge: %w", err)
 		}
@@ -157,7 +161,7 @@ func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 			return deleted, fmt.Errorf("mysqlstore: purge: %w", err)
 		}
 		deleted += n
-		if len(keys) < PurgeBatch {
+		if !full {
 			return deleted, nil
 		}
 	}
