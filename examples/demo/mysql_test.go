@@ -20,32 +20,16 @@ import (
 // per logical payment, and every charged payment a row of the payments
 // table, written through its execution's transaction.
 func TestDemoMySQL(t *testing.T) {
-	dsn := os.Getenv("IDEM_MYSQL_DSN")
-	if dsn == "" {
-		dsn = "root@tcp(127.0.0.1:3306)/test"
-	}
-	cfg, err := mysql.ParseDSN(dsn)
+	cfg, err := mysql.ParseDSN(mysqlDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.DBName = "idem_demo_test_" + strings.ToLower(rand.Text()[:10])
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	db := sql.OpenDB(conn)
 	defer db.Close()
-	t.Cleanup(func() {
-		admin := *cfg
-		admin.DBName = ""
-		c, err := mysql.NewConnector(&admin)
-		if err != nil {
-			return
-		}
-		adb := sql.OpenDB(c)
-		defer adb.Close()
-		_, _ = adb.Exec("DROP DATABASE IF EXISTS `" + cfg.DBName + "`")
-	})
 
 	bin := filepath.Join(t.TempDir(), "demo")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
@@ -71,4 +55,37 @@ func TestDemoMySQL(t *testing.T) {
 		t.Fatalf("%d payment rows and %d completed records in %s; want both written by the demo", rows, records, cfg.DBName)
 	}
 	t.Logf("%d payment rows, %d completed records\n%s", rows, records, out)
+}
+
+// mysqlDatabase returns the DSN of IDEM_MYSQL_DSN's server (default
+// root@tcp(127.0.0.1:3306)/test) with a fresh database name, which the
+// example services create; it is dropped at the end of the test.
+func mysqlDatabase(t *testing.T) string {
+	dsn := os.Getenv("IDEM_MYSQL_DSN")
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("IDEM_MYSQL_DSN: %v", err)
+	}
+	admin := cfg.Clone()
+	admin.DBName = ""
+	conn, err := mysql.NewConnector(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		t.Fatalf("MySQL unreachable at %s (IDEM_MYSQL_DSN): %v", cfg.Addr, err)
+	}
+	cfg.DBName = "idem_demo_test_" + strings.ToLower(rand.Text()[:10])
+	t.Cleanup(func() {
+		defer db.Close()
+		_, _ = db.Exec("DROP DATABASE IF EXISTS `" + cfg.DBName + "`")
+	})
+	return cfg.FormatDSN()
 }
