@@ -186,8 +186,10 @@ func openMySQL(f Flags) (*sql.DB, error) {
 		return nil, fmt.Errorf("-mysql-dsn: %w", err)
 	}
 	db := sql.OpenDB(conn)
-	db.SetMaxOpenConns(64)
-	db.SetMaxIdleConns(64)
+	// One connection per running transactional execution, plus the store's
+	// own calls; the test servers these examples run against are shared.
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := createDatabase(ctx, *cfg); err != nil {
