@@ -33,7 +33,7 @@
 // The store needs no particular isolation level, and works the same at
 // REPEATABLE READ (the default of MySQL and MariaDB) and READ COMMITTED.
 // Each statement runs in autocommit (so each of the procedure's statements
-// too), and every decision that matters is made by a current read under
+// too; sessions must keep autocommit on, the default), and every decision that matters is made by a current read under
 // a row lock, never by a snapshot: the takeover condition of INSERT … ON
 // DUPLICATE KEY UPDATE is evaluated on the latest version of the row,
 // under its exclusive lock, so among racing takeovers exactly one wins
