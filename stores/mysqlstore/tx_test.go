@@ -38,7 +38,7 @@ func testTransactional(t *testing.T, db *sql.DB) {
 	s, table := newStore(t, db)
 	payments := createPayments(t, db, table)
 	// Long enough for a loaded machine: it is never renewed here.
-	const lease = 2 * time.Second
+	const lease = 3 * time.Second
 	noRenewal := struct { // no Extender: the lease is never renewed
 		idem.Store
 		idem.Transactional
