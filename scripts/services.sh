@@ -113,7 +113,7 @@ if [ -z "${IDEM_MYSQL_DSN:-}" ]; then
     fi
     mkdir -p /run/mysqld && { [ "$(id -u)" != 0 ] || chown mysql: /run/mysqld; }
     # The system server (data in /var/lib/mysql), left running like the one a machine boots with.
-    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd >&2
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql >&2
     for _ in $(seq 300); do my_answers && break; sleep 0.1; done
     my_answers || { echo "services: MariaDB did not start on 127.0.0.1:3306" >&2; exit 1; }
     # root over TCP without a password, and database test (through the socket, as the OS root).
