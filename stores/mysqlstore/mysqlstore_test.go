@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,14 +18,16 @@ import (
 )
 
 // TestConformance runs the store suite at the server's default isolation
-// level (REPEATABLE READ on MySQL and MariaDB) and with every session at
-// READ COMMITTED.
+// level (REPEATABLE READ on MySQL and MariaDB), with every session at READ
+// COMMITTED, and with the DSN's clientFoundRows (affected rows count the
+// rows matched, not changed).
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, level := range []string{"", "READ-COMMITTED"} {
-		t.Run("isolation="+strings.ToLower(cmpOr(level, "default")), func(t *testing.T) {
+	for _, c := range []struct{ name, level string }{{"isolation=default", ""}, {"isolation=read-committed", "READ-COMMITTED"}, {"clientFoundRows", ""}} {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			db := newDB(t, isolation(t, level))
+			level := c.level
+			db := newDB(t, isolation(t, level), func(cfg *mysql.Config) { cfg.ClientFoundRows = c.name == "clientFoundRows" })
 			want := cmpOr(level, "REPEATABLE-READ")
 			var got string
 			if err := db.QueryRowContext(ctxT(t), `SELECT @@`+isolationVar(t)).Scan(&got); err != nil || got != want {
