@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/gin-gonic/gin v1.12.0
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/idemkit/idem/adapters/idemecho v0.1.0
@@ -15,6 +16,7 @@ require (
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
+	github.com/idemkit/idem/stores/mysqlstore v0.1.0
 	github.com/idemkit/idem/stores/pgstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -31,6 +33,7 @@ require (
 	codeberg.org/go-fonts/liberation v0.5.0 // indirect
 	codeberg.org/go-latex/latex v0.2.0 // indirect
 	codeberg.org/go-pdf/fpdf v0.11.1 // indirect
+	filippo.io/edwards25519 v1.2.0 // indirect
 	git.sr.ht/~sbinet/gg v0.7.0 // indirect
 	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
 	github.com/andybalholm/brotli v1.2.7 // indirect
@@ -102,6 +105,7 @@ replace (
 	github.com/idemkit/idem/core => ../core
 	github.com/idemkit/idem/stores/memstore => ../stores/memstore
 	github.com/idemkit/idem/stores/mongostore => ../stores/mongostore
+	github.com/idemkit/idem/stores/mysqlstore => ../stores/mysqlstore
 	github.com/idemkit/idem/stores/pgstore => ../stores/pgstore
 	github.com/idemkit/idem/stores/redisstore => ../stores/redisstore
 )

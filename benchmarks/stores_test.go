@@ -45,6 +45,7 @@ var storeCases = []storeCase{
 	{name: "redis", open: openRedis},
 	{name: "mongo", open: openMongo},
 	{name: "postgres", open: openPostgres},
+	{name: "mysql", open: openMySQL},
 }
 
 func openMem(tb testing.TB) (idem.Store, *atomic.Int64) {

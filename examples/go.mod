@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	connectrpc.com/connect v1.21.1
 	github.com/gin-gonic/gin v1.12.0
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/idemkit/idem/adapters/idemconnect v0.1.0
@@ -20,6 +21,7 @@ require (
 	github.com/idemkit/idem/observability/idemotel v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
+	github.com/idemkit/idem/stores/mysqlstore v0.1.0
 	github.com/idemkit/idem/stores/pgstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -40,6 +42,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/andybalholm/brotli v1.2.7 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/bytedance/gopkg v0.1.3 // indirect
@@ -122,6 +125,7 @@ replace (
 	github.com/idemkit/idem/observability/idemotel => ../observability/idemotel
 	github.com/idemkit/idem/stores/memstore => ../stores/memstore
 	github.com/idemkit/idem/stores/mongostore => ../stores/mongostore
+	github.com/idemkit/idem/stores/mysqlstore => ../stores/mysqlstore
 	github.com/idemkit/idem/stores/pgstore => ../stores/pgstore
 	github.com/idemkit/idem/stores/redisstore => ../stores/redisstore
 )

@@ -35,7 +35,7 @@ run() { # run <label> <go test args...>: appends to $RAW, shows progress
 run "middleware per framework and Fiber's built-in (fixed op count: fresh records accumulate equally)" \
   -bench '^(BenchmarkMiddleware|BenchmarkFiberBuiltin|BenchmarkFiberPeer|BenchmarkFiberV3Builtin|BenchmarkFiberV3Peer)$' -benchtime=100000x -count=5 -benchmem
 run "stores, engine round trips, Redis floor" \
-  -bench '^(BenchmarkStore|BenchmarkEngine|BenchmarkRedisFloor|BenchmarkPostgresFloor)$' -benchtime=1s -count=3 -benchmem
+  -bench '^(BenchmarkStore|BenchmarkEngine|BenchmarkRedisFloor|BenchmarkPostgresFloor|BenchmarkMySQLFloor)$' -benchtime=1s -count=3 -benchmem
 run "memstore scale (10^3, 10^5, 10^6 records)" \
   -bench '^BenchmarkMemScale$' -benchtime=1s -count=3 -benchmem -bench.full
 run "memstore retention, Redis bytes per record" \

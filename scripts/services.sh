@@ -8,6 +8,9 @@
 #   IDEM_POSTGRES_URL a PostgreSQL database: postgres://postgres@127.0.0.1:5432/test if
 #                    that server answers, else one started here (installed with apt if
 #                    missing; data in .tmp/postgres, trust auth, database test)
+#   IDEM_MYSQL_DSN   a MySQL/MariaDB database (go-sql-driver DSN): root@tcp(127.0.0.1:3306)/test;
+#                    when nothing answers there, the system MariaDB is started (installed
+#                    with apt if missing), root@127.0.0.1 without password, database test
 # Everything started here is stopped by the EXIT trap.
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -98,3 +101,26 @@ if [ -z "${IDEM_POSTGRES_URL:-}" ]; then
   fi
 fi
 echo "services: PostgreSQL at $IDEM_POSTGRES_URL"
+
+# --- MySQL / MariaDB ---
+my_answers() { (exec 3<>/dev/tcp/127.0.0.1/3306) 2>/dev/null; }
+if [ -z "${IDEM_MYSQL_DSN:-}" ]; then
+  if ! my_answers; then
+    if [ ! -x /usr/sbin/mariadbd ]; then
+      echo "services: nothing on 127.0.0.1:3306 and no MariaDB; installing it (apt-get install mariadb-server)" >&2
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server) >&2 \
+        || { echo "services: could not install mariadb-server; start MySQL and set IDEM_MYSQL_DSN" >&2; exit 1; }
+    fi
+    mkdir -p /run/mysqld && { [ "$(id -u)" != 0 ] || chown mysql: /run/mysqld; }
+    # The system server (data in /var/lib/mysql), left running like the one a machine boots with.
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql >&2
+    for _ in $(seq 300); do my_answers && break; sleep 0.1; done
+    my_answers || { echo "services: MariaDB did not start on 127.0.0.1:3306" >&2; exit 1; }
+    # root over TCP without a password, and database test (through the socket, as the OS root).
+    mariadb -uroot -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+      GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; CREATE DATABASE IF NOT EXISTS test" >&2 \
+      || { echo "services: could not set up root@127.0.0.1 and database test" >&2; exit 1; }
+  fi
+  export IDEM_MYSQL_DSN='root@tcp(127.0.0.1:3306)/test'
+fi
+echo "services: MySQL at $IDEM_MYSQL_DSN"

@@ -3,8 +3,10 @@ module github.com/idemkit/idem/cmd/idemctl
 go 1.26.0
 
 require (
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
+	github.com/idemkit/idem/stores/mysqlstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.mongodb.org/mongo-driver/v2 v2.10.0
@@ -12,6 +14,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/xdg-go/scram v1.4.0 // indirect
@@ -27,5 +30,6 @@ require (
 replace (
 	github.com/idemkit/idem/core => ../../core
 	github.com/idemkit/idem/stores/mongostore => ../../stores/mongostore
+	github.com/idemkit/idem/stores/mysqlstore => ../../stores/mysqlstore
 	github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
 )

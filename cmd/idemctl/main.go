@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,12 +14,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/mongostore"
+	"github.com/idemkit/idem/stores/mysqlstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
@@ -44,7 +47,7 @@ func main() {
 }
 
 type cmdFlags struct {
-	store, prefix, collection          string
+	store, prefix, collection, table   string
 	principal, method, route, key, hex string
 	yes                                bool
 	timeout                            time.Duration
@@ -60,9 +63,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fs.PrintDefaults()
 	}
 	var o cmdFlags
-	fs.StringVar(&o.store, "store", "", "store URL: redis://[user:password@]host:port/db (rediss:// for TLS) or mongodb://host/ (mongodb+srv:// too)")
+	fs.StringVar(&o.store, "store", "", "store URL: redis://[user:password@]host:port/db (rediss:// for TLS), mongodb://host/ (mongodb+srv:// too) or mysql://[user:password@]host[:port]/database")
 	fs.StringVar(&o.prefix, "prefix", redisstore.DefaultPrefix, "Redis key prefix of the store (redisstore.WithPrefix)")
 	fs.StringVar(&o.collection, "collection", "idem.idempotency", "MongoDB database.collection of the store")
+	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "MySQL table of the store, table or database.table (mysqlstore.WithTable)")
 	fs.StringVar(&o.principal, "principal", "", "principal the adapter's scope function returned (empty with idem.WithGlobalScope)")
 	fs.StringVar(&o.method, "method", "POST", "HTTP method")
 	fs.StringVar(&o.route, "route", "", "route template as the adapter reports it, e.g. /v1/payments/:id (the request path if it reports none)")
@@ -175,8 +179,43 @@ func open(ctx context.Context, o cmdFlags) (idem.Inspector, func(), error) {
 			_ = s.Close()
 			_ = client.Disconnect(context.WithoutCancel(ctx))
 		}, nil
+	case "mysql":
+		cfg, err := mysqlConfig(u)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-store: %w", err)
+		}
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-store: %w", err)
+		}
+		db := sql.OpenDB(conn)
+		s := mysqlstore.New(db, mysqlstore.WithTable(o.table))
+		return s, func() { _ = s.Close(); _ = db.Close() }, nil
 	}
-	return nil, nil, fmt.Errorf("-store %q: want a redis://, rediss://, mongodb:// or mongodb+srv:// URL", o.store)
+	return nil, nil, fmt.Errorf("-store %q: want a redis://, rediss://, mongodb://, mongodb+srv:// or mysql:// URL", o.store)
+}
+
+// mysqlConfig turns mysql://[user[:password]@]host[:port]/database into
+// the driver's configuration (TCP, port 3306 by default); query parameters
+// are the driver's DSN parameters (e.g. tls=true).
+func mysqlConfig(u *url.URL) (*mysql.Config, error) {
+	db := strings.TrimPrefix(u.Path, "/")
+	if u.Host == "" || db == "" || strings.Contains(db, "/") {
+		return nil, errors.New("want mysql://[user[:password]@]host[:port]/database")
+	}
+	dsn := u.User.Username()
+	if p, ok := u.User.Password(); ok {
+		dsn += ":" + p
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host += ":3306"
+	}
+	dsn += "@tcp(" + host + ")/" + db
+	if u.RawQuery != "" {
+		dsn += "?" + u.RawQuery
+	}
+	return mysql.ParseDSN(dsn)
 }
 
 // printRecord writes the operator's view of a record: state, time to live

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -17,12 +19,14 @@ import (
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/mongostore"
+	"github.com/idemkit/idem/stores/mysqlstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
 // The tests talk to the Redis at IDEM_REDIS_URL (default
 // redis://127.0.0.1:6379/0) and the MongoDB-wire server at IDEM_MONGO_URI
-// (FerretDB under `make test`). A missing server fails the test when
+// (FerretDB under `make test`), and the MySQL/MariaDB at IDEM_MYSQL_DSN
+// (default root@tcp(127.0.0.1:3306)/test). A missing server fails the test when
 // CI=true and skips it otherwise.
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -81,12 +85,48 @@ func mongoBackend(t *testing.T) backend {
 	return backend{store: s, args: []string{"-store", u, "-collection", "idemctl_test." + coll.Name()}}
 }
 
-// TestStuckRecord is the operator's story on Redis and on FerretDB: a
+func mysqlBackend(t *testing.T) backend {
+	dsn := os.Getenv("IDEM_MYSQL_DSN")
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	table := "idemctl_t_" + strings.ToLower(rand.Text()[:12])
+	s := mysqlstore.New(db, mysqlstore.WithTable(table))
+	t.Cleanup(func() {
+		_ = s.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+table+"`")
+		_, _ = db.ExecContext(ctx, "DROP PROCEDURE IF EXISTS `"+table+"_acquire`")
+		_ = db.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.EnsureSchema(ctx); err != nil {
+		t.Fatalf("MySQL at %s (IDEM_MYSQL_DSN): %v", cfg.Addr, err)
+	}
+	u := "mysql://" + cfg.User
+	if cfg.Passwd != "" {
+		u += ":" + cfg.Passwd
+	}
+	return backend{store: s, args: []string{"-store", u + "@" + cfg.Addr + "/" + cfg.DBName, "-table", table}}
+}
+
+// TestStuckRecord is the operator's story on Redis, FerretDB and MariaDB: a
 // process crashed holding a lease, so retries get 409; idemctl shows the
 // record and its owner, a "no" keeps it, -yes evicts it, and the retry
 // executes; the completed record shows its status, headers and body size.
 func TestStuckRecord(t *testing.T) {
-	for name, newBackend := range map[string]func(*testing.T) backend{"redis": redisBackend, "mongo": mongoBackend} {
+	for name, newBackend := range map[string]func(*testing.T) backend{"redis": redisBackend, "mongo": mongoBackend, "mysql": mysqlBackend} {
 		t.Run(name, func(t *testing.T) { testStuckRecord(t, newBackend(t)) })
 	}
 }
@@ -182,6 +222,7 @@ func TestUsage(t *testing.T) {
 		{"show", "-store", "redis://127.0.0.1:1/0", "-scoped-key", "xyz"},                                             // not hex
 		{"show", "-store", "memcached://127.0.0.1:1", "-route", "/p", "-key", "k"},                                    // unknown scheme
 		{"show", "-store", "mongodb://127.0.0.1:1/", "-collection", "nodot", "-route", "/p", "-key", "k"},             // bad collection
+		{"show", "-store", "mysql://root@127.0.0.1:1", "-route", "/p", "-key", "k"},                                   // no database
 		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "extra"},                             // stray argument
 		{"evict", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "-nonsense"},                        // unknown flag
 		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", strings.Repeat("k", idem.MaxKeyLength+1)}, // too long

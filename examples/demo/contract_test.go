@@ -180,8 +180,8 @@ func testContract(t *testing.T, d *demo) {
 	}
 }
 
-// TestStoreUnreachableAtStartup starts every example against a Redis and a
-// MongoDB that are not there: each still starts, serves its unprotected
+// TestStoreUnreachableAtStartup starts every example against a Redis, a
+// MongoDB and a MySQL that are not there: each still starts, serves its unprotected
 // routes, and answers 503 on the protected ones without executing anything.
 func TestStoreUnreachableAtStartup(t *testing.T) {
 	dir := t.TempDir()
@@ -191,9 +191,10 @@ func TestStoreUnreachableAtStartup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, store := range []string{"redis", "mongo"} {
+		for _, store := range []string{"redis", "mongo", "mysql"} {
 			t.Run(name+"/"+store, func(t *testing.T) {
-				p := start(t, bin, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/")
+				p := start(t, bin, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/",
+					"-mysql-dsn", "root@tcp("+dead+")/test")
 				d := &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}}
 				if n := d.executions(); n != 0 {
 					t.Fatalf("stats: %d executions", n)
@@ -211,7 +212,7 @@ func TestStoreUnreachableAtStartup(t *testing.T) {
 }
 
 // TestRequestIDEveryStore runs testRequestID through every example with the
-// Redis and MongoDB stores (TestExamples covers the memory store): the
+// Redis, MongoDB and MySQL stores (TestExamples covers the memory store): the
 // header selection must hold whatever store keeps the response.
 func TestRequestIDEveryStore(t *testing.T) {
 	rc := redisClient(t)
@@ -225,12 +226,17 @@ func TestRequestIDEveryStore(t *testing.T) {
 	if !mongoUp && os.Getenv("CI") == "true" {
 		t.Fatalf("MongoDB unreachable at %s (IDEM_MONGO_URI)", mongoURI)
 	}
+	mysqlDSN := mysqlDatabase(t)
 	dir := t.TempDir()
 	for _, name := range procs.Frameworks {
 		bin, err := procs.Build(context.Background(), dir, name)
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Run(name+"/mysql", func(t *testing.T) {
+			p := start(t, bin, "-store", "mysql", "-mysql-dsn", mysqlDSN, "-charge-latency", "1ms")
+			testRequestID(t, &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}})
+		})
 		t.Run(name+"/redis", func(t *testing.T) {
 			p := start(t, bin, "-store", "redis", "-redis-url", redisURL(), "-redis-prefix", prefix, "-charge-latency", "1ms")
 			testRequestID(t, &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}})

@@ -4,15 +4,18 @@
 // loopback port as its own process, plays the scenarios, and prints a table
 // per framework with the idem decisions the service counted on its /metrics,
 // and nothing else: the services' logs go to a file that is shown only on
-// failure. With -store redis its keys live under their own prefix,
+// failure. With -store redis its keys live under their own prefix
 // (-redis-prefix, default "idem-demo:"), deleted when it is done; with -store postgres its tables
-// live in their own schema (-postgres-schema, default idem_demo), and every
-// payment is a row written through its execution's transaction. It exits 1
+// live in their own schema (-postgres-schema, default idem_demo), and with
+// -store mysql in their own database (-mysql-dsn, default database
+// idem_demo, created if missing); with either, every payment is a row
+// written through its execution's transaction. It exits 1
 // if any logical payment was charged successfully more than once.
 //
 //	go run ./examples/demo                       # every framework, memory store
 //	go run ./examples/demo -framework gin -store redis
 //	go run ./examples/demo -store postgres       # PostgreSQL at -postgres-url
+//	go run ./examples/demo -store mysql          # MySQL or MariaDB at -mysql-dsn
 package main
 
 import (
@@ -41,12 +44,13 @@ import (
 
 func main() {
 	framework := flag.String("framework", "all", strings.Join(procs.Frameworks, ", ")+" or all")
-	store := flag.String("store", "memory", "memory, redis, mongo or postgres")
+	store := flag.String("store", "memory", "memory, redis, mongo, postgres or mysql")
 	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis")
 	redisPrefix := flag.String("redis-prefix", "idem-demo:", "prefix of the demo's Redis keys, apart from any service's")
 	mongoURI := flag.String("mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo")
 	pgURL := flag.String("postgres-url", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL URL for -store postgres")
 	pgSchema := flag.String("postgres-schema", "idem_demo", "schema of the demo's PostgreSQL tables, apart from any service's")
+	mysqlDSN := flag.String("mysql-dsn", "root@tcp(127.0.0.1:3306)/idem_demo", "MySQL/MariaDB DSN for -store mysql; its database (created if missing) is the demo's, apart from any service's")
 	latency := flag.Duration("charge-latency", 300*time.Millisecond, "simulated provider latency")
 	flag.Parse()
 
@@ -78,7 +82,7 @@ func main() {
 			fail(err, "")
 		}
 		p, err := procs.Start(bin, logs, "-store", *store, "-redis-url", *redisURL, "-redis-prefix", *redisPrefix,
-			"-mongo-uri", *mongoURI, "-postgres-url", *pgURL, "-postgres-schema", *pgSchema, "-charge-latency", latency.String())
+			"-mongo-uri", *mongoURI, "-postgres-url", *pgURL, "-postgres-schema", *pgSchema, "-mysql-dsn", *mysqlDSN, "-charge-latency", latency.String())
 		if err != nil {
 			fail(err, logPath)
 		}

@@ -86,4 +86,5 @@ var backends = []struct {
 }{
 	{"redis", redisBackend},
 	{"mongo", mongoBackend},
+	{"mysql", mysqlBackend},
 }

@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
 	github.com/idemkit/idem/stores/pgstore v0.1.0
@@ -16,6 +17,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/gorilla/mux v1.8.1 // indirect

@@ -272,9 +272,9 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	if v, ok := r.config["mongo-server"]; ok {
 		p("The `mongo` rows ran against: **%s**, not a MongoDB server; its latencies say little about MongoDB's.\n\n", v)
 	}
-	p("Shared store benchmarks (store API directly; `hot-key` and `parallel-distinct` use `b.RunParallel`, GOMAXPROCS goroutines). Round trips are counted from the commands the client sent (go-redis hook, MongoDB command monitor, writes of each pgx connection).\n\n")
+	p("Shared store benchmarks (store API directly; `hot-key` and `parallel-distinct` use `b.RunParallel`, GOMAXPROCS goroutines). Round trips are counted from the commands the client sent (go-redis hook, MongoDB command monitor, writes of each pgx and MySQL connection).\n\n")
 	p("| store | op | time/op | allocs/op | round trips/op |\n|---|---|---|---|---|\n")
-	for _, st := range []string{"memory", "redis", "mongo", "postgres"} {
+	for _, st := range []string{"memory", "redis", "mongo", "postgres", "mysql"} {
 		for _, op := range []string{"acquire-complete", "replay", "hot-key", "parallel-distinct"} {
 			name := "BenchmarkStore/store=" + st + "/op=" + op
 			v, ok := r.ns(name)
@@ -293,7 +293,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	p("\nThrough the engine (`Begin`, `Write`, `Finish`, no framework), next to the floor of round trips:\n\n")
 	p("| store | path | time/op | allocs/op | round trips/op | floor |\n|---|---|---|---|---|---|\n")
 	floors := map[string]float64{"fresh": 2, "replay": 1, "conflict": 1}
-	for _, st := range []string{"memory", "redis", "mongo", "postgres"} {
+	for _, st := range []string{"memory", "redis", "mongo", "postgres", "mysql"} {
 		for _, path := range []string{"fresh", "replay", "conflict"} {
 			name := "BenchmarkEngine/store=" + st + "/path=" + path
 			v, ok := r.ns(name)
@@ -356,6 +356,30 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 				p("Paired (alternating chunks over the same goroutines): idem %s, bare %s per request: throughput ratio idem ÷ bare = **%.2f**.\n", dur(pi), dur(pb), ratio)
 			}
 			targets = append(targets, target{what: "PostgreSQL fresh throughput ≥ 0.9× the bare two-statement floor", measured: fmt.Sprintf("%.2f×", ratio), met: ratio >= 0.9, known: true})
+		}
+	}
+
+	// 4c. MySQL floor
+	if idemNs, ok := r.ns("BenchmarkMySQLFloor/impl=idem"); ok {
+		if bareNs, ok := r.ns("BenchmarkMySQLFloor/impl=bare-sql"); ok {
+			p("\n### MySQL versus its own floor\n\n")
+			p("Fresh idempotent requests through the engine on mysqlstore (the acquire procedure's `CALL`, conditional completion `UPDATE`) against a bare `*sql.DB` sending two plain prepared statements on a table of the same shape (`INSERT` of a token with its lease, `UPDATE` of the encoded response by primary key), both with `b.RunParallel` at `SetParallelism(8)`, one `*sql.DB` each, the server on the same 2 cores.\n\n")
+			p("| | time/op | requests/s | allocs/op | round trips/op |\n|---|---|---|---|---|\n")
+			for _, row := range []struct{ label, name string }{{"idem (mysqlstore)", "BenchmarkMySQLFloor/impl=idem"}, {"bare database/sql", "BenchmarkMySQLFloor/impl=bare-sql"}} {
+				v, _ := r.ns(row.name)
+				a, _ := r.get(row.name, "allocs/op")
+				rt, _ := r.get(row.name, "roundtrips/op")
+				p("| %s | %s | %.0f | %s | %s |\n", row.label, dur(v), 1e9/v, num(a), num(rt))
+			}
+			ratio := bareNs / idemNs
+			p("\nThroughput ratio idem ÷ bare, separate benchmarks = %.2f.\n", ratio)
+			if pr, ok := r.get("BenchmarkMySQLFloor/impl=paired", "idem/bare"); ok {
+				pi, _ := r.get("BenchmarkMySQLFloor/impl=paired", "idem-ns/op")
+				pb, _ := r.get("BenchmarkMySQLFloor/impl=paired", "bare-ns/op")
+				ratio = 1 / pr
+				p("Paired (alternating chunks over the same goroutines): idem %s, bare %s per request: throughput ratio idem ÷ bare = **%.2f**.\n", dur(pi), dur(pb), ratio)
+			}
+			targets = append(targets, target{what: "MySQL fresh throughput ≥ 0.9× the bare two-statement floor", measured: fmt.Sprintf("%.2f×", ratio), met: ratio >= 0.9, known: true})
 		}
 	}
 

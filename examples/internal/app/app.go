@@ -7,6 +7,7 @@ package app
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,9 +17,11 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -29,6 +32,7 @@ import (
 	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/stores/memstore"
 	"github.com/idemkit/idem/stores/mongostore"
+	"github.com/idemkit/idem/stores/mysqlstore"
 	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
@@ -36,7 +40,7 @@ import (
 // Flags holds the command line every example accepts.
 type Flags struct {
 	Addr          string
-	Store         string // memory, redis, mongo or postgres
+	Store         string // memory, redis, mongo, postgres or mysql
 	RedisURL      string
 	RedisPrefix   string // redisstore.WithPrefix
 	MongoURI      string
@@ -56,6 +60,10 @@ type Flags struct {
 	// PaymentsPostgres records payments as rows in PostgreSQL with any
 	// store (on its own connection unless -store postgres).
 	PaymentsPostgres bool
+	// MySQLDSN is the database (go-sql-driver DSN) of -store mysql: its
+	// tables idem_records (mysqlstore) and payments, written through the
+	// execution's transaction.
+	MySQLDSN string
 	// Test hooks (tests/chaos): NoRenewal hides the store's lease renewal
 	// from the engine; PauseAfterRecord holds each handler after its
 	// payment row is written, printing "paused", until SIGUSR1.
@@ -67,7 +75,7 @@ type Flags struct {
 func ParseFlags() Flags {
 	var f Flags
 	flag.StringVar(&f.Addr, "addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
-	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis, mongo or postgres")
+	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis, mongo, postgres or mysql")
 	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
 	flag.StringVar(&f.RedisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key, for -store redis")
 	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection idempotency)")
@@ -80,6 +88,7 @@ func ParseFlags() Flags {
 	flag.StringVar(&f.PostgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL URL for -store postgres and -payments-postgres")
 	flag.StringVar(&f.PostgresSchema, "postgres-schema", "public", "PostgreSQL schema of the tables idem_records and payments (created if missing)")
 	flag.BoolVar(&f.PaymentsPostgres, "payments-postgres", false, "record payments as rows in PostgreSQL (always with -store postgres, through the execution's transaction)")
+	flag.StringVar(&f.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/test", "MySQL/MariaDB DSN (go-sql-driver) for -store mysql: tables idem_records and payments (created if missing)")
 	flag.BoolVar(&f.NoRenewal, "no-renewal", false, "test hook: never renew leases")
 	flag.BoolVar(&f.PauseAfterRecord, "pause-after-record", false, "test hook: hold each handler after its payment row is written, print \"paused\", go on at SIGUSR1")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
@@ -148,8 +157,51 @@ func openStore(f Flags) (idem.Store, func(), error) {
 			return nil, nil, err
 		}
 		return s, func() { s.Close(); pool.Close() }, nil
+	case "mysql":
+		db, err := openMySQL(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		s := mysqlstore.New(db)
+		if err := s.StartPurger(time.Hour); err != nil {
+			return nil, nil, err
+		}
+		return s, func() { _ = s.Close(); _ = db.Close() }, nil
 	}
-	return nil, nil, fmt.Errorf("-store %q: want memory, redis, mongo or postgres", f.Store)
+	return nil, nil, fmt.Errorf("-store %q: want memory, redis, mongo, postgres or mysql", f.Store)
+}
+
+// openMySQL returns a *sql.DB on f.MySQLDSN (it connects lazily) after
+// creating its database, idem_records (with its procedure) and payments
+// when they are missing; when the server is down at start-up it logs and
+// goes on, and requests fail until the tables exist.
+func openMySQL(f Flags) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(f.MySQLDSN)
+	if err != nil {
+		return nil, fmt.Errorf("-mysql-dsn: %w", err)
+	}
+	cfg.Timeout = 2 * time.Second
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("-mysql-dsn: %w", err)
+	}
+	db := sql.OpenDB(conn)
+	// One connection per running transactional execution, plus the store's
+	// own calls; the test servers these examples run against are shared.
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := createDatabase(ctx, *cfg); err != nil {
+		slog.Warn("mysql: creating the database failed", "err", err)
+	}
+	_, perr := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS payments (\n"+
+		"  id VARCHAR(64) PRIMARY KEY, user_id VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, currency VARCHAR(8) NOT NULL,\n"+
+		"  created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB")
+	if err := errors.Join(mysqlstore.New(db).EnsureSchema(ctx), perr); err != nil {
+		slog.Warn("mysql: creating the tables failed; requests fail until they exist", "err", err)
+	}
+	return db, nil
 }
 
 // openPostgres returns a pool on f.PostgresURL (it connects lazily) after
@@ -181,9 +233,24 @@ func exec(ctx context.Context, pool *pgxpool.Pool, sql string) error {
 	return err
 }
 
+// createDatabase creates cfg's database if it is missing.
+func createDatabase(ctx context.Context, cfg mysql.Config) error {
+	name := cfg.DBName
+	cfg.DBName = ""
+	conn, err := mysql.NewConnector(&cfg)
+	if err != nil {
+		return err
+	}
+	db := sql.OpenDB(conn)
+	defer db.Close()
+	_, err = db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+strings.ReplaceAll(name, "`", "``")+"`")
+	return err
+}
+
 // OpenLedger returns the payments ledger f asks for: rows in the payments
 // table of f.PostgresSchema, written through the execution's transaction
-// (pgstore.Tx) with -store postgres, on a pool of its own with
+// (pgstore.Tx) with -store postgres, or of -mysql-dsn's database
+// (mysqlstore.Tx) with -store mysql, on a pool of its own with
 // -payments-postgres and another store; nil without either. The returned
 // function closes what it opened.
 func OpenLedger(f Flags) (payments.Ledger, func(), error) {
@@ -191,6 +258,16 @@ func OpenLedger(f Flags) (payments.Ledger, func(), error) {
 		` (id, user_id, amount, currency) VALUES ($1, $2, $3, $4)`}
 	closeLedger := func() {}
 	switch {
+	case f.Store == "mysql":
+		l.insert = `INSERT INTO payments (id, user_id, amount, currency) VALUES (?, ?, ?, ?)`
+		l.write = func(ctx context.Context, sql string, args ...any) error {
+			tx, err := mysqlstore.Tx(ctx) // the execution's transaction: committed with the completed record
+			if err != nil {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, sql, args...)
+			return err
+		}
 	case f.Store == "postgres":
 		l.write = func(ctx context.Context, sql string, args ...any) error {
 			tx, err := pgstore.Tx(ctx) // the execution's transaction: committed with the completed record

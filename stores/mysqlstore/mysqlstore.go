@@ -1,0 +1,496 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// DefaultTable is the table used without [WithTable].
+const DefaultTable = "idem_records"
+
+// MaxIDLength is the longest key, token or fingerprint the table holds
+// (VARBINARY(255)); the engine's are 64 hex characters (keys and
+// fingerprints) and 26 characters (tokens). Longer ones are refused with
+// [ErrInvalidID] before any I/O, never truncated.
+const MaxIDLength = 255
+
+// ErrInvalidID is returned (wrapped) by a Store method given a key, token
+// or fingerprint longer than [MaxIDLength] bytes. Nothing is written.
+var ErrInvalidID = errors.New("mysqlstore: key, token or fingerprint longer than 255 bytes")
+
+// ErrContention is returned (wrapped) by Acquire when the record changed
+// under it on every attempt (each time a concurrent request deleted, took
+// over or let expire the record it had just seen), or InnoDB chose it as a
+// deadlock victim every time. It is a system failure: the engine answers
+// 503 and executes nothing.
+var ErrContention = errors.New("mysqlstore: record changed on every acquire attempt")
+
+// ErrTooLarge is returned (wrapped) by Complete when the server refuses the
+// encoded response as larger than its max_allowed_packet (16 MiB by
+// default on MariaDB, 64 MiB on MySQL 8), or it exceeds the driver's
+// Config.MaxAllowedPacket. Nothing is written and the lease (and the
+// execution's transaction) stay as they were, unless the server closed
+// the connection, which rolls the transaction back. The engine's
+// WithMaxResponseBytes (1 MiB by default) keeps responses far below it.
+var ErrTooLarge = fmt.Errorf("mysqlstore: response exceeds max_allowed_packet: %w", idem.ErrTooLarge)
+
+// ErrCorrupt is returned (wrapped) when a row holds a state or response this
+// package did not write. It wraps [idem.ErrCorrupt]: the engine answers 500
+// "stored-result-unreadable" until the row is deleted.
+var ErrCorrupt = fmt.Errorf("mysqlstore: corrupt record: %w", idem.ErrCorrupt)
+
+// Values of the state column.
+const (
+	stateInProgress int8 = 1
+	stateCompleted  int8 = 2
+)
+
+// maxAcquireAttempts bounds Acquire's retries when a concurrent transition
+// leaves its call with nothing to return, or InnoDB rolls it back as a
+// deadlock victim.
+const maxAcquireAttempts = 5
+
+// MySQL error numbers the store reacts to.
+const (
+	erLockDeadlock   = 1213 // ER_LOCK_DEADLOCK: the statement was rolled back
+	erNetPacketLarge = 1153 // ER_NET_PACKET_TOO_LARGE (MariaDB, for a long parameter too)
+)
+
+var (
+	_ idem.Store         = (*Store)(nil)
+	_ idem.Extender      = (*Store)(nil)
+	_ idem.Transactional = (*Store)(nil)
+	_ idem.Inspector     = (*Store)(nil)
+)
+
+// Store is an idem.Store on MySQL 8 or MariaDB (InnoDB), safe for
+// concurrent use. It borrows its *sql.DB and never closes it.
+type Store struct {
+	db     *sql.DB
+	table  string // quoted, possibly database-qualified
+	proc   string // quoted acquire procedure, same database as the table
+	names  names
+	logger *slog.Logger
+	q      queries
+
+	stmtMu sync.Mutex
+	stmts  map[string]*sql.Stmt // prepared on first use, closed by Close
+
+	mu      sync.Mutex
+	closed  bool
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// names are the unquoted parts of the table's name.
+type names struct{ schema, table string }
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithTable sets the table holding the records, "table" or
+// "database.table" (each part quoted as an identifier, so case and any
+// characters are kept as given). The acquire procedure is named after it
+// (table + "_acquire", in the same database), so the name must leave room
+// for that suffix within MySQL's 64 characters. Optional. Default is
+// "idem_records" ([DefaultTable]) in the connection's database.
+func WithTable(name string) Option {
+	return func(s *Store) {
+		if db, t, ok := strings.Cut(name, "."); ok {
+			s.names = names{db, t}
+			s.table = quote(db) + "." + quote(t)
+			s.proc = quote(db) + "." + quote(t+"_acquire")
+		} else {
+			s.names = names{"", name}
+			s.table = quote(name)
+			s.proc = quote(name + "_acquire")
+		}
+	}
+}
+
+// quote quotes an identifier with backticks.
+func quote(id string) string { return "`" + strings.ReplaceAll(id, "`", "``") + "`" }
+
+// WithLogger sets the logger for the purger's failures and for a handler
+// that ended its execution's transaction itself. Optional. Default is
+// slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.logger = l } }
+
+// New returns a Store keeping its records in a table of db's database
+// (create it with [Store.EnsureSchema] or the statements of
+// [Store.SchemaSQL]). It does no I/O; db stays the caller's to configure
+// and close. Use the *sql.DB of the service's own database so that
+// handlers can write through [Tx] in the same transaction as the completed
+// record.
+func New(db *sql.DB, opts ...Option) *Store {
+	s := &Store{db: db, stmts: map[string]*sql.Stmt{}}
+	WithTable(DefaultTable)(s)
+	for _, o := range opts {
+		o(s)
+	}
+	if s.logger == nil {
+		s.logger = slog.Default()
+	}
+	s.q = newQueries(s.table, s.proc)
+	return s
+}
+
+// queries are the statements of one table. Every time is the server's
+// UTC_TIMESTAMP(6): the time the statement began, in UTC whatever the
+// session's time_zone, never the instance's clock (MySQL and MariaDB, unlike
+// PostgreSQL's now(), do not freeze it at the start of a transaction, so a
+// completion at the end of a long transaction judges its lease by the time
+// it runs). Durations are passed in microseconds.
+type queries struct {
+	acquire, complete, release, extend, get, completedBy, inspect, evict, purgeSelect, purgeDelete string
+}
+
+// live is the condition on a live row.
+const live = `expires_at > UTC_TIMESTAMP(6)`
+
+func newQueries(t, proc string) queries {
+	owned := "`key` = ? AND token = ? AND state = 1 AND " + live
+	return queries{
+		acquire:  `CALL ` + proc + `(?, ?, ?, ?)`,
+		complete: `UPDATE ` + t + ` SET state = 2, response = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE ` + owned,
+		release:  `DELETE FROM ` + t + ` WHERE ` + owned,
+		extend:   `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE ` + owned,
+		get:      `SELECT state, token, fingerprint, response FROM ` + t + " WHERE `key` = ? AND " + live,
+		completedBy: `SELECT EXISTS (SELECT 1 FROM ` + t +
+			" WHERE `key` = ? AND token = ? AND state = 2 AND " + live + `)`,
+		inspect: `SELECT state, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM ` +
+			t + " WHERE `key` = ? AND " + live,
+		evict: `DELETE FROM ` + t + " WHERE `key` = ? AND state = ? AND token = ? AND fingerprint = ? AND " + live,
+		// A plain (non-locking) read through the expires_at index: the
+		// DELETE that follows locks only the rows it deletes, by primary
+		// key, so purging takes no gap locks on the index under
+		// REPEATABLE READ.
+		purgeSelect: "SELECT `key` FROM " + t + ` WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?`,
+		// PurgeBatch keys (NULL for none), and still expired: a row taken
+		// over since the read stays.
+		purgeDelete: "DELETE FROM " + t + " WHERE `key` IN (?" + strings.Repeat(", ?", PurgeBatch-1) + ") AND expires_at <= UTC_TIMESTAMP(6)",
+	}
+}
+
+// stmt returns the prepared statement for query, preparing it on first
+// use: database/sql then prepares it again on each pool connection it
+// runs on, once, so every later call is one round trip whatever the DSN's
+// interpolateParams.
+func (s *Store) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	if st := s.stmts[query]; st != nil {
+		return st, nil
+	}
+	st, err := s.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	s.stmts[query] = st
+	return st, nil
+}
+
+// micros returns d in microseconds, rounded up (a 1ns lease is 1µs).
+func micros(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+func checkIDs(ids ...string) error {
+	for _, id := range ids {
+		if len(id) > MaxIDLength {
+			return fmt.Errorf("%w (%d bytes)", ErrInvalidID, len(id))
+		}
+	}
+	return nil
+}
+
+func mysqlErrno(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+// toRecord builds a record from a row. A completed response is decoded
+// unless encoded is set: then it is handed out as Record.Encoded (the
+// bytes are the row's own copy, never modified afterwards).
+func toRecord(state int8, token, fp string, raw []byte, encoded bool) (idem.Record, error) {
+	rec := idem.Record{Token: token, Fingerprint: fp}
+	switch state {
+	case stateInProgress:
+		rec.State = idem.StateInProgress
+	case stateCompleted:
+		rec.State = idem.StateCompleted
+		if encoded {
+			if raw == nil {
+				raw = []byte{}
+			}
+			rec.Encoded = raw
+			break
+		}
+		rec.Response = new(idem.Response)
+		if err := rec.Response.UnmarshalBinary(raw); err != nil {
+			return idem.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+	default:
+		return idem.Record{}, fmt.Errorf("%w: state %d", ErrCorrupt, state)
+	}
+	return rec, nil
+}
+
+// encode is the one place a response becomes the bytes the store keeps.
+func encode(resp *idem.Response) ([]byte, error) {
+	b, err := resp.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("mysqlstore: encode response: %w", err)
+	}
+	return b, nil
+}
+
+// Acquire implements [idem.Store]: one CALL of the table's acquire
+// procedure (see [Store.SchemaSQL]), one round trip. A replay, a conflict
+// or a mismatch is answered from a plain read; only a free or expired key
+// is written, by an INSERT … ON DUPLICATE KEY UPDATE whose takeover
+// condition InnoDB evaluates on the latest row version under the row's
+// exclusive lock, so among racing takeovers exactly one wins. A completed
+// response is handed out encoded ([idem.Record.Encoded]).
+func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
+	if lease <= 0 {
+		return idem.Record{}, false, idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, false, err
+	}
+	if err := checkIDs(key, token, fingerprint); err != nil {
+		return idem.Record{}, false, err
+	}
+	st, err := s.stmt(ctx, s.q.acquire)
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("mysqlstore: acquire: %w", err)
+	}
+	for range maxAcquireAttempts {
+		var (
+			state   int8
+			tok, fp string
+			raw     []byte
+		)
+		err := st.QueryRowContext(ctx, key, token, fingerprint, micros(lease)).Scan(&state, &tok, &fp, &raw)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			continue // the record it saw was deleted or expired before its answer
+		case mysqlErrno(err) == erLockDeadlock:
+			continue // rolled back as a deadlock victim: nothing was written
+		case err != nil:
+			return idem.Record{}, false, fmt.Errorf("mysqlstore: acquire: %w", err)
+		case state == stateInProgress && tok == token:
+			return idem.Record{}, true, nil
+		}
+		rec, err := toRecord(state, tok, fp, raw, true)
+		return rec, false, err
+	}
+	return idem.Record{}, false, ErrContention
+}
+
+// Complete implements [idem.Store]: one conditional UPDATE. The token is
+// kept in the completed row (so a completion whose reply was lost can be
+// recognised).
+func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+	if retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b, err := encode(resp)
+	if err != nil {
+		return err
+	}
+	return s.complete(ctx, nil, key, token, b, retention)
+}
+
+// complete stores the encoded response b, through tx when it is not nil.
+func (s *Store) complete(ctx context.Context, tx *sql.Tx, key, token string, b []byte, retention time.Duration) error {
+	if err := checkIDs(key, token); err != nil {
+		return err
+	}
+	st, err := s.stmt(ctx, s.q.complete)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: complete: %w", err)
+	}
+	if tx != nil {
+		st = tx.StmtContext(ctx, st)
+	}
+	res, err := st.ExecContext(ctx, b, micros(retention), key, token)
+	if err != nil {
+		if tooLarge(err) {
+			return fmt.Errorf("%w (%d bytes): %w", ErrTooLarge, len(b), err)
+		}
+		return fmt.Errorf("mysqlstore: complete: %w", err)
+	}
+	return ownedRow(res, "complete")
+}
+
+// tooLarge reports whether err refuses a statement as larger than
+// max_allowed_packet: the driver's own check, MariaDB's
+// ER_NET_PACKET_TOO_LARGE, or MySQL's message for a long parameter
+// ("… longer than 'max_allowed_packet' bytes", reported as an unknown error).
+func tooLarge(err error) bool {
+	var me *mysql.MySQLError
+	return errors.Is(err, mysql.ErrPktTooLarge) ||
+		errors.As(err, &me) && (me.Number == erNetPacketLarge || strings.Contains(me.Message, "max_allowed_packet"))
+}
+
+// ownedRow turns a conditional statement's result into nil (one row
+// matched) or [idem.ErrNotOwner]. The conditions name the owner, so the
+// count is the same with and without the DSN's clientFoundRows.
+func ownedRow(res sql.Result, op string) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("mysqlstore: %s: %w", op, err)
+	}
+	if n == 0 {
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// Release implements [idem.Store]: one conditional DELETE.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkIDs(key, token); err != nil {
+		return err
+	}
+	st, err := s.stmt(ctx, s.q.release)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: release: %w", err)
+	}
+	res, err := st.ExecContext(ctx, key, token)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: release: %w", err)
+	}
+	return ownedRow(res, "release")
+}
+
+// Extend implements [idem.Extender]: one conditional UPDATE.
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if lease <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkIDs(key, token); err != nil {
+		return err
+	}
+	st, err := s.stmt(ctx, s.q.extend)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: extend: %w", err)
+	}
+	res, err := st.ExecContext(ctx, micros(lease), key, token)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: extend: %w", err)
+	}
+	return ownedRow(res, "extend")
+}
+
+// Get implements [idem.Store]: one SELECT of the live row.
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, false, err
+	}
+	if err := checkIDs(key); err != nil {
+		return idem.Record{}, false, err
+	}
+	st, err := s.stmt(ctx, s.q.get)
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("mysqlstore: get: %w", err)
+	}
+	var (
+		state   int8
+		tok, fp string
+		raw     []byte
+	)
+	err = st.QueryRowContext(ctx, key).Scan(&state, &tok, &fp, &raw)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Record{}, false, nil
+	}
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("mysqlstore: get: %w", err)
+	}
+	rec, err := toRecord(state, tok, fp, raw, false)
+	return rec, err == nil, err
+}
+
+// Inspect implements [idem.Inspector]: one SELECT of the live row and its
+// time to live by the server's clock.
+func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.RecordInfo{}, false, err
+	}
+	if err := checkIDs(key); err != nil {
+		return idem.RecordInfo{}, false, err
+	}
+	var (
+		state   int8
+		tok, fp string
+		raw     []byte
+		ttl     int64
+	)
+	err := s.db.QueryRowContext(ctx, s.q.inspect, key).Scan(&state, &tok, &fp, &raw, &ttl)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.RecordInfo{}, false, nil
+	}
+	if err != nil {
+		return idem.RecordInfo{}, false, fmt.Errorf("mysqlstore: inspect: %w", err)
+	}
+	rec, err := toRecord(state, tok, fp, raw, false)
+	if err != nil {
+		return idem.RecordInfo{}, false, err
+	}
+	return idem.RecordInfo{Record: rec, TTL: time.Duration(ttl) * time.Microsecond}, true, nil
+}
+
+// Evict implements [idem.Inspector]: one DELETE of the live row conditional
+// on the state, owner token and fingerprint of seen; [idem.ErrRecordChanged]
+// when it matched none.
+func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkIDs(key, seen.Token, seen.Fingerprint); err != nil {
+		return err
+	}
+	res, err := s.db.ExecContext(ctx, s.q.evict, key, int8(seen.State), seen.Token, seen.Fingerprint)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: evict: %w", err)
+	}
+	if err := ownedRow(res, "evict"); err != nil {
+		if errors.Is(err, idem.ErrNotOwner) {
+			return idem.ErrRecordChanged
+		}
+		return err
+	}
+	return nil
+}
+
+// completedBy reports whether key holds a live record completed by token.
+func (s *Store) completedBy(ctx context.Context, key, token string) (bool, error) {
+	var ok bool
+	if err := s.db.QueryRowContext(ctx, s.q.completedBy, key, token).Scan(&ok); err != nil {
+		return false, fmt.Errorf("mysqlstore: check completion: %w", err)
+	}
+	return ok, nil
+}

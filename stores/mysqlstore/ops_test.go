@@ -1,0 +1,603 @@
+package mysqlstore_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
+	"github.com/idemkit/idem/stores/mysqlstore"
+)
+
+// rowsIn counts every row of table, expired or not.
+func rowsIn(t testing.TB, db *sql.DB, table string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRowContext(ctxT(t), "SELECT count(*) FROM `"+table+"`").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestPurge(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	s, table := newStore(t, db)
+	resp := &idem.Response{Status: 201}
+	live, expired := 0, 0
+	for i := range 6 {
+		key, tok := storetest.Key(), storetest.Token()
+		lease := time.Minute
+		if i%2 == 0 {
+			lease = time.Millisecond
+		}
+		if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", lease); err != nil || !ok {
+			t.Fatalf("Acquire = %v, %v", ok, err)
+		}
+		if i == 1 {
+			if err := s.Complete(ctxT(t), key, tok, resp, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%2 == 0 {
+			expired++
+		} else {
+			live++
+		}
+	}
+	time.Sleep(10 * time.Millisecond)
+	n, err := s.Purge(ctxT(t))
+	if err != nil || n != int64(expired) {
+		t.Fatalf("Purge = %d, %v; want %d expired rows deleted", n, err, expired)
+	}
+	if rows := rowsIn(t, db, table); rows != live {
+		t.Fatalf("%d rows left; want the %d live ones", rows, live)
+	}
+
+	// More than a batch: Purge repeats until it is done.
+	const many = mysqlstore.PurgeBatch + 7
+	if _, err := db.ExecContext(ctxT(t), "INSERT INTO `"+table+"` (`key`, state, token, fingerprint, expires_at) "+
+		"SELECT CONCAT('bulk-', seq), 1, 't', 'f', UTC_TIMESTAMP(6) - INTERVAL 1 SECOND FROM seq_1_to_"+fmt.Sprint(many)); err != nil {
+		// seq_1_to_N is MariaDB's sequence engine; elsewhere insert in a loop.
+		for i := range many {
+			if _, err := db.ExecContext(ctxT(t), "INSERT INTO `"+table+"` (`key`, state, token, fingerprint, expires_at) VALUES (?, 1, 't', 'f', UTC_TIMESTAMP(6) - INTERVAL 1 SECOND)", fmt.Sprint("bulk-", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n, err := s.Purge(ctxT(t)); err != nil || n != many {
+		t.Fatalf("Purge of %d expired rows = %d, %v", many, n, err)
+	}
+	if rows := rowsIn(t, db, table); rows != live {
+		t.Fatalf("%d rows left; want the %d live ones", rows, live)
+	}
+
+	// The purge's read can use the expires_at index (EXPLAIN's "key"
+	// column; MySQL and MariaDB differ in the other columns).
+	rows, err := db.QueryContext(ctxT(t), "EXPLAIN SELECT `key` FROM `"+table+"` FORCE INDEX (`"+table+"_expires_at`) WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT 1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	vals := make([]sql.NullString, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	if !rows.Next() {
+		t.Fatal("EXPLAIN returned no row")
+	}
+	if err := rows.Scan(ptrs...); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.Index(cols, "key")
+	if i < 0 || vals[i].String != table+"_expires_at" {
+		t.Fatalf("purge plan %v = %v; want key %s_expires_at", cols, vals, table)
+	}
+}
+
+func TestPurger(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	s, table := newStore(t, db)
+	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Millisecond); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	if err := s.StartPurger(0); !errors.Is(err, idem.ErrInvalidDuration) {
+		t.Fatalf("StartPurger(0) = %v", err)
+	}
+	if err := s.StartPurger(200 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartPurger(200 * time.Millisecond); err == nil {
+		t.Fatal("second StartPurger succeeded")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for rowsIn(t, db, table) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the purger did not delete the expired row within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartPurger(time.Second); err == nil {
+		t.Fatal("StartPurger after Close succeeded")
+	}
+	_ = s.Close() // twice is fine; goleak checks the goroutine is gone
+	// The store stays usable after Close: statements are prepared again.
+	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire after Close = %v, %v", ok, err)
+	}
+}
+
+// TestEnsureSchemaConcurrent starts several instances at once on a new
+// table, then upgrades a procedure of another version.
+func TestEnsureSchemaConcurrent(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	table := newTable(t, db)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if err := mysqlstore.New(db, mysqlstore.WithTable(table)).EnsureSchema(ctxT(t)); err != nil {
+				t.Errorf("EnsureSchema: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	s := mysqlstore.New(db, mysqlstore.WithTable("test."+table)) // qualified: the same table
+	defer s.Close()
+	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire on the ensured table = %v, %v", ok, err)
+	}
+	// An older procedure (another comment) is replaced.
+	if _, err := db.ExecContext(ctxT(t), "DROP PROCEDURE `"+table+"_acquire`"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctxT(t), "CREATE PROCEDURE `"+table+"_acquire`(IN a VARBINARY(255), IN b VARBINARY(255), IN c VARBINARY(255), IN d BIGINT) COMMENT 'old' SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnsureSchema(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire after the upgrade = %v, %v", ok, err)
+	}
+	if n := len(s.SchemaSQL()); n != 3 {
+		t.Fatalf("SchemaSQL: %d statements; want 3", n)
+	}
+}
+
+// TestBadInput: ids longer than the columns are refused before any I/O
+// (never truncated into another key), a missing table is a clear error,
+// and a row this package did not write is reported as corrupt.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	s, table := newStore(t, db)
+	long := strings.Repeat("k", mysqlstore.MaxIDLength+1)
+	if _, _, err := s.Acquire(ctxT(t), long, "tok", "fp", time.Minute); !errors.Is(err, mysqlstore.ErrInvalidID) {
+		t.Fatalf("Acquire with a %d-byte key = %v; want ErrInvalidID", len(long), err)
+	}
+	if _, _, err := s.Acquire(ctxT(t), storetest.Key(), long, "fp", time.Minute); !errors.Is(err, mysqlstore.ErrInvalidID) {
+		t.Fatalf("Acquire with a long token = %v; want ErrInvalidID", err)
+	}
+	if err := s.Complete(ctxT(t), storetest.Key(), long, &idem.Response{Status: 200}, time.Hour); !errors.Is(err, mysqlstore.ErrInvalidID) {
+		t.Fatalf("Complete with a long token = %v; want ErrInvalidID", err)
+	}
+	if rows := rowsIn(t, db, table); rows != 0 {
+		t.Fatalf("%d rows after refused calls", rows)
+	}
+
+	key := storetest.Key()
+	if _, err := db.ExecContext(ctxT(t), "INSERT INTO `"+table+"` (`key`, state, token, fingerprint, response, expires_at) VALUES (?, 2, 't', 'f', 'not an encoding', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)", key); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctxT(t), key); !errors.Is(err, idem.ErrCorrupt) {
+		t.Fatalf("Get of a foreign row = %v; want ErrCorrupt", err)
+	}
+	e, err := idem.New(s, idem.WithGlobalScope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key2 := storetest.Key()
+	if _, err := db.ExecContext(ctxT(t), "INSERT INTO `"+table+"` (`key`, state, token, fingerprint, expires_at) VALUES (?, 7, 't', 'f', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)", key2); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Acquire(ctxT(t), key2, "tok", "f", time.Minute); !errors.Is(err, idem.ErrCorrupt) {
+		t.Fatalf("Acquire of a row with state 7 = %v; want ErrCorrupt", err)
+	}
+	_ = e
+
+	missing := mysqlstore.New(db, mysqlstore.WithTable("idem_no_such_table_"+strings.ToLower(storetest.Token()[:8])))
+	defer missing.Close()
+	if _, _, err := missing.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Minute); err == nil || !strings.Contains(err.Error(), "mysqlstore: acquire") {
+		t.Fatalf("Acquire without the schema = %v; want a wrapped server error", err)
+	}
+}
+
+// TestTooLarge: a response over the server's max_allowed_packet is
+// refused as ErrTooLarge, nothing is written, and the owner still holds
+// its lease (the engine then stores a small problem instead).
+func TestTooLarge(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	s, _ := newStore(t, db)
+	var maxPacket int
+	if err := db.QueryRowContext(ctxT(t), `SELECT @@max_allowed_packet`).Scan(&maxPacket); err != nil {
+		t.Fatal(err)
+	}
+	if maxPacket > 64<<20 {
+		t.Fatalf("max_allowed_packet is %d bytes; this test needs a server at 64 MiB or less", maxPacket)
+	}
+	key, tok := storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	big := &idem.Response{Status: 200, Body: bytes.Repeat([]byte("x"), maxPacket+1)}
+	err := s.Complete(ctxT(t), key, tok, big, time.Hour)
+	t.Logf("Complete of %d bytes: %v", len(big.Body), err)
+	if !errors.Is(err, idem.ErrTooLarge) {
+		t.Fatalf("Complete of %d bytes = %v; want ErrTooLarge", len(big.Body), err)
+	}
+	if rec, found, err := s.Get(ctxT(t), key); err != nil || !found || rec.State != idem.StateInProgress || rec.Token != tok {
+		t.Fatalf("after the refused completion Get = %+v, %v, %v; want the owner's in-progress record", rec, found, err)
+	}
+	if err := s.Complete(ctxT(t), key, tok, &idem.Response{Status: 500}, time.Hour); err != nil {
+		t.Fatalf("the owner's smaller completion: %v", err)
+	}
+}
+
+// handler serves POST /v1/payments through e: it inserts the payment row
+// through the execution's transaction, takes delay, and answers 201.
+func handler(t testing.TB, e *idem.Engine, payments string, delay time.Duration, executions *atomic.Int32) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		x, resp := e.BeginHTTP(r, "/v1/payments", r.Header.Get("X-Principal"))
+		if resp != nil {
+			resp.Send(w)
+			return
+		}
+		ctx := x.WithInfo(r.Context())
+		n := executions.Add(1)
+		tx, err := mysqlstore.Tx(ctx)
+		if err == nil {
+			err = insertPayment(ctx, tx, payments, r.Header.Get("Idempotency-Key"))
+		}
+		if err != nil {
+			t.Errorf("handler write: %v", err)
+			x.Finish(500, nil)
+			w.WriteHeader(500)
+			return
+		}
+		time.Sleep(delay)
+		out := fmt.Appendf(nil, `{"id":"pay_%d"}`, n)
+		w.Header().Set("Content-Type", "application/json")
+		x.Write(out)
+		x.Finish(http.StatusCreated, w.Header())
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(out)
+	})
+}
+
+type answer struct {
+	status   int
+	replayed bool
+	body     string
+}
+
+func post(client *http.Client, url, key, body string) (answer, error) {
+	req, err := http.NewRequest("POST", url+"/v1/payments", strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Principal", "alice")
+	res, err := client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return answer{status: res.StatusCode, replayed: res.Header.Get(idem.ReplayedHeader) == "true", body: string(b)}, err
+}
+
+// TestMultiInstance sends 60 concurrent duplicates spread over three
+// instances, each with its own *sql.DB and engine on one table, one of
+// them at READ COMMITTED: one execution, one payment row, every other
+// answer a replay or a 409.
+func TestMultiInstance(t *testing.T) {
+	t.Parallel()
+	db0 := newDB(t)
+	_, table := newStore(t, db0)
+	payments := createPayments(t, db0, table)
+	var executions atomic.Int32
+	var urls []string
+	for i := range 3 {
+		level := ""
+		if i == 2 {
+			level = "READ-COMMITTED"
+		}
+		e, err := idem.New(mysqlstore.New(newDB(t, isolation(t, level)), mysqlstore.WithTable(table)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(handler(t, e, payments, 100*time.Millisecond, &executions))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 20 * time.Second}
+	defer client.CloseIdleConnections()
+
+	const n = 60
+	key, body := "order-"+storetest.Token(), `{"amount":4200,"currency":"EUR"}`
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			time.Sleep(time.Duration(i%6) * 40 * time.Millisecond) // spread over 200ms: some during, some after the execution
+			a, err := post(client, urls[i%3], key, body)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+			answers[i] = a
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	if got := executions.Load(); got != 1 {
+		t.Fatalf("%d executions for %d duplicates over 3 instances; want exactly 1", got, n)
+	}
+	var originals, replays, conflicts int
+	var original string
+	for i, a := range answers {
+		switch {
+		case a.status == 201 && !a.replayed:
+			originals++
+			original = a.body
+		case a.status == 201 && a.replayed:
+			replays++
+		case a.status == 409:
+			conflicts++
+		default:
+			t.Errorf("request %d answered %d %q; want 201, 201 replay or 409", i, a.status, a.body)
+		}
+	}
+	if originals != 1 {
+		t.Fatalf("%d first-execution answers; want 1", originals)
+	}
+	for i, a := range answers {
+		if a.replayed && a.body != original {
+			t.Errorf("replay %d body %q; want the original %q", i, a.body, original)
+		}
+	}
+	if rows := countRows(t, db0, payments, key); rows != 1 {
+		t.Fatalf("%d payment rows; want 1", rows)
+	}
+	t.Logf("%d duplicates: 1 execution, 1 payment row, %d replays, %d conflicts", n, replays, conflicts)
+}
+
+// proxy forwards TCP connections to the server until cut, which closes
+// every connection and stops listening; restore listens again on the same
+// address.
+type proxy struct {
+	t        *testing.T
+	upstream string
+	addr     string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]bool
+	wg    sync.WaitGroup
+}
+
+func newProxy(t *testing.T, upstream string) *proxy {
+	p := &proxy{t: t, upstream: upstream, conns: map[net.Conn]bool{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *proxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", p.upstream)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[u] = true, true
+			p.mu.Unlock()
+			for _, pair := range [][2]net.Conn{{c, u}, {u, c}} {
+				p.wg.Go(func() {
+					_, _ = io.Copy(pair[0], pair[1])
+					pair[0].Close()
+					pair[1].Close()
+				})
+			}
+		}
+	})
+}
+
+func (p *proxy) cut() {
+	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *proxy) restore() {
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.t.Fatalf("listen again on %s: %v", p.addr, err)
+	}
+	p.serve(ln)
+}
+
+// TestOutage cuts every connection to the server under a running engine:
+// Begin answers 503 and runs nothing; once the server is reachable again,
+// the same engine and *sql.DB execute again, with no restart.
+func TestOutage(t *testing.T) {
+	t.Parallel()
+	direct := newDB(t)
+	_, table := newStore(t, direct)
+	p := newProxy(t, config(t).Addr)
+	db := newDB(t, func(c *mysql.Config) {
+		c.Net, c.Addr = "tcp", p.addr
+		c.Timeout = 500 * time.Millisecond
+	})
+	e, err := idem.New(mysqlstore.New(db, mysqlstore.WithTable(table)), idem.WithStoreTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // stop the background releases of acquires that failed during the outage
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = e.Close(ctx)
+	})
+	executions := 0
+	run := func(key string) *idem.Response {
+		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
+		if x != nil {
+			executions++
+			x.Write([]byte("ok"))
+			x.Finish(201, nil)
+			return &idem.Response{Status: 201}
+		}
+		return resp
+	}
+	if resp := run("before"); resp.Status != 201 {
+		t.Fatalf("before the outage: %d; want 201", resp.Status)
+	}
+
+	p.cut()
+	start := time.Now()
+	resp := run("during")
+	if resp.Status != 503 || resp.Header.Get("Retry-After") == "" || !bytes.Contains(resp.Body, []byte("store-unavailable")) {
+		t.Fatalf("during the outage: %d %s; want 503 store-unavailable problem with Retry-After", resp.Status, resp.Body)
+	}
+	if executions != 1 {
+		t.Fatalf("%d executions; the request during the outage must not execute", executions)
+	}
+	t.Logf("503 after %v", time.Since(start).Round(time.Millisecond))
+
+	p.restore()
+	start = time.Now()
+	for {
+		resp := run("after")
+		if resp.Status == 201 {
+			break
+		}
+		if resp.Status != 503 || time.Since(start) > 10*time.Second {
+			t.Fatalf("after the server came back: %d %s; want 201 within 10s", resp.Status, resp.Body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("201 again %v after the server came back", time.Since(start).Round(time.Millisecond))
+	if executions != 2 {
+		t.Fatalf("%d executions; want 2 (before, after)", executions)
+	}
+	if resp := run("after"); resp.Status != 201 || !resp.IsReplay() {
+		t.Fatalf("retry after recovery: %d; want 201 replay", resp.Status)
+	}
+}
+
+// TestHappyPathUnderLoad runs many transactional executions at once on
+// fresh keys (adjacent in the primary key, so gap locks would meet), with
+// duplicates and a purger deleting expired rows between them, at
+// REPEATABLE READ: every execution completes (no deadlock, no lock wait
+// timeout, no 503), each with exactly its one payment row.
+func TestHappyPathUnderLoad(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	s, table := newStore(t, db)
+	payments := createPayments(t, db, table)
+	if err := s.StartPurger(5 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	e, err := idem.New(s, idem.WithGlobalScope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers, perWorker = 8, 20
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				// Expired neighbours for the purger, between the live keys.
+				_, _, _ = s.Acquire(ctxT(t), fmt.Sprintf("k-%02d-%03d-x", w, i), "gone", "fp", time.Microsecond)
+				key := fmt.Sprintf("k-%02d-%03d", w, i)
+				for dup := range 2 { // the second is a replay
+					x, resp := e.Begin(ctxT(t), request(key, `{}`))
+					if x == nil {
+						if dup == 0 || resp.Status != 201 || !resp.IsReplay() {
+							t.Errorf("%s copy %d: %d %s", key, dup, resp.Status, resp.Body)
+						}
+						continue
+					}
+					ctx := x.WithInfo(ctxT(t))
+					tx, err := mysqlstore.Tx(ctx)
+					if err == nil {
+						err = insertPayment(ctx, tx, payments, key)
+					}
+					if err != nil {
+						t.Errorf("%s: %v", key, err)
+						x.Fail()
+						continue
+					}
+					x.Write([]byte("ok"))
+					x.Finish(201, nil)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var rows, keys int
+	if err := db.QueryRowContext(ctxT(t), "SELECT count(*), count(DISTINCT idem_key) FROM `"+payments+"`").Scan(&rows, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if rows != workers*perWorker || keys != rows {
+		t.Fatalf("%d payment rows for %d keys; want %d, one per key", rows, keys, workers*perWorker)
+	}
+}
