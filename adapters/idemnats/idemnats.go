@@ -68,14 +68,15 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // called on each message of Fetch or Messages) that runs fn at most once
 // per message key, through [idem.Do] with operation name op (required,
 // e.g. "send-receipt"; two handlers of one stream need two names) on engine
-// e. It answers every message itself:
+// e. It answers every message itself (Term, not TermWithReason, which
+// servers before 2.10.4 ignore, redelivering the message):
 //
 //   - fn returned nil, or the message is a duplicate of one handled: Ack,
 //     after the record is completed (a duplicate does not run fn);
 //   - fn returned an [idem.Permanent] error, now or for the first copy:
-//     TermWithReason after it is stored, never redelivered;
+//     Term after it is stored, never redelivered, logged;
 //   - the key was seen with another payload ([idem.ErrMismatch]) or the
-//     message has no key: TermWithReason, logged;
+//     message has no key: Term, logged;
 //   - in progress elsewhere ([idem.ErrInProgress]), store unavailable
 //     ([idem.ErrUnavailable]), a transient error of fn, or an unreadable
 //     record: NakWithDelay, logged (except in-progress);
@@ -102,7 +103,7 @@ func Handler(e *idem.Engine, op string, fn Func, opts ...Option) jetstream.Messa
 		key := c.key(msg)
 		if key == "" {
 			c.logger.WarnContext(c.ctx, "idemnats: message without an idempotency key terminated", "subject", msg.Subject(), "op", op)
-			_ = msg.TermWithReason("idemnats: no idempotency key")
+			_ = msg.Term()
 			return
 		}
 		operation := idem.Operation{Scope: c.scope(msg), Name: op, Key: key, Payload: c.payload(msg)}
@@ -112,11 +113,9 @@ func Handler(e *idem.Engine, op string, fn Func, opts ...Option) jetstream.Messa
 		switch {
 		case err == nil:
 			_ = msg.Ack()
-		case errors.Is(err, idem.ErrPermanent):
-			_ = msg.TermWithReason(err.Error())
-		case errors.Is(err, idem.ErrMismatch), errors.Is(err, idem.ErrKeyTooLong):
+		case errors.Is(err, idem.ErrPermanent), errors.Is(err, idem.ErrMismatch), errors.Is(err, idem.ErrKeyTooLong):
 			c.logger.WarnContext(c.ctx, "idemnats: message terminated", "subject", msg.Subject(), "op", op, "err", err)
-			_ = msg.TermWithReason(err.Error())
+			_ = msg.Term()
 		case errors.Is(err, idem.ErrInProgress):
 			_ = msg.NakWithDelay(c.delay)
 		default:
