@@ -146,7 +146,7 @@ func TestHandler(t *testing.T) {
 	for _, id := range []string{"p1", "p2", "transient", "invalid", ""} {
 		publish(t, pub, queue, id, "body "+id)
 	}
-	waitHandled(6) // transient twice
+	waitHandled(6)                                    // transient twice
 	publish(t, pub, queue, "p1", "body p1")           // duplicate
 	publish(t, pub, queue, "invalid", "body invalid") // duplicate of a permanent failure
 	publish(t, pub, queue, "p2", "another body")      // same key, another payload

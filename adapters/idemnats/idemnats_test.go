@@ -163,7 +163,7 @@ func TestHandler(t *testing.T) {
 		publish(t, js, name+".pay", id, "body "+id)
 	}
 	settled(t, c)
-	time.Sleep(200 * time.Millisecond) // past the stream's duplicate window: the copies are stored
+	time.Sleep(200 * time.Millisecond)                     // past the stream's duplicate window: the copies are stored
 	publish(t, js, name+".pay", "p1", "body p1")           // duplicate
 	publish(t, js, name+".pay", "invalid", "body invalid") // duplicate of a permanent failure
 	publish(t, js, name+".pay", "p2", "another body")      // same key, another payload
