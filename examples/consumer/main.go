@@ -52,11 +52,11 @@ type Payment struct {
 
 type options struct {
 	broker, natsURL, amqpURL, pgURL, name string
-	useIdem                              bool
-	publish                              int
-	exitIdle, slow, ackDelay, ackWait    time.Duration
-	lease, storeTimeout, retryDelay      time.Duration
-	loseAcks                             int
+	useIdem                               bool
+	publish                               int
+	exitIdle, slow, ackDelay, ackWait     time.Duration
+	lease, storeTimeout, retryDelay       time.Duration
+	loseAcks                              int
 }
 
 func env(name, def string) string {
@@ -174,7 +174,10 @@ func (c *consumer) sendReceipt(ctx context.Context, body []byte) error {
 	if _, err := db.Exec(ctx, `INSERT INTO `+c.outbox+` (payment_id, email) VALUES ($1, $2)`, p.ID, p.Email); err != nil {
 		return err
 	}
-	time.Sleep(c.o.slow)
+	if c.o.slow > 0 {
+		fmt.Println("wrote", p.ID) // the tests kill the process now, mid-handler
+		time.Sleep(c.o.slow)
+	}
 	return nil
 }
 
@@ -184,6 +187,15 @@ func (c *consumer) loseAck() bool {
 	n := c.seen.Add(1)
 	c.last.Store(time.Now().UnixNano())
 	return c.o.loseAcks > 0 && n%int64(c.o.loseAcks) == 0
+}
+
+// pauseBeforeAck waits -ack-delay before an ack: the record is completed,
+// the broker does not know yet.
+func (c *consumer) pauseBeforeAck() {
+	if c.o.ackDelay > 0 {
+		fmt.Println("acking") // the tests kill the process now, between commit and ack
+		time.Sleep(c.o.ackDelay)
+	}
 }
 
 func (c *consumer) exitWhenIdle(ctx context.Context, cancel context.CancelFunc) {
@@ -301,7 +313,7 @@ type natsMsg struct {
 }
 
 func (m natsMsg) Ack() error {
-	time.Sleep(m.c.o.ackDelay)
+	m.c.pauseBeforeAck()
 	if m.lose {
 		return nil
 	}
@@ -400,7 +412,7 @@ type amqpAcker struct {
 }
 
 func (a *amqpAcker) Ack(tag uint64, multiple bool) error {
-	time.Sleep(a.c.o.ackDelay)
+	a.c.pauseBeforeAck()
 	if a.lose {
 		return nil
 	}
