@@ -353,4 +353,3 @@ func (p *proc) stop() {
 		p.kill()
 	}
 }
-
