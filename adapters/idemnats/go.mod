@@ -4,9 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idemkit/idem/core v0.1.0
-	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/nats-io/nats.go v1.55.0
-	go.uber.org/goleak v1.3.0
 )
 
 require (
@@ -18,5 +16,3 @@ require (
 )
 
 replace github.com/idemkit/idem/core => ../../core
-
-replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore
