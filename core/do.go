@@ -208,9 +208,9 @@ func Do[T any](ctx context.Context, e *Engine, op Operation, fn func(ctx context
 	switch {
 	case x != nil:
 		return run(ctx, x, codec, fn)
-	case err == errInProgress:
+	case errors.Is(err, errInProgress):
 		return zero, ErrInProgress
-	case err == errMismatch:
+	case errors.Is(err, errMismatch):
 		return zero, ErrMismatch
 	case errors.Is(err, ErrCorrupt):
 		return zero, err

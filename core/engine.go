@@ -179,9 +179,9 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	switch {
 	case x != nil:
 		return x, nil
-	case err == errInProgress:
+	case errors.Is(err, errInProgress):
 		return nil, e.problems.inProgress
-	case err == errMismatch:
+	case errors.Is(err, errMismatch):
 		return nil, e.problems.mismatch
 	case errors.Is(err, ErrCorrupt):
 		return nil, e.problems.unreadable
