@@ -269,7 +269,10 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 	}
 	if !x.e.cfg.storePolicy(status) { // the engine's policy: Finish releases
 		x.Finish(status, nil)
-		return v, err
+		if err != nil {
+			return zero, err
+		}
+		return v, nil
 	}
 	done := make(chan error, 1)
 	x.reported = func(err error) { done <- err }

@@ -81,7 +81,11 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 //
 // ctx bounds the handler and the retry delay. A consumer that dies before
 // its Ack leaves the record completed; the redelivery is acked without
-// running fn.
+// running fn. One that dies while fn runs leaves the key in progress until
+// its lease lapses (the engine's [idem.WithLease], 30s by default): a
+// queue's delivery limit (quorum queues: delivery-limit, 20 by default
+// since RabbitMQ 4.0) times the retry delay must outlast it, or the
+// message is dropped or dead-lettered before it runs again.
 func Handler(e *idem.Engine, op string, fn Func, opts ...Option) func(ctx context.Context, d amqp.Delivery) {
 	if e == nil || op == "" || fn == nil {
 		panic("idemamqp: Handler needs an engine, an operation name and a function")

@@ -83,7 +83,11 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 //   - fn panics: the key is released and the panic goes on.
 //
 // A consumer that dies before its Ack leaves the record completed; the
-// redelivery is acked without running fn.
+// redelivery is acked without running fn. One that dies while fn runs
+// leaves the key in progress until its lease lapses (the engine's
+// [idem.WithLease], 30s by default): give the consumer a MaxDeliver (and
+// the handler a retry delay) that outlast it, or the message is dropped
+// before it runs again.
 func Handler(e *idem.Engine, op string, fn Func, opts ...Option) jetstream.MessageHandler {
 	if e == nil || op == "" || fn == nil {
 		panic("idemnats: Handler needs an engine, an operation name and a function")
