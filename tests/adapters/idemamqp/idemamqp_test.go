@@ -49,7 +49,7 @@ func newQueue(t *testing.T) (*amqp.Connection, *amqp.Channel, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := ch.QueueDeclare("idemtest-"+rand.Text()[:10], false, false, false, false, nil)
+	q, err := ch.QueueDeclare("idemtest-"+rand.Text()[:10], true, false, false, false, nil) // durable: RabbitMQ 4.3 refuses transient non-exclusive queues
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestHandler(t *testing.T) {
 			t.Errorf("message %q handled %d times, want %d", id, got, want)
 		}
 	}
-	q, err := pub.QueueDeclarePassive(queue, false, false, false, false, nil)
+	q, err := pub.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil || q.Messages != 0 {
 		t.Fatalf("queue after the run: %+v, %v; want every delivery acked or rejected", q, err)
 	}
