@@ -37,16 +37,12 @@ func RunDo(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	}
 }
 
-// doLease is the engine lease of the takeover test: the shortest the
-// engine accepts with doStoreTimeout, to keep the test short.
-const (
-	doStoreTimeout = 250 * time.Millisecond
-	doLease        = 4 * doStoreTimeout
-)
+// crashedLease is the lease left by the crashed process of the takeover test.
+const crashedLease = time.Second
 
 func doEngine(t *testing.T, s idem.Store, opts ...idem.Option) *idem.Engine {
 	t.Helper()
-	e, err := idem.New(s, append([]idem.Option{idem.WithStoreTimeout(doStoreTimeout), idem.WithLease(doLease)}, opts...)...)
+	e, err := idem.New(s, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +225,7 @@ func testDoTakeover(t *testing.T, s idem.Store) {
 	fp := idem.Fingerprint("(do)", op.Name, "", "", op.Payload)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, acquired, err := s.Acquire(ctx, key, "crashed-process", fp, doLease); err != nil || !acquired {
+	if _, acquired, err := s.Acquire(ctx, key, "crashed-process", fp, crashedLease); err != nil || !acquired {
 		t.Fatalf("Acquire as the crashed process: %v %v", acquired, err)
 	}
 	var runs atomic.Int32
