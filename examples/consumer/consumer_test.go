@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -282,8 +281,6 @@ type proc struct {
 	lines chan string
 	done  chan struct{}
 }
-
-var logMu sync.Mutex
 
 // start runs the consumer on w's broker objects and waits for its "ready" line.
 func (w *world) start(args ...string) *proc {
