@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -31,12 +32,14 @@ import (
 // competing at a time. Exactly N receipts must be in the outbox. The same
 // run without idem (one process, no kills) must show more, so the count
 // can fail.
-const (
-	payments   = 30
-	duplicates = 10 // of them published a second time
-	instances  = 3
-	kills      = 6 // alternately mid-handler and between commit and ack
+// make test plays 30 payments and 6 kills; make soak passes larger -payments and -kills.
+var (
+	payments   = flag.Int("payments", 30, "payments published")
+	duplicates = flag.Int("duplicates", 10, "payments published a second time")
+	kills      = flag.Int("kills", 6, "consumers SIGKILLed, alternately mid-handler and between commit and ack")
 )
+
+const instances = 3
 
 var bin string // the consumer, built once
 
@@ -64,14 +67,14 @@ func TestExactlyOnceAMQP(t *testing.T) { testExactlyOnce(t, "amqp") }
 func testExactlyOnce(t *testing.T, broker string) {
 	t.Run("idem", func(t *testing.T) {
 		total, distinct := chaos(t, broker, true)
-		if total != payments || distinct != payments {
-			t.Fatalf("%d receipts for %d distinct payments, want exactly %d", total, distinct, payments)
+		if total != *payments || distinct != *payments {
+			t.Fatalf("%d receipts for %d distinct payments, want exactly %d", total, distinct, *payments)
 		}
 	})
 	t.Run("without idem", func(t *testing.T) {
 		total, distinct := chaos(t, broker, false)
-		if distinct != payments || total <= payments {
-			t.Fatalf("%d receipts for %d distinct payments: the run without idem should send more than %d", total, distinct, payments)
+		if distinct != *payments || total <= *payments {
+			t.Fatalf("%d receipts for %d distinct payments: the run without idem should send more than %d", total, distinct, *payments)
 		}
 	})
 }
@@ -87,7 +90,7 @@ func chaos(t *testing.T, broker string, useIdem bool) (total, distinct int) {
 	for i := range running {
 		running[i] = w.start(failing...)
 	}
-	for k := range kills {
+	for k := range *kills {
 		i := k % instances
 		mark := "wrote " // mid-handler: the outbox row is written, not committed
 		if k%2 == 1 {
@@ -97,14 +100,14 @@ func chaos(t *testing.T, broker string, useIdem bool) (total, distinct int) {
 		running[i].kill()
 		running[i] = w.start(failing...)
 	}
-	w.waitReceipts(payments)
+	w.waitReceipts(*payments)
 	for _, p := range running {
 		p.stop()
 	}
 	w.drain(common...)
 	total, distinct = w.count()
 	t.Logf("%s, idem %v: %d receipts for %d payments (%d published twice, %d instances, %d kills, every 5th ack lost)",
-		broker, useIdem, total, distinct, duplicates, instances, kills)
+		broker, useIdem, total, distinct, *duplicates, instances, *kills)
 	return total, distinct
 }
 
@@ -186,12 +189,12 @@ func newWorld(t *testing.T, broker string) *world {
 // publish publishes the payments, then the first duplicates of them again
 // with the same message ids.
 func (w *world) publish() {
-	ps := samplePayments(payments)
+	ps := samplePayments(*payments)
 	w.send(ps)
 	if w.broker == "nats" {
 		time.Sleep(300 * time.Millisecond) // past the stream's duplicate window (100ms)
 	}
-	w.send(ps[:duplicates])
+	w.send(ps[:min(*duplicates, len(ps))])
 }
 
 func (w *world) send(ps []Payment) {
