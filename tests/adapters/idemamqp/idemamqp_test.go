@@ -163,3 +163,116 @@ func TestHandler(t *testing.T) {
 		t.Fatalf("queue after the run: %+v, %v; want every delivery acked or rejected", q, err)
 	}
 }
+
+// flakyStore fails its next Acquire calls, as a store that is down.
+type flakyStore struct {
+	*memstore.Store
+	fails atomic.Int32
+}
+
+func (s *flakyStore) Acquire(ctx context.Context, key, token, fp string, lease time.Duration) (idem.Record, bool, error) {
+	if s.fails.Add(-1) >= 0 {
+		return idem.Record{}, false, errors.New("connection refused")
+	}
+	return s.Store.Acquire(ctx, key, token, fp, lease)
+}
+
+// TestRequeued: a delivery whose store is down, or whose key is in
+// progress elsewhere, is requeued after the retry delay, and handled once
+// when it comes back (a replay, without running the handler, in the second
+// case).
+func TestRequeued(t *testing.T) {
+	conn, pub, queue := newQueue(t)
+	store := &flakyStore{Store: memstore.New()}
+	defer store.Close()
+	e, err := idem.New(store, idem.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.Close(context.Background()) }()
+	var r runs
+	h := idemamqp.Handler(e, "send-receipt", func(_ context.Context, d amqp.Delivery) error {
+		r.add(d.MessageId)
+		return nil
+	}, idemamqp.WithRetryDelay(10*time.Millisecond), idemamqp.WithLogger(quiet))
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redelivered := make(chan string, 100)
+	acked := make(chan string, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for d := range deliveries {
+			if d.Redelivered {
+				redelivered <- d.MessageId
+			}
+			d.Acknowledger = &watch{Acknowledger: d.Acknowledger, id: d.MessageId, acked: acked}
+			h(context.Background(), d)
+		}
+	}()
+	wait := func(c chan string, id string) {
+		t.Helper()
+		for {
+			select {
+			case got := <-c:
+				if got == id {
+					return
+				}
+			case <-ctxT(t).Done():
+				t.Fatalf("%s never seen", id)
+			}
+		}
+	}
+
+	store.fails.Store(3)
+	publish(t, pub, queue, "down", "body")
+	wait(acked, "down")
+	if got := r.get("down"); got != 1 || store.fails.Load() >= 0 {
+		t.Fatalf("handled %d times (store failures left %d), want once after the store came back", got, store.fails.Load())
+	}
+
+	// The key is held by another execution (another instance's handler).
+	started, finish := make(chan struct{}), make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(context.Background(), e, idem.Operation{Name: "send-receipt", Key: "busy", Payload: []byte("body")},
+			func(context.Context) (struct{}, error) {
+				close(started)
+				<-finish
+				return struct{}{}, nil
+			})
+		result <- err
+	}()
+	<-started
+	publish(t, pub, queue, "busy", "body")
+	wait(redelivered, "busy")
+	close(finish)
+	if err := <-result; err != nil {
+		t.Fatal(err)
+	}
+	wait(acked, "busy")
+	_ = ch.Close()
+	<-done
+	if got := r.get("busy"); got != 0 {
+		t.Fatalf("handler ran %d times for a key another execution completed, want 0", got)
+	}
+}
+
+// watch reports the acks of a delivery.
+type watch struct {
+	amqp.Acknowledger
+	id    string
+	acked chan string
+}
+
+func (w *watch) Ack(tag uint64, multiple bool) error {
+	err := w.Acknowledger.Ack(tag, multiple)
+	w.acked <- w.id
+	return err
+}

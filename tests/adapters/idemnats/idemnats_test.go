@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,5 +177,88 @@ func TestHandler(t *testing.T) {
 	info, err := s.Info(ctxT(t))
 	if err != nil || info.State.Msgs != 8 {
 		t.Fatalf("stream holds %+v, %v; want 8 messages (the copies were not deduplicated by JetStream)", info.State, err)
+	}
+}
+
+// flakyStore fails its next Acquire calls, as a store that is down.
+type flakyStore struct {
+	*memstore.Store
+	fails atomic.Int32
+}
+
+func (s *flakyStore) Acquire(ctx context.Context, key, token, fp string, lease time.Duration) (idem.Record, bool, error) {
+	if s.fails.Add(-1) >= 0 {
+		return idem.Record{}, false, errors.New("connection refused")
+	}
+	return s.Store.Acquire(ctx, key, token, fp, lease)
+}
+
+// TestRedelivered: a message whose store is down, or whose key is in
+// progress elsewhere, is naked with a delay, and handled once when it
+// comes back (a replay, without running the handler, in the second case).
+func TestRedelivered(t *testing.T) {
+	js, s, name := newStream(t)
+	store := &flakyStore{Store: memstore.New()}
+	defer store.Close()
+	e, err := idem.New(store, idem.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.Close(context.Background()) }()
+	var r runs
+	c := consume(t, s, idemnats.Handler(e, "send-receipt", func(_ context.Context, msg jetstream.Msg) error {
+		r.add(msg.Headers().Get(jetstream.MsgIDHeader))
+		return nil
+	}, idemnats.WithRetryDelay(10*time.Millisecond), idemnats.WithLogger(quiet)))
+
+	store.fails.Store(3)
+	publish(t, js, name+".pay", "down", "body")
+	settled(t, c)
+	if got := r.get("down"); got != 1 || store.fails.Load() >= 0 {
+		t.Fatalf("handled %d times (store failures left %d), want once after the store came back", got, store.fails.Load())
+	}
+
+	// The key is held by another execution (another instance's handler).
+	started, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(context.Background(), e, idem.Operation{Scope: name, Name: "send-receipt", Key: "busy", Payload: []byte("body")},
+			func(context.Context) (struct{}, error) {
+				close(started)
+				<-finish
+				return struct{}{}, nil
+			})
+		done <- err
+	}()
+	<-started
+	publish(t, js, name+".pay", "busy", "body")
+	waitNaked(t, c)
+	close(finish)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	settled(t, c)
+	if got := r.get("busy"); got != 0 {
+		t.Fatalf("handler ran %d times for a key another execution completed, want 0", got)
+	}
+}
+
+// waitNaked waits until the consumer has redelivered a message.
+func waitNaked(t *testing.T, c jetstream.Consumer) {
+	t.Helper()
+	ctx := ctxT(t)
+	for {
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumRedelivered > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("never redelivered: %+v", info)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
