@@ -84,7 +84,7 @@ func testExactlyOnce(t *testing.T, broker string) {
 func chaos(t *testing.T, broker string, useIdem bool) (total, distinct int) {
 	w := newWorld(t, broker)
 	w.publish()
-	common := []string{"-idem=" + fmt.Sprint(useIdem), "-ack-wait", "1s", "-lease", "2s", "-store-timeout", "500ms", "-retry-delay", "200ms"}
+	common := []string{"-idem=" + fmt.Sprint(useIdem), "-prefetch", "1", "-ack-wait", "1s", "-lease", "2s", "-store-timeout", "500ms", "-retry-delay", "200ms"}
 	failing := append([]string{"-slow", "200ms", "-ack-delay", "200ms", "-lose-acks", "5"}, common...)
 	running := make([]*proc, instances)
 	for i := range running {

@@ -56,7 +56,7 @@ type options struct {
 	publish                               int
 	exitIdle, slow, ackDelay, ackWait     time.Duration
 	lease, storeTimeout, retryDelay       time.Duration
-	loseAcks                              int
+	loseAcks, prefetch                    int
 }
 
 func env(name, def string) string {
@@ -79,6 +79,7 @@ func main() {
 	flag.DurationVar(&o.slow, "slow", 0, "handler time after its outbox write (a window to be killed in)")
 	flag.DurationVar(&o.ackDelay, "ack-delay", 0, "pause before each ack (a window to be killed in after the commit)")
 	flag.IntVar(&o.loseAcks, "lose-acks", 0, "lose the ack of every n-th message handled (NATS: not sent, redelivered after -ack-wait; AMQP: channel closed without it, requeued)")
+	flag.IntVar(&o.prefetch, "prefetch", 8, "messages buffered per consumer (NATS PullMaxMessages, AMQP Qos); keep prefetch × handler time below the ack wait, or buffered messages are redelivered elsewhere")
 	flag.DurationVar(&o.ackWait, "ack-wait", 30*time.Second, "NATS consumer AckWait")
 	flag.DurationVar(&o.lease, "lease", idem.DefaultLease, "idem lease")
 	flag.DurationVar(&o.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "idem store timeout")
@@ -294,7 +295,7 @@ func (c *consumer) runNATS(ctx context.Context, logger *slog.Logger) error {
 	}
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		h(natsMsg{Msg: msg, c: c, lose: c.loseAck()})
-	})
+	}, jetstream.PullMaxMessages(c.o.prefetch))
 	if err != nil {
 		return err
 	}
@@ -379,7 +380,7 @@ func (c *consumer) consumeAMQP(ctx context.Context, conn *amqp.Connection, h fun
 		return err
 	}
 	defer func() { _ = ch.Close() }()
-	if err := ch.Qos(8, 0, false); err != nil {
+	if err := ch.Qos(c.o.prefetch, 0, false); err != nil {
 		return err
 	}
 	deliveries, err := ch.Consume(c.o.name, "", false, false, false, false, nil)
