@@ -12,6 +12,11 @@
 // (draft-ietf-httpapi-idempotency-key-header) and Stripe's documented
 // behaviour; errors are RFC 9457 problem details.
 //
+// Jobs and message consumers use the same engine and stores through [Do]:
+// a function runs at most once per (scope, operation name, key), and
+// duplicates get its stored result (adapters/idemnats and
+// adapters/idemamqp wrap broker message handlers with it).
+//
 // Import it as:
 //
 //	import idem "github.com/idemkit/idem/core"

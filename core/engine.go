@@ -180,78 +180,112 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	}
 	scoped, fp, token := e.ids(req, route, key)
 	ev := Event{Key: scoped, Method: req.Method, Route: req.Route} // the template only: a path may be unbounded
+	x, rec, err := e.begin(ctx, &ev, fp, token, req)
+	switch {
+	case x != nil:
+		return x, nil
+	case errors.Is(err, errInProgress):
+		if r := e.forbidden(ctx, req, ev, rec.State, 0, EventConflict); r != nil {
+			return nil, r
+		}
+		ev.Kind = EventConflict
+		e.emit(ctx, ev)
+		return nil, e.problems.inProgress
+	case errors.Is(err, errMismatch):
+		ev.Kind = EventMismatch
+		resp := e.problems.mismatch
+		if _, known := e.cfg.fingerprints[fingerprintID(rec.Fingerprint)]; !known {
+			ev.Kind, resp = EventFingerprintChanged, e.problems.fingerprintChanged
+		}
+		if r := e.forbidden(ctx, req, ev, rec.State, 0, ev.Kind); r != nil {
+			return nil, r
+		}
+		e.emit(ctx, ev)
+		return nil, resp
+	case errors.Is(err, ErrCorrupt):
+		return nil, e.problems.unreadable
+	case err != nil:
+		if e.cfg.failOpen {
+			e.cfg.logger.ErrorContext(ctx, "idem: store failed, running handler unprotected (fail-open)", "key", scoped[:16])
+			return nil, nil
+		}
+		return nil, e.problems.unavailable
+	case rec.Encoded != nil:
+		resp, err := sharedReplay(rec.Encoded)
+		if err != nil {
+			e.reportUnreadable(ctx, ev, fmt.Errorf("%w: %w", ErrCorrupt, err))
+			return nil, e.problems.unreadable
+		}
+		if r := e.forbidden(ctx, req, ev, rec.State, resp.Status, EventReplayed); r != nil {
+			return nil, r
+		}
+		ev.Kind = EventReplayed
+		e.emit(ctx, ev)
+		return nil, resp
+	}
+	if r := e.forbidden(ctx, req, ev, rec.State, rec.Response.Status, EventReplayed); r != nil {
+		return nil, r
+	}
+	ev.Kind = EventReplayed
+	e.emit(ctx, ev)
+	resp := rec.Response
+	if resp.Header == nil {
+		resp.Header = make(http.Header, 1)
+	}
+	resp.Header[ReplayedHeader] = replayedValue[:1:1]
+	return nil, resp
+}
+
+// Outcomes of begin other than an execution or a completed record.
+var (
+	errInProgress = errors.New("idem: in progress")
+	errMismatch   = errors.New("idem: fingerprint mismatch")
+)
+
+// begin takes the lease on ev.Key for fingerprint fp and token, waiting
+// ([WithWait]) while another execution holds it. It returns the execution
+// (lease taken, renewal started), or the key's completed record (Response
+// or Encoded set, undecoded; the caller reports the replay), or an error
+// with the key's record: errInProgress or errMismatch (the caller reports
+// them), one wrapping [ErrCorrupt] (already reported), or the store's own
+// error (already reported; a release of the token's lease is scheduled).
+// A stored fingerprint other than fp is a mismatch unless req (nil for
+// [Do]) is the same request under the fingerprint function that made it.
+// It emits acquired and store-error events; ev carries the key, method and
+// route, and gets the last acquire's Op and StoreDuration.
+func (e *Engine) begin(ctx context.Context, ev *Event, fp, token string, req *Request) (*Execution, Record, error) {
 	var deadline time.Time
 	if e.cfg.wait > 0 {
 		deadline = time.Now().Add(e.cfg.wait)
 	}
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
 		start := e.clock()
-		rec, acquired, err := e.acquire(ctx, scoped, token, fp)
+		rec, acquired, err := e.acquire(ctx, ev.Key, token, fp)
 		now := e.clock()
 		ev.Op, ev.StoreDuration = OpAcquire, now.Sub(start)
 		switch {
 		case errors.Is(err, ErrCorrupt):
-			e.reportUnreadable(ctx, ev, err)
-			return nil, e.problems.unreadable
+			e.reportUnreadable(ctx, *ev, err)
+			return nil, Record{}, err
 		case err != nil:
-			e.emitErr(ctx, ev, EventStoreError, err, "idem: acquire failed")
-			e.releaseLater(ctx, ev, token) // the acquire may still land: don't leave a lease nobody owns
-			if e.cfg.failOpen {
-				e.cfg.logger.ErrorContext(ctx, "idem: store failed, running handler unprotected (fail-open)", "key", scoped[:16])
-				return nil, nil
-			}
-			return nil, e.problems.unavailable
+			e.emitErr(ctx, *ev, EventStoreError, err, "idem: acquire failed")
+			e.releaseLater(ctx, *ev, token) // the acquire may still land: don't leave a lease nobody owns
+			return nil, Record{}, err
 		case acquired:
-			x := &Execution{e: e, token: token, fp: fp, ev: ev, started: now}
+			x := &Execution{e: e, token: token, fp: fp, ev: *ev, started: now}
 			x.detached.parent = ctx
 			x.ctx = &x.detached
 			e.emit(ctx, x.event(EventAcquired))
 			x.startRenewal()
-			return x, nil
-		case rec.Fingerprint != fp && !e.sameRequest(req, rec.Fingerprint, fp):
-			ev.Kind = EventMismatch
-			resp := e.problems.mismatch
-			if _, known := e.cfg.fingerprints[fingerprintID(rec.Fingerprint)]; !known {
-				ev.Kind, resp = EventFingerprintChanged, e.problems.fingerprintChanged
-			}
-			if r := e.forbidden(ctx, req, ev, rec.State, 0, ev.Kind); r != nil {
-				return nil, r
-			}
-			e.emit(ctx, ev)
-			return nil, resp
-		case rec.State == StateCompleted && rec.Encoded != nil:
-			resp, err := sharedReplay(rec.Encoded)
-			if err != nil {
-				e.reportUnreadable(ctx, ev, fmt.Errorf("%w: %w", ErrCorrupt, err))
-				return nil, e.problems.unreadable
-			}
-			if r := e.forbidden(ctx, req, ev, rec.State, resp.Status, EventReplayed); r != nil {
-				return nil, r
-			}
-			ev.Kind = EventReplayed
-			e.emit(ctx, ev)
-			return nil, resp
-		case rec.State == StateCompleted && rec.Response != nil:
-			if r := e.forbidden(ctx, req, ev, rec.State, rec.Response.Status, EventReplayed); r != nil {
-				return nil, r
-			}
-			ev.Kind = EventReplayed
-			e.emit(ctx, ev)
-			resp := rec.Response
-			if resp.Header == nil {
-				resp.Header = make(http.Header, 1)
-			}
-			resp.Header[ReplayedHeader] = replayedValue[:1:1]
-			return nil, resp
+			return x, Record{}, nil
+		case rec.Fingerprint != fp && (req == nil || !e.sameRequest(req, rec.Fingerprint, fp)):
+			return nil, rec, errMismatch
+		case rec.State == StateCompleted && (rec.Encoded != nil || rec.Response != nil):
+			return nil, rec, nil
 		}
-		// In progress: wait for it when configured, else 409.
+		// In progress: wait for it when configured, else conflict.
 		if deadline.IsZero() || time.Now().Add(pause).After(deadline) || sleep(ctx, pause) != nil {
-			if r := e.forbidden(ctx, req, ev, rec.State, 0, EventConflict); r != nil {
-				return nil, r
-			}
-			ev.Kind = EventConflict
-			e.emit(ctx, ev)
-			return nil, e.problems.inProgress
+			return nil, rec, errInProgress
 		}
 	}
 }

@@ -35,6 +35,8 @@ type Execution struct {
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
+	reported func(err error) // Do: told how the completion ended (nil: stored)
+
 	renewFailed atomic.Bool // a failed renewal was logged
 
 	mu       sync.Mutex
@@ -183,6 +185,9 @@ func (x *Execution) store(location string) {
 }
 
 func (x *Execution) reportCompletion(ev Event, err error) {
+	if x.reported != nil {
+		defer x.reported(err)
+	}
 	ev = x.ended(ev, OpComplete, x.storeDur)
 	switch {
 	case errors.Is(err, ErrNotOwner):

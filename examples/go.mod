@@ -8,6 +8,7 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
+	github.com/idemkit/idem/adapters/idemamqp v0.1.0
 	github.com/idemkit/idem/adapters/idemconnect v0.1.0
 	github.com/idemkit/idem/adapters/idemecho v0.1.0
 	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
@@ -16,6 +17,7 @@ require (
 	github.com/idemkit/idem/adapters/idemgin v0.1.0
 	github.com/idemkit/idem/adapters/idemgrpc v0.1.0
 	github.com/idemkit/idem/adapters/idemhttp v0.1.0
+	github.com/idemkit/idem/adapters/idemnats v0.1.0
 	github.com/idemkit/idem/client/idemclient v0.1.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/observability/idemotel v0.1.0
@@ -27,7 +29,9 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/labstack/echo/v5 v5.4.4
+	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.mongodb.org/mongo-driver/v2 v2.10.0
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.72.0
@@ -78,6 +82,8 @@ require (
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/pelletier/go-toml/v2 v2.2.4 // indirect
 	github.com/philhofer/fwd v1.2.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
@@ -111,6 +117,7 @@ require (
 )
 
 replace (
+	github.com/idemkit/idem/adapters/idemamqp => ../adapters/idemamqp
 	github.com/idemkit/idem/adapters/idemconnect => ../adapters/idemconnect
 	github.com/idemkit/idem/adapters/idemecho => ../adapters/idemecho
 	github.com/idemkit/idem/adapters/idemechov5 => ../adapters/idemechov5
@@ -119,6 +126,7 @@ replace (
 	github.com/idemkit/idem/adapters/idemgin => ../adapters/idemgin
 	github.com/idemkit/idem/adapters/idemgrpc => ../adapters/idemgrpc
 	github.com/idemkit/idem/adapters/idemhttp => ../adapters/idemhttp
+	github.com/idemkit/idem/adapters/idemnats => ../adapters/idemnats
 	github.com/idemkit/idem/adapters/idemrpc => ../adapters/idemrpc
 	github.com/idemkit/idem/client/idemclient => ../client/idemclient
 	github.com/idemkit/idem/core => ../core

@@ -124,3 +124,41 @@ if [ -z "${IDEM_MYSQL_DSN:-}" ]; then
   export IDEM_MYSQL_DSN='root@tcp(127.0.0.1:3306)/test'
 fi
 echo "services: MySQL at $IDEM_MYSQL_DSN"
+# --- NATS with JetStream ---
+#   IDEM_NATS_URL    nats://127.0.0.1:4222 (started with start-stop-daemon if it does not
+#                    answer; nats-server installed with apt if missing)
+port_answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+if [ -z "${IDEM_NATS_URL:-}" ]; then
+  if ! port_answers 127.0.0.1 4222; then
+    if [ ! -x /usr/sbin/nats-server ]; then
+      echo "services: no NATS on 127.0.0.1:4222 and no nats-server; installing it (apt-get install nats-server)" >&2
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server) >&2 \
+        || { echo "services: could not install nats-server; start NATS with JetStream and set IDEM_NATS_URL" >&2; exit 1; }
+    fi
+    mkdir -p /var/lib/nats-server
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+      -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+    for _ in $(seq 100); do port_answers 127.0.0.1 4222 && break; sleep 0.1; done
+    port_answers 127.0.0.1 4222 || { echo "services: nats-server did not start" >&2; tail -20 /var/log/nats-server.log >&2; exit 1; }
+  fi
+  export IDEM_NATS_URL=nats://127.0.0.1:4222
+fi
+echo "services: NATS at $IDEM_NATS_URL"
+
+# --- RabbitMQ ---
+#   IDEM_AMQP_URL    amqp://guest:guest@127.0.0.1:5672/ (rabbitmq-server -detached if it does
+#                    not answer; rabbitmq-server installed with apt if missing)
+if [ -z "${IDEM_AMQP_URL:-}" ]; then
+  if ! port_answers 127.0.0.1 5672; then
+    if ! command -v rabbitmq-server >/dev/null; then
+      echo "services: no RabbitMQ on 127.0.0.1:5672 and no rabbitmq-server; installing it (apt-get install rabbitmq-server)" >&2
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server) >&2 \
+        || { echo "services: could not install rabbitmq-server; start RabbitMQ and set IDEM_AMQP_URL" >&2; exit 1; }
+    fi
+    rabbitmq-server -detached >&2
+    for _ in $(seq 600); do port_answers 127.0.0.1 5672 && break; sleep 0.1; done # the Erlang VM takes seconds
+    port_answers 127.0.0.1 5672 || { echo "services: rabbitmq-server did not start" >&2; exit 1; }
+  fi
+  export IDEM_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/
+fi
+echo "services: RabbitMQ at $IDEM_AMQP_URL"

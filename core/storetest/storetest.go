@@ -12,6 +12,7 @@
 // cancelled contexts; binary bodies and multi-value headers; defensive copies;
 // the optional [idem.Extender] and [idem.Inspector] when the store has
 // them, and responses handed out encoded ([idem.Record.Encoded]).
+// [RunDo] checks [idem.Do] on the store the same way.
 package storetest
 
 import (

@@ -6,22 +6,28 @@ require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
+	github.com/idemkit/idem/adapters/idemamqp v0.1.0
 	github.com/idemkit/idem/adapters/idemecho v0.1.0
 	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
 	github.com/idemkit/idem/adapters/idemfiber v0.1.0
 	github.com/idemkit/idem/adapters/idemfiberv3 v0.1.0
 	github.com/idemkit/idem/adapters/idemgin v0.1.0
 	github.com/idemkit/idem/adapters/idemhttp v0.1.0
+	github.com/idemkit/idem/adapters/idemnats v0.1.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/labstack/echo/v5 v5.4.4
+	github.com/nats-io/nats.go v1.55.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	go.uber.org/goleak v1.3.0
 )
 
 require (
 	github.com/gofiber/schema v1.7.0 // indirect
 	github.com/gofiber/utils/v2 v2.0.2 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/philhofer/fwd v1.2.0 // indirect
 	github.com/tinylib/msgp v1.6.3 // indirect
 )
@@ -39,13 +45,9 @@ require (
 	github.com/go-playground/validator/v10 v10.30.1 // indirect
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
-	github.com/gofiber/schema v1.7.0 // indirect
-	github.com/gofiber/utils/v2 v2.0.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
-	github.com/idemkit/idem/adapters/idemfiberv3 v0.1.0
 	github.com/json-iterator/go v1.1.12 // indirect
-	github.com/klauspost/compress v1.18.4 // indirect
+	github.com/klauspost/compress v1.20.0 // indirect
 	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
 	github.com/labstack/gommon v0.5.0 // indirect
 	github.com/leodido/go-urn v1.4.0 // indirect
@@ -55,11 +57,9 @@ require (
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect
 	github.com/pelletier/go-toml/v2 v2.2.4 // indirect
-	github.com/philhofer/fwd v1.2.0 // indirect
 	github.com/quic-go/qpack v0.6.0 // indirect
 	github.com/quic-go/quic-go v0.59.1 // indirect
 	github.com/rivo/uniseg v0.2.0 // indirect
-	github.com/tinylib/msgp v1.6.3 // indirect
 	github.com/twitchyliquid64/golang-asm v0.15.1 // indirect
 	github.com/ugorji/go/codec v1.3.1 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
@@ -67,21 +67,21 @@ require (
 	github.com/valyala/fasttemplate v1.2.2 // indirect
 	go.mongodb.org/mongo-driver/v2 v2.5.0 // indirect
 	golang.org/x/arch v0.22.0 // indirect
-	golang.org/x/crypto v0.54.0 // indirect
-	golang.org/x/net v0.57.0 // indirect
-	golang.org/x/sys v0.47.0 // indirect
-	golang.org/x/text v0.40.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/net v0.58.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/protobuf v1.36.10 // indirect
 )
 
 replace (
+	github.com/idemkit/idem/adapters/idemamqp => ../../adapters/idemamqp
 	github.com/idemkit/idem/adapters/idemecho => ../../adapters/idemecho
-	github.com/idemkit/idem/adapters/idemechov5 => ../../adapters/idemechov5
 	github.com/idemkit/idem/adapters/idemfiber => ../../adapters/idemfiber
-	github.com/idemkit/idem/adapters/idemfiberv3 => ../../adapters/idemfiberv3
 	github.com/idemkit/idem/adapters/idemgin => ../../adapters/idemgin
 	github.com/idemkit/idem/adapters/idemhttp => ../../adapters/idemhttp
+	github.com/idemkit/idem/adapters/idemnats => ../../adapters/idemnats
 	github.com/idemkit/idem/core => ../../core
 	github.com/idemkit/idem/stores/memstore => ../../stores/memstore
 )

@@ -1,0 +1,421 @@
+// Command consumer is a payments-event consumer that sends one receipt
+// email per payment, however often the broker delivers the event: each
+// payment.succeeded message writes one row to a PostgreSQL outbox table
+// (the email sender's queue) through the execution's transaction
+// (pgstore.Tx), so the row commits together with idem's record, exactly
+// once even when the consumer is killed between the write and the ack.
+// Run it against the local brokers with one command:
+//
+//	go run ./examples/consumer -broker nats -publish 5   # or -broker amqp
+//
+// It publishes 5 payments (each twice, with the same message id: JetStream
+// drops the second copy itself within its duplicate window, RabbitMQ
+// delivers both), handles them, prints the outbox, and exits once idle. Without -publish it
+// consumes until SIGINT or SIGTERM. The other flags inject the failures
+// examples/consumer's tests play (slow handlers to be killed in, lost acks)
+// and run it without idem (-idem=false) for comparison.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/adapters/idemamqp"
+	"github.com/idemkit/idem/adapters/idemnats"
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/stores/pgstore"
+)
+
+// Payment is the payment.succeeded event.
+type Payment struct {
+	ID     string `json:"id"`
+	Email  string `json:"email"`
+	Amount int    `json:"amount"`
+}
+
+type options struct {
+	broker, natsURL, amqpURL, pgURL, name string
+	useIdem                               bool
+	publish                               int
+	exitIdle, slow, ackDelay, ackWait     time.Duration
+	lease, storeTimeout, retryDelay       time.Duration
+	loseAcks, prefetch                    int
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.broker, "broker", "nats", "nats (JetStream) or amqp (RabbitMQ)")
+	flag.StringVar(&o.natsURL, "nats", env("IDEM_NATS_URL", nats.DefaultURL), "NATS server URL")
+	flag.StringVar(&o.amqpURL, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.StringVar(&o.pgURL, "postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL")
+	flag.StringVar(&o.name, "name", "payments", "stream (upper-cased) or queue name; also the prefix of the tables <name>_idem and <name>_outbox")
+	flag.BoolVar(&o.useIdem, "idem", true, "handle messages through idem (false: plain at-least-once handling, for comparison)")
+	flag.IntVar(&o.publish, "publish", 0, "publish this many payments, each twice, before consuming; then exit once idle")
+	flag.DurationVar(&o.exitIdle, "exit-idle", 0, "exit after this long without a message (default 2s with -publish, else never)")
+	flag.DurationVar(&o.slow, "slow", 0, "handler time after its outbox write (a window to be killed in)")
+	flag.DurationVar(&o.ackDelay, "ack-delay", 0, "pause before each ack (a window to be killed in after the commit)")
+	flag.IntVar(&o.loseAcks, "lose-acks", 0, "lose the ack of every n-th message handled (NATS: not sent, redelivered after -ack-wait; AMQP: channel closed without it, requeued)")
+	flag.IntVar(&o.prefetch, "prefetch", 8, "messages buffered per consumer (NATS PullMaxMessages, AMQP Qos); keep prefetch × handler time below the ack wait, or buffered messages are redelivered elsewhere")
+	flag.DurationVar(&o.ackWait, "ack-wait", 30*time.Second, "NATS consumer AckWait")
+	flag.DurationVar(&o.lease, "lease", idem.DefaultLease, "idem lease")
+	flag.DurationVar(&o.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "idem store timeout")
+	flag.DurationVar(&o.retryDelay, "retry-delay", time.Second, "redelivery delay when a message is in progress elsewhere or the store is down")
+	flag.Parse()
+	if o.publish > 0 && o.exitIdle == 0 {
+		o.exitIdle = 2 * time.Second
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "consumer:", err)
+		os.Exit(1)
+	}
+}
+
+// consumer is what both brokers share: the database, the engine and the
+// handler's effect.
+type consumer struct {
+	o      options
+	pool   *pgxpool.Pool
+	engine *idem.Engine
+	outbox string
+	last   atomic.Int64 // unix nanos of the last message handled
+	seen   atomic.Int64 // messages handled, for -lose-acks
+}
+
+func run(ctx context.Context, o options) error {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pool, err := pgxpool.New(ctx, o.pgURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store := pgstore.New(pool, pgstore.WithTable(o.name+"_idem"), pgstore.WithLogger(logger))
+	defer func() { _ = store.Close() }()
+	c := &consumer{o: o, pool: pool, outbox: pgx.Identifier{o.name + "_outbox"}.Sanitize()}
+	if err := store.EnsureSchema(ctx); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+c.outbox+` (
+		id bigserial PRIMARY KEY, payment_id text NOT NULL, email text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return err
+	}
+	c.engine, err = idem.New(store, idem.WithLease(o.lease), idem.WithStoreTimeout(o.storeTimeout), idem.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.engine.Close(ctx)
+	}()
+	c.last.Store(time.Now().UnixNano())
+	if o.exitIdle > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go c.exitWhenIdle(ctx, cancel)
+	}
+	switch o.broker {
+	case "nats":
+		err = c.runNATS(ctx, logger)
+	case "amqp":
+		err = c.runAMQP(ctx, logger)
+	default:
+		return fmt.Errorf("-broker %q: want nats or amqp", o.broker)
+	}
+	if err != nil || o.publish == 0 {
+		return err
+	}
+	return c.printOutbox()
+}
+
+// sendReceipt is the handler's effect: one outbox row for the payment's
+// receipt email. Through idem it is written in the execution's
+// transaction; without idem it commits at once.
+func (c *consumer) sendReceipt(ctx context.Context, body []byte) error {
+	var p Payment
+	if err := json.Unmarshal(body, &p); err != nil || p.ID == "" {
+		return idem.Permanent(fmt.Errorf("unreadable payment event %q", body)) // never retried
+	}
+	var db interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	} = c.pool
+	if c.o.useIdem {
+		tx, err := pgstore.Tx(ctx)
+		if err != nil {
+			return err
+		}
+		db = tx
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO `+c.outbox+` (payment_id, email) VALUES ($1, $2)`, p.ID, p.Email); err != nil {
+		return err
+	}
+	if c.o.slow > 0 {
+		fmt.Println("wrote", p.ID) // the tests kill the process now, mid-handler
+		time.Sleep(c.o.slow)
+	}
+	return nil
+}
+
+// loseAck reports whether the ack of the message being handled is to be
+// lost (-lose-acks).
+func (c *consumer) loseAck() bool {
+	n := c.seen.Add(1)
+	c.last.Store(time.Now().UnixNano())
+	return c.o.loseAcks > 0 && n%int64(c.o.loseAcks) == 0
+}
+
+// pauseBeforeAck waits -ack-delay before an ack: the record is completed,
+// the broker does not know yet.
+func (c *consumer) pauseBeforeAck() {
+	if c.o.ackDelay > 0 {
+		fmt.Println("acking") // the tests kill the process now, between commit and ack
+		time.Sleep(c.o.ackDelay)
+	}
+}
+
+func (c *consumer) exitWhenIdle(ctx context.Context, cancel context.CancelFunc) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if time.Since(time.Unix(0, c.last.Load())) > c.o.exitIdle {
+				cancel()
+				return
+			}
+		}
+	}
+}
+
+func (c *consumer) printOutbox() error {
+	rows, err := c.pool.Query(context.Background(), `SELECT payment_id, email FROM `+c.outbox+` ORDER BY id`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var id, email string
+		if err := rows.Scan(&id, &email); err != nil {
+			return err
+		}
+		n++
+		fmt.Printf("receipt for %s to %s\n", id, email)
+	}
+	fmt.Printf("%d receipts in %s\n", n, c.outbox)
+	return rows.Err()
+}
+
+func samplePayments(n int) []Payment {
+	ps := make([]Payment, n)
+	stamp := time.Now().UnixNano()
+	for i := range ps {
+		ps[i] = Payment{ID: fmt.Sprintf("pay_%d_%d", stamp, i+1), Email: fmt.Sprintf("customer%d@example.com", i+1), Amount: 100 * (i + 1)}
+	}
+	return ps
+}
+
+// --- NATS JetStream ---
+
+func (c *consumer) runNATS(ctx context.Context, logger *slog.Logger) error {
+	nc, err := nats.Connect(c.o.natsURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	name := strings.ToUpper(c.o.name)
+	stream, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		stream, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
+	}
+	if err != nil {
+		return err
+	}
+	for _, p := range samplePayments(c.o.publish) {
+		b, _ := json.Marshal(p)
+		for range 2 { // a publisher retry: the same message id twice
+			msg := nats.NewMsg(name + ".succeeded")
+			msg.Data = b
+			msg.Header.Set(jetstream.MsgIDHeader, p.ID)
+			if _, err := js.PublishMsg(ctx, msg); err != nil {
+				return err
+			}
+		}
+	}
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: "receipts", AckPolicy: jetstream.AckExplicitPolicy, AckWait: c.o.ackWait, MaxAckPending: 16,
+	})
+	if err != nil {
+		return err
+	}
+	handle := func(ctx context.Context, msg jetstream.Msg) error { return c.sendReceipt(ctx, msg.Data()) }
+	var h jetstream.MessageHandler
+	if c.o.useIdem {
+		h = idemnats.Handler(c.engine, "send-receipt", handle, idemnats.WithRetryDelay(c.o.retryDelay), idemnats.WithLogger(logger))
+	} else {
+		h = func(msg jetstream.Msg) {
+			if err := handle(ctx, msg); err != nil {
+				_ = msg.NakWithDelay(c.o.retryDelay)
+				return
+			}
+			_ = msg.Ack()
+		}
+	}
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		h(natsMsg{Msg: msg, c: c, lose: c.loseAck()})
+	}, jetstream.PullMaxMessages(c.o.prefetch))
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	<-ctx.Done()
+	cc.Drain()
+	<-cc.Closed()
+	return nil
+}
+
+// natsMsg delays its ack by -ack-delay, or loses it (-lose-acks).
+type natsMsg struct {
+	jetstream.Msg
+	c    *consumer
+	lose bool
+}
+
+func (m natsMsg) Ack() error {
+	m.c.pauseBeforeAck()
+	if m.lose {
+		return nil
+	}
+	return m.Msg.Ack()
+}
+
+// --- RabbitMQ ---
+
+func (c *consumer) runAMQP(ctx context.Context, logger *slog.Logger) error {
+	conn, err := amqp.Dial(c.o.amqpURL)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	pub, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := pub.QueueDeclare(c.o.name, true, false, false, false, nil); err != nil {
+		return err
+	}
+	for _, p := range samplePayments(c.o.publish) {
+		b, _ := json.Marshal(p)
+		for range 2 { // a publisher retry: the same message id twice
+			if err := pub.PublishWithContext(ctx, "", c.o.name, false, false, amqp.Publishing{
+				MessageId: p.ID, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b,
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	handle := func(ctx context.Context, d amqp.Delivery) error { return c.sendReceipt(ctx, d.Body) }
+	var h func(context.Context, amqp.Delivery)
+	if c.o.useIdem {
+		h = idemamqp.Handler(c.engine, "send-receipt", handle, idemamqp.WithRetryDelay(c.o.retryDelay), idemamqp.WithLogger(logger))
+	} else {
+		h = func(ctx context.Context, d amqp.Delivery) {
+			if err := handle(ctx, d); err != nil {
+				_ = d.Nack(false, true)
+				return
+			}
+			_ = d.Ack(false)
+		}
+	}
+	fmt.Println("ready")
+	for ctx.Err() == nil {
+		// One channel at a time; a lost ack closes it, which requeues the
+		// delivery whose ack was lost (RabbitMQ's consumer_timeout, the
+		// server's own redelivery of unacked deliveries, defaults to 30
+		// minutes and is server configuration).
+		if err := c.consumeAMQP(ctx, conn, h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// consumeAMQP handles deliveries on a new channel until ctx is done or an
+// ack is lost.
+func (c *consumer) consumeAMQP(ctx context.Context, conn *amqp.Connection, h func(context.Context, amqp.Delivery)) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.Qos(c.o.prefetch, 0, false); err != nil {
+		return err
+	}
+	deliveries, err := ch.Consume(c.o.name, "", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("channel closed by the server")
+			}
+			lost := c.loseAck()
+			d.Acknowledger = &amqpAcker{Acknowledger: d.Acknowledger, c: c, lose: lost}
+			h(ctx, d)
+			if lost {
+				return nil // close the channel: the delivery goes back to the queue
+			}
+		}
+	}
+}
+
+// amqpAcker delays acks by -ack-delay, or loses them (-lose-acks).
+type amqpAcker struct {
+	amqp.Acknowledger
+	c    *consumer
+	lose bool
+}
+
+func (a *amqpAcker) Ack(tag uint64, multiple bool) error {
+	a.c.pauseBeforeAck()
+	if a.lose {
+		return nil
+	}
+	return a.Acknowledger.Ack(tag, multiple)
+}
