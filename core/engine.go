@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -207,23 +206,14 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			ev.Kind = EventMismatch
 			e.emit(ctx, ev)
 			return nil, e.problems.mismatch
-		case rec.State == StateCompleted && rec.Encoded != nil:
-			resp, err := sharedReplay(rec.Encoded)
+		case rec.State == StateCompleted:
+			resp, err := sharedReplay(rec.Response)
 			if err != nil {
-				e.reportUnreadable(ctx, ev, fmt.Errorf("%w: %w", ErrCorrupt, err))
+				e.reportUnreadable(ctx, ev, err)
 				return nil, e.problems.unreadable
 			}
 			ev.Kind = EventReplayed
 			e.emit(ctx, ev)
-			return nil, resp
-		case rec.State == StateCompleted && rec.Response != nil:
-			ev.Kind = EventReplayed
-			e.emit(ctx, ev)
-			resp := rec.Response
-			if resp.Header == nil {
-				resp.Header = make(http.Header, 1)
-			}
-			resp.Header[ReplayedHeader] = replayedValue[:1:1]
 			return nil, resp
 		}
 		// In progress: wait for it when configured, else 409.
