@@ -175,7 +175,7 @@ func TestOutage(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("recovered %v after the restart", time.Since(t0).Round(time.Millisecond))
-	if resp := run("during"); resp == nil || resp.Status != http.StatusCreated || resp.Header.Get(idem.ReplayedHeader) != "true" {
+	if resp := run("during"); resp == nil || resp.Status != http.StatusCreated || !resp.IsReplay() {
 		t.Fatalf("duplicate after recovery: %+v; want a replay", resp)
 	}
 	if executions["during"] != 1 || executions["before"] != 1 {
