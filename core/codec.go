@@ -36,12 +36,11 @@ func lineSize(k, v string, first bool) int {
 // encoder writes an encoding: the header lines one at a time (lines of
 // one name in a row), then the body appended to b, then the head.
 type encoder struct {
-	b      []byte
-	names  int
-	count  int    // values of the current name
-	at     int    // where the current name's value count goes; -1: none yet
-	prev   string // the current name
-	closed bool
+	b     []byte
+	names int
+	count int // values of the current name
+	at    int // where the current name's value count goes (its name ends there); -1: none yet
+	name  int // where the current name starts in b
 }
 
 // newEncoder returns an encoder whose buffer holds the headroom and has
@@ -52,10 +51,12 @@ func newEncoder(size int) encoder {
 
 // line appends the header line k: v.
 func (w *encoder) line(k, v string) {
-	if w.at < 0 || k != w.prev {
+	if w.at < 0 || k != string(w.b[w.name:w.at]) { // compared with the name written, so that w keeps no pointer to k
 		w.putCount()
-		w.b = appendString(w.b, k)
-		w.at, w.count, w.prev = len(w.b), 0, k
+		w.b = binary.AppendUvarint(w.b, uint64(len(k)))
+		w.name = len(w.b)
+		w.b = append(w.b, k...)
+		w.at, w.count = len(w.b), 0
 		w.b = append(w.b, 0) // the value count, written when known
 		w.names++
 	}

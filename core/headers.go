@@ -9,14 +9,17 @@ import (
 // lineSource is a response's header lines as the handler left them: an
 // http.Header (names sorted, so that an encoding is a function of the
 // response) or a [HeaderLines] (names in the order of their first lines).
-// Both reach the store through one filter ([Engine.eachStored]) and one
-// encoder. Lines are passed to callbacks of concrete methods, not as an
-// iter.Seq2: ranging over a func value the compiler cannot see moves the
-// loop's state to the heap.
+// Both reach the store through one filter ([storedLines]) and one encoder.
+// They are pulled with next, not pushed to a callback or ranged as an
+// iter.Seq2: a func value the compiler cannot see through would make every
+// HeaderLines escape to the heap.
 type lineSource struct {
 	h     http.Header
 	names []string // h's names, sorted
 	l     *HeaderLines
+
+	i, j  int  // the current name (h: names[i]; l: its first line i) and the next value (h: h[names[i]][j]; l: line j)
+	first bool // the line next returned last is the first of its name
 }
 
 // headerLines returns the lines of h; stack holds its sorted names when
@@ -30,75 +33,98 @@ func headerLines(h http.Header, stack *[16]string) lineSource {
 	return lineSource{h: h, names: names}
 }
 
-// each calls fn for every line, lines of one name in a row; names and
-// values are read-only.
-func (ls *lineSource) each(fn func(k, v string)) {
+// next returns the next line, lines of one name in a row, or ok = false
+// after the last; names and values are read-only.
+func (ls *lineSource) next() (k, v string, ok bool) {
 	if ls.l == nil {
-		for _, k := range ls.names {
-			for _, v := range ls.h[k] {
-				fn(k, v)
+		for ; ls.i < len(ls.names); ls.i, ls.j = ls.i+1, 0 {
+			if vs := ls.h[ls.names[ls.i]]; ls.j < len(vs) {
+				ls.first = ls.j == 0
+				ls.j++
+				return ls.names[ls.i], vs[ls.j-1], true
 			}
 		}
-		return
+		return "", "", false
 	}
 	l := ls.l
-	for i := range l.count {
-		k, _ := l.line(i)
-		if l.seen(i, k) {
-			continue
-		}
-		for j := i; j < l.count; j++ {
-			if nk, v := l.line(j); string(nk) == string(k) {
-				fn(view(nk), view(v))
+	for ls.i < l.count {
+		name, _ := l.line(ls.i)
+		for ; ls.j < l.count; ls.j++ {
+			if nk, nv := l.line(ls.j); string(nk) == string(name) {
+				ls.first = ls.j == ls.i
+				ls.j++
+				return view(nk), view(nv), true
 			}
+		}
+		for ls.i++; ls.i < l.count; ls.i++ { // the first line of the next name
+			if nk, _ := l.line(ls.i); !l.seen(ls.i, nk) {
+				break
+			}
+		}
+		ls.j = ls.i
+	}
+	return "", "", false
+}
+
+// rewind makes next start again from the first line.
+func (ls *lineSource) rewind() { ls.i, ls.j, ls.first = 0, 0, false }
+
+// storedLines pulls the lines of src worth replaying: those the handler
+// set (a name whose lines are exactly outer's belongs to the outer
+// exchange), minus the unstored names ([WithUnstoredHeaders]), and only
+// allowlisted ones under [WithStoredHeaders].
+// Its methods store no string (only indexes and flags): a string stored
+// through a pointer would make the HeaderLines it points into escape.
+type storedLines struct {
+	e    *Engine
+	src  *lineSource
+	same []bool // per name of src, in order: its lines are outer's
+	run  int    // the current name's index in same
+	keep bool   // the current name's lines are stored
+}
+
+// next returns the next stored line, or ok = false after the last.
+func (f *storedLines) next() (k, v string, ok bool) {
+	for {
+		k, v, ok = f.src.next()
+		if !ok {
+			return "", "", false
+		}
+		if f.src.first {
+			f.run++
+			f.keep = f.e.storesName(k) && (f.run >= len(f.same) || !f.same[f.run])
+		}
+		if f.keep {
+			return k, v, true
 		}
 	}
 }
 
-// eachStored calls fn for the lines of src worth replaying, first set on
-// the first line of each name: lines the handler set (a name whose lines
-// are exactly outer's belongs to the outer exchange), minus the unstored
-// names ([WithUnstoredHeaders]), and only allowlisted ones under
-// [WithStoredHeaders].
-func (e *Engine) eachStored(src *lineSource, outer http.Header, fn func(k, v string, first bool)) {
-	var stack [64]bool
-	same := stack[:0] // per name of src, in order: its lines are outer's
-	if len(outer) > 0 {
-		same = sameAsOuter(src, outer, same)
-	}
-	run, prev, keep := -1, "", false
-	src.each(func(k, v string) {
-		first := run < 0 || k != prev
-		if first {
-			run++
-			prev = k
-			keep = e.storesName(k) && (run >= len(same) || !same[run])
-		}
-		if keep {
-			fn(k, v, first)
-		}
-	})
+func (f *storedLines) rewind() {
+	f.src.rewind()
+	f.run, f.keep = -1, false
 }
 
 // sameAsOuter appends to same, for each name of src in order, whether its
 // lines are exactly outer's (same values, same order).
 func sameAsOuter(src *lineSource, outer http.Header, same []bool) []bool {
-	run, prev, n := -1, "", 0
+	src.rewind()
+	run, n := -1, 0
 	var ov []string
-	src.each(func(k, v string) {
-		if run < 0 || k != prev {
+	for k, v, ok := src.next(); ok; k, v, ok = src.next() {
+		if src.first {
 			if run >= 0 {
 				same[run] = same[run] && n == len(ov)
 			}
 			run++
-			prev, ov, n = k, outer[k], 0
+			ov, n = outer[k], 0
 			same = append(same, ov != nil)
 		}
 		if same[run] {
 			same[run] = n < len(ov) && ov[n] == v
 			n++
 		}
-	})
+	}
 	if run >= 0 {
 		same[run] = same[run] && n == len(ov)
 	}
@@ -106,12 +132,23 @@ func sameAsOuter(src *lineSource, outer http.Header, same []bool) []bool {
 }
 
 // encodeLines starts the encoding of the lines of src worth replaying
-// (see eachStored), with room for extra body bytes after them.
+// (see storedLines), with room for extra body bytes after them.
 func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int) encoder {
+	var stack [64]bool
+	f := storedLines{e: e, src: src, same: stack[:0]}
+	if len(outer) > 0 {
+		f.same = sameAsOuter(src, outer, f.same)
+	}
+	f.rewind()
 	size := 0
-	e.eachStored(src, outer, func(k, v string, first bool) { size += lineSize(k, v, first) })
+	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
+		size += lineSize(k, v, f.src.first)
+	}
 	w := newEncoder(size + extra)
-	e.eachStored(src, outer, func(k, v string, _ bool) { w.line(k, v) })
+	f.rewind()
+	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
+		w.line(k, v)
+	}
 	w.endLines()
 	return w
 }
@@ -129,13 +166,15 @@ func (e *Engine) encode(status int, src *lineSource, outer http.Header, body []b
 func encodeAll(r *Response) []byte {
 	var stack [16]string
 	src := headerLines(r.Header, &stack)
-	size, prev := 0, ""
-	src.each(func(k, v string) {
-		size += lineSize(k, v, k != prev)
-		prev = k
-	})
+	size := 0
+	for k, v, ok := src.next(); ok; k, v, ok = src.next() {
+		size += lineSize(k, v, src.first)
+	}
 	w := newEncoder(size + len(r.Body))
-	src.each(w.line)
+	src.rewind()
+	for k, v, ok := src.next(); ok; k, v, ok = src.next() {
+		w.line(k, v)
+	}
 	w.endLines()
 	w.b = append(w.b, r.Body...)
 	return w.encoding(r.Status)
