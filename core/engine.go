@@ -42,9 +42,14 @@ type Request struct {
 }
 
 // Engine decides, for each request, one of: pass through, reject, replay, or
-// execute and record. It holds all policy; adapters only translate. An Engine
-// is safe for concurrent use. Its only goroutines retry completions that
-// failed on a store error; [Engine.Close] stops them.
+// execute and record. It holds all policy (keys, scope, fingerprint, which
+// responses and header lines are stored); adapters only translate between
+// their framework and [Engine.Begin] and the [Execution] it returns. An
+// Engine is safe for concurrent use. Besides the lease renewal timers of
+// running executions (see [Extender]), it runs goroutines only to retry
+// completions that failed on a store error ([WithCompletionRetry]) and to
+// release leases a failed store call may have left; [Engine.Close] stops
+// them.
 type Engine struct {
 	store    Store
 	extender Extender
@@ -69,8 +74,11 @@ type Engine struct {
 	closeOnce sync.Once
 }
 
-// New returns an Engine backed by store. It returns an error when store is
-// nil or an option is out of range (durations and limits must be > 0).
+// New returns an Engine backed by store, configured by opts. It does no
+// I/O. It returns an error when store is nil or an option is out of range:
+// durations and limits must be > 0 (wait and completion retry >= 0), the
+// lease at least 4 store timeouts, the header name not empty, and methods
+// HTTP tokens.
 func New(store Store, opts ...Option) (*Engine, error) {
 	if store == nil {
 		return nil, errors.New("idem: nil store")
@@ -125,8 +133,8 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //     or [Response.WriteLines] (a framework's own header type), or read its
 //     header lines with [Response.EachHeader] (a replay's Header may be nil);
 //   - x, nil: run the handler, feed its body to x.Write, then call exactly
-//     one of x.Finish, x.Fail (handler error without a response) or x.Abort
-//     (panic).
+//     one of x.Finish (or x.FinishLines for a framework with its own header
+//     type), x.Fail (handler error without a response) or x.Abort (panic).
 //
 // Answers: 400 missing or malformed key (or one the [WithKeyValidator]
 // function refused), or unreadable body; 401 no principal;

@@ -10,9 +10,11 @@ import (
 	"time"
 )
 
-// Execution is one acquired request whose handler runs. Its methods are not
-// safe for concurrent use, except that lease renewal runs on its own until
-// Finish or Fail.
+// Execution is one acquired request whose handler runs, from [Engine.Begin]
+// to exactly one of Finish, FinishLines, Fail or Abort. Its methods are not
+// safe for concurrent use. Meanwhile the engine renews its lease on its own
+// (stores that implement [Extender]), until the completion or release is
+// done, or given up; an Execution is not reused afterwards.
 type Execution struct {
 	e        *Engine
 	ctx      context.Context // &detached: completion survives a client hang-up

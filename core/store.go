@@ -89,11 +89,12 @@ type Record struct {
 //
 // Responses are bytes: the engine encodes a response before
 // [Store.Complete] and decodes what [Store.Acquire] returns; a store keeps
-// the bytes exactly (any byte values, any length up to its limit, see
-// [ErrTooLarge]) and never parses them. Copy rules:
+// the bytes exactly (never empty; any byte values, any length up to its
+// limit, see [ErrTooLarge]) and never parses them. Copy rules:
 //   - Complete's response is the caller's: the store reads it during the
 //     call only and keeps a copy (or the data sent to its server).
-//   - Get's Record.Response is the caller's to keep and modify: a copy.
+//   - Get's Record.Response (and [Inspector.Inspect]'s) is the caller's to
+//     keep and modify: a copy.
 //   - Acquire's Record.Response is read-only for the caller, who keeps it:
 //     the engine replays from it in place, concurrently with other
 //     replays. A store may hand the same bytes to many callers, but never

@@ -11,8 +11,9 @@
 // idem_execution_active):
 //
 //   - idem.decisions (Counter, {decision}): every event, by idem.outcome
-//     (acquired, replayed, conflict, mismatch, rejected, completed, released,
-//     lease-lost, store-error), http.request.method and http.route;
+//     (the ten [idem.EventKind] values: acquired, replayed, conflict,
+//     mismatch, rejected, completed, released, lease-lost, store-error,
+//     unprotected), http.request.method and http.route;
 //   - idem.store.operation.duration (Histogram, s): store calls by
 //     idem.store.operation (acquire, complete, release, extend), with
 //     error.type when the store failed;
