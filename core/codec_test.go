@@ -88,7 +88,8 @@ func TestCodecManyLines(t *testing.T) {
 }
 
 // FuzzResponseCodec checks that decoding never panics and that whatever
-// decodes re-encodes to a response that decodes the same.
+// decodes re-encodes to a response that decodes the same (a name without
+// values has no lines, so it is not encoded again).
 func FuzzResponseCodec(f *testing.F) {
 	f.Add(encodeResponse(&Response{Status: 200, Header: http.Header{"A": {"1", "2"}}, Body: []byte("x")}))
 	f.Add([]byte{1, 0xc8, 0x01, 0})
@@ -97,9 +98,14 @@ func FuzzResponseCodec(f *testing.F) {
 		if err != nil {
 			return
 		}
+		for k, vs := range r.Header {
+			if len(vs) == 0 {
+				delete(r.Header, k)
+			}
+		}
 		r2, err := DecodeResponse(encodeResponse(r))
-		if err != nil || r2.Status != r.Status || !bytes.Equal(r2.Body, r.Body) || len(r2.Header) != len(r.Header) {
-			t.Fatalf("re-decoding failed: %v", err)
+		if err != nil || r2.Status != r.Status || !bytes.Equal(r2.Body, r.Body) || !reflect.DeepEqual(r2.Header, r.Header) {
+			t.Fatalf("re-decoded %+v, %v; want %+v", r2, err, r)
 		}
 	})
 }
