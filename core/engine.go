@@ -131,7 +131,7 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
 //     read-only and may be shared; write it with [Response.Send] (net/http)
 //     or [Response.WriteLines] (a framework's own header type), or read its
-//     header lines with [Response.EachHeader] (a replay's Header may be nil);
+//     header lines with [Response.EachHeader] (a replay's Header is nil);
 //   - x, nil: run the handler, feed its body to x.Write, then call exactly
 //     one of x.Finish (or x.FinishLines for a framework with its own header
 //     type), x.Fail (handler error without a response) or x.Abort (panic).
