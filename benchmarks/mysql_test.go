@@ -146,7 +146,7 @@ func bareMyFloor(b *testing.B, db *sql.DB, table string) func() error {
   KEY (expires_at)) ENGINE=InnoDB`); err != nil {
 		b.Fatal(err)
 	}
-	encoded, _ := benchResponse.MarshalBinary()
+	encoded := benchResponse
 	token := "AAAAAAAAAAAAAAAAAAAAAAAAAA" // rand.Text's length
 	insert, err := db.PrepareContext(ctx, `INSERT INTO `+floorTable+` VALUES (?, 1, ?, 'fp', NULL, UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)`)
 	if err != nil {

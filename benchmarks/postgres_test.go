@@ -151,7 +151,7 @@ func bareFloor(b *testing.B, pool *pgxpool.Pool, table string) func() error {
 CREATE INDEX ON `+floorTable+` (expires_at)`); err != nil {
 		b.Fatal(err)
 	}
-	encoded, _ := benchResponse.MarshalBinary()
+	encoded := benchResponse
 	token := "AAAAAAAAAAAAAAAAAAAAAAAAAA" // rand.Text's length
 	insert := `INSERT INTO ` + floorTable + ` VALUES ($1, 1, $2, 'fp', NULL, clock_timestamp() + interval '30 seconds')`
 	update := `UPDATE ` + floorTable + ` SET state = 2, response = $2, expires_at = clock_timestamp() + interval '10 minutes' WHERE key = $1`

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/stores/memstore"
 )
@@ -18,10 +17,10 @@ import (
 // scaleBody is the 200-byte response body of the scale benchmarks.
 var scaleBody = []byte(fmt.Sprintf(`{"id":"pay_1","amount":4200,"currency":"EUR","status":"succeeded","note":"%0125d"}`, 0))
 
-func scaleResponse() *idem.Response {
-	return &idem.Response{Status: http.StatusCreated,
-		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}},
-		Body:   scaleBody}
+// scaleResponse returns the engine's encoding of a 201 with Content-Type,
+// Location and scaleBody.
+func scaleResponse() []byte {
+	return engineEncoding(http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}}, scaleBody)
 }
 
 // fakeClock is a memstore clock that moves only when told.

@@ -2,96 +2,125 @@ package idem
 
 import (
 	"encoding/binary"
-	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"unsafe"
 )
 
-// errCorrupt is returned by UnmarshalBinary for bytes MarshalBinary did not produce.
-var errCorrupt = errors.New("idem: corrupt stored response")
-
+// The encoding of a response, the bytes a [Store] keeps ([Record.Response]):
+// version byte, uvarint status, uvarint number of header names, then per
+// name uvarint-length-prefixed name, uvarint value count and
+// length-prefixed values, then the body bytes to the end. Binary-safe:
+// bodies and header values may hold any byte.
 const codecVersion = 1
 
-// MarshalBinary encodes r compactly for stores that keep bytes (binary-safe:
-// bodies and header values may hold any byte). Layout: version byte,
-// uvarint status, uvarint number of header names, then per name (sorted)
-// uvarint-length-prefixed name, uvarint value count and length-prefixed
-// values, then the body bytes to the end. It implements encoding.BinaryMarshaler.
-func (r *Response) MarshalBinary() ([]byte, error) {
-	return r.AppendBinary(nil)
+// errCorrupt is returned for bytes the encoder did not produce.
+var errCorrupt = fmt.Errorf("%w: the response does not decode", ErrCorrupt)
+
+// headroom is the most bytes the head of an encoding takes (version,
+// status, number of names): an encoder reserves it before the header
+// lines, whose number of names it learns only after writing them.
+const headroom = 1 + 2*binary.MaxVarintLen64
+
+// lineSize bounds from above the encoded size of the header line k: v,
+// the first of its name when first.
+func lineSize(k, v string, first bool) int {
+	n := binary.MaxVarintLen64 + len(v)
+	if first {
+		n += 1 + binary.MaxVarintLen64 + len(k)
+	}
+	return n
 }
 
-// AppendBinary appends the encoding of [Response.MarshalBinary] to b.
-func (r *Response) AppendBinary(b []byte) ([]byte, error) {
-	if w := r.wire; w != nil && r.Header == nil { // already encoded: copy
-		n := w.names
-		if w.replayed {
-			n++
-		}
-		b = slices.Grow(b, 1+2*binary.MaxVarintLen64+len(w.lines)+len(replayedLine)+len(r.Body))
-		b = append(b, codecVersion)
-		b = binary.AppendUvarint(b, uint64(r.Status))
-		b = binary.AppendUvarint(b, uint64(n))
-		b = append(b, w.lines...)
-		if w.replayed {
-			b = append(b, replayedLine...)
-		}
-		return append(b, r.Body...), nil
-	}
-	header := r.header()
-	var stack [16]string
-	names := stack[:0]
-	size := 1 + 2*binary.MaxVarintLen64 + len(r.Body)
-	for k, vs := range header {
-		names = append(names, k)
-		size += binary.MaxVarintLen64*(2+len(vs)) + len(k)
-		for _, v := range vs {
-			size += len(v)
-		}
-	}
-	slices.Sort(names)
-	b = slices.Grow(b, size)
-	b = append(b, codecVersion)
-	b = binary.AppendUvarint(b, uint64(r.Status))
-	b = binary.AppendUvarint(b, uint64(len(header)))
-	for _, k := range names {
-		b = appendString(b, k)
-		vs := header[k]
-		b = binary.AppendUvarint(b, uint64(len(vs)))
-		for _, v := range vs {
-			b = appendString(b, v)
-		}
-	}
-	return append(b, r.Body...), nil
+// encoder writes an encoding: the header lines one at a time (lines of
+// one name in a row), then the body appended to b, then the head.
+type encoder struct {
+	b     []byte
+	names int
+	count int // values of the current name
+	at    int // where the current name's value count goes (its name ends there); -1: none yet
+	name  int // where the current name starts in b
 }
 
-// replayedLine is "Idempotent-Replayed: true" as one encoded header name.
-var replayedLine = string(appendString(binary.AppendUvarint(appendString(nil, ReplayedHeader), 1), "true"))
+// newEncoder returns an encoder whose buffer holds the headroom and has
+// room for size more bytes.
+func newEncoder(size int) encoder {
+	return encoder{b: make([]byte, headroom, headroom+size), at: -1}
+}
+
+// line appends the header line k: v.
+func (w *encoder) line(k, v string) {
+	if w.at < 0 || k != string(w.b[w.name:w.at]) { // compared with the name written, so that w keeps no pointer to k
+		w.putCount()
+		w.b = binary.AppendUvarint(w.b, uint64(len(k)))
+		w.name = len(w.b)
+		w.b = append(w.b, k...)
+		w.at, w.count = len(w.b), 0
+		w.b = append(w.b, 0) // the value count, written when known
+		w.names++
+	}
+	w.b = appendString(w.b, v)
+	w.count++
+}
+
+// endLines ends the header lines: what is appended to w.b next is the body.
+func (w *encoder) endLines() {
+	w.putCount()
+	w.at = -1
+}
+
+// putCount writes the value count of the current name at w.b[w.at],
+// where one byte is reserved, moving what follows when it takes more.
+func (w *encoder) putCount() {
+	if w.at < 0 {
+		return
+	}
+	if w.count < 0x80 {
+		w.b[w.at] = byte(w.count)
+		return
+	}
+	var v [binary.MaxVarintLen64]byte
+	n := binary.PutUvarint(v[:], uint64(w.count))
+	w.b = slices.Insert(w.b, w.at+1, v[1:n]...)
+	copy(w.b[w.at:], v[:n])
+}
+
+// encoding writes the head into the headroom and returns the encoding:
+// the lines (ended by endLines) and the body after them.
+func (w *encoder) encoding(status int) []byte {
+	var h [headroom]byte
+	h[0] = codecVersion
+	n := 1 + binary.PutUvarint(h[1:], uint64(status))
+	n += binary.PutUvarint(h[n:], uint64(w.names))
+	return w.b[headroom-copy(w.b[headroom-n:headroom], h[:n]):]
+}
 
 func appendString(b []byte, s string) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
 }
 
-// UnmarshalBinary decodes what [Response.MarshalBinary] produced into r,
-// copying out of data: all header names and values share one string
-// allocation, the body gets its own. It implements encoding.BinaryUnmarshaler.
-func (r *Response) UnmarshalBinary(data []byte) error {
-	l, ok := scanEncoding(data)
+// DecodeResponse decodes a stored response ([Record.Response], as
+// [Store.Get], [Store.Acquire] and [Inspector.Inspect] return it) into a
+// new Response, copying out of b: all header names and values share one
+// string allocation, the body gets its own. Bytes the [Engine] did not
+// encode return an error wrapping [ErrCorrupt]. For operators' tools
+// (cmd/idemctl) and tests; the engine replays from the bytes in place.
+func DecodeResponse(b []byte) (*Response, error) {
+	l, ok := scanEncoding(b)
 	if !ok {
-		return errCorrupt
+		return nil, errCorrupt
 	}
-	// One copy of data holds the body (the caller's to modify) and, before
+	// One copy of b holds the body (the caller's to modify) and, before
 	// it, the header names and values as one string that no slice reaches
 	// (body is cut with its capacity starting at headerEnd).
-	all := make([]byte, len(data))
-	copy(all, data)
-	body := all[l.headerEnd:len(data):len(data)]
+	all := make([]byte, len(b))
+	copy(all, b)
+	body := all[l.headerEnd:len(b):len(b)]
 	sd := strDecoder{s: unsafe.String(unsafe.SliceData(all), l.headerEnd)[l.linesStart:]}
-	h := make(http.Header, l.names+1) // room for the replay's Idempotent-Replayed line
+	h := make(http.Header, l.names+1) // room for a replay's Idempotent-Replayed line
 	fillHeader(&sd, l.names, h, make([]string, l.values))
-	r.Status, r.Header, r.Body = l.status, h, body
-	return nil
+	return &Response{Status: l.status, Header: h, Body: body}, nil
 }
 
 // layout is where the parts of a valid encoding lie.
@@ -100,8 +129,7 @@ type layout struct {
 	linesStart, headerEnd int // the header names and values are data[linesStart:headerEnd]; the body follows
 }
 
-// scanEncoding validates data as an encoding of [Response.MarshalBinary]
-// without allocating.
+// scanEncoding validates data as an encoding without allocating.
 func scanEncoding(data []byte) (layout, bool) {
 	d := decoder{b: data}
 	if d.byte() != codecVersion {
@@ -150,9 +178,8 @@ func sharedReplay(data []byte) (*Response, error) {
 	return &r.resp, nil
 }
 
-// wire is the header of a Response held in its encoded form (a replay read
-// in place by sharedReplay, or lines captured by encodeLines): the encoded
-// header names and values and their counts.
+// wire is the header of a replay read in place by sharedReplay: the
+// encoded header names and values and their count.
 type wire struct {
 	lines    string
 	names    int32

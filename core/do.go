@@ -223,7 +223,7 @@ func Do[T any](ctx context.Context, e *Engine, op Operation, fn func(ctx context
 	}
 	status, body, err := storedResult(rec)
 	if err != nil {
-		err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+		// err wraps ErrCorrupt
 		e.reportUnreadable(ctx, ev, err)
 		return zero, err
 	}
@@ -302,14 +302,12 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 	return zero, fmt.Errorf("%w: the operation's transaction was not committed: %w", ErrUnavailable, cerr)
 }
 
-// storedResult returns the status and body of a completed record.
+// storedResult returns the status and body of a completed record, read in
+// place from its encoding (no copy).
 func storedResult(rec Record) (status int, body []byte, err error) {
-	if rec.Encoded != nil {
-		resp, err := sharedReplay(rec.Encoded)
-		if err != nil {
-			return 0, nil, err
-		}
-		return resp.Status, resp.Body, nil
+	l, ok := scanEncoding(rec.Response)
+	if !ok {
+		return 0, nil, errCorrupt
 	}
-	return rec.Response.Status, rec.Response.Body, nil
+	return l.status, rec.Response[l.headerEnd:], nil
 }

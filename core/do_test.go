@@ -71,7 +71,7 @@ func (s *failingTxStore) Unit(key, token string) Unit {
 
 type failingUnit struct{ *txUnit }
 
-func (u *failingUnit) Complete(context.Context, *Response, time.Duration) error {
+func (u *failingUnit) Complete(context.Context, []byte, time.Duration) error {
 	u.pending = nil
 	return errors.New("commit: connection reset")
 }
@@ -106,7 +106,7 @@ func TestDoCorruptRecord(t *testing.T) {
 	s := newScriptStore(0)
 	e := newDoEngine(t, s)
 	op := Operation{Name: "op", Key: "k"}
-	s.recs[ScopedKey("", doMethod, "op", "k")] = Record{State: StateCompleted, Fingerprint: Fingerprint(doMethod, "op", "", "", nil), Encoded: []byte("junk")}
+	s.recs[ScopedKey("", doMethod, "op", "k")] = Record{State: StateCompleted, Fingerprint: Fingerprint(doMethod, "op", "", "", nil), Response: []byte("junk")}
 	if _, err := Do(context.Background(), e, op, one); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("got %v, want ErrCorrupt", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -43,9 +42,14 @@ type Request struct {
 }
 
 // Engine decides, for each request, one of: pass through, reject, replay, or
-// execute and record. It holds all policy; adapters only translate. An Engine
-// is safe for concurrent use. Its only goroutines retry completions that
-// failed on a store error; [Engine.Close] stops them.
+// execute and record. It holds all policy (keys, scope, fingerprint, which
+// responses and header lines are stored); adapters only translate between
+// their framework and [Engine.Begin] and the [Execution] it returns. An
+// Engine is safe for concurrent use. Besides the lease renewal timers of
+// running executions (see [Extender]), it runs goroutines only to retry
+// completions that failed on a store error ([WithCompletionRetry]) and to
+// release leases a failed store call may have left; [Engine.Close] stops
+// them.
 type Engine struct {
 	store    Store
 	extender Extender
@@ -70,8 +74,11 @@ type Engine struct {
 	closeOnce sync.Once
 }
 
-// New returns an Engine backed by store. It returns an error when store is
-// nil or an option is out of range (durations and limits must be > 0).
+// New returns an Engine backed by store, configured by opts. It does no
+// I/O. It returns an error when store is nil or an option is out of range:
+// durations and limits must be > 0 (wait and completion retry >= 0), the
+// lease at least 4 store timeouts, the header name not empty, and methods
+// HTTP tokens.
 func New(store Store, opts ...Option) (*Engine, error) {
 	if store == nil {
 		return nil, errors.New("idem: nil store")
@@ -126,10 +133,10 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 //     (carrying "Idempotent-Replayed: true") or an RFC 9457 problem. resp is
 //     read-only and may be shared; write it with [Response.Send] (net/http)
 //     or [Response.WriteLines] (a framework's own header type), or read its
-//     header lines with [Response.EachHeader] (a replay's Header may be nil);
+//     header lines with [Response.EachHeader] (a replay's Header is nil);
 //   - x, nil: run the handler, feed its body to x.Write, then call exactly
-//     one of x.Finish, x.Fail (handler error without a response) or x.Abort
-//     (panic).
+//     one of x.Finish (or x.FinishLines for a framework with its own header
+//     type), x.Fail (handler error without a response) or x.Abort (panic).
 //
 // Answers: 400 missing or malformed key (or one the [WithKeyValidator]
 // function refused), or unreadable body; 401 no principal;
@@ -210,29 +217,17 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 			return nil, nil
 		}
 		return nil, e.problems.unavailable
-	case rec.Encoded != nil:
-		resp, err := sharedReplay(rec.Encoded)
-		if err != nil {
-			e.reportUnreadable(ctx, ev, fmt.Errorf("%w: %w", ErrCorrupt, err))
-			return nil, e.problems.unreadable
-		}
-		if r := e.forbidden(ctx, req, ev, rec.State, resp.Status, EventReplayed); r != nil {
-			return nil, r
-		}
-		ev.Kind = EventReplayed
-		e.emit(ctx, ev)
-		return nil, resp
 	}
-	if r := e.forbidden(ctx, req, ev, rec.State, rec.Response.Status, EventReplayed); r != nil {
+	resp, err := sharedReplay(rec.Response)
+	if err != nil {
+		e.reportUnreadable(ctx, ev, err)
+		return nil, e.problems.unreadable
+	}
+	if r := e.forbidden(ctx, req, ev, rec.State, resp.Status, EventReplayed); r != nil {
 		return nil, r
 	}
 	ev.Kind = EventReplayed
 	e.emit(ctx, ev)
-	resp := rec.Response
-	if resp.Header == nil {
-		resp.Header = make(http.Header, 1)
-	}
-	resp.Header[ReplayedHeader] = replayedValue[:1:1]
 	return nil, resp
 }
 
@@ -280,7 +275,7 @@ func (e *Engine) begin(ctx context.Context, ev *Event, fp, token string, req *Re
 			return x, Record{}, nil
 		case rec.Fingerprint != fp && (req == nil || !e.sameRequest(req, rec.Fingerprint, fp)):
 			return nil, rec, errMismatch
-		case rec.State == StateCompleted && (rec.Encoded != nil || rec.Response != nil):
+		case rec.State == StateCompleted:
 			return nil, rec, nil
 		}
 		// In progress: wait for it when configured, else conflict.

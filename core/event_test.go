@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -55,7 +56,7 @@ func (s *scriptStore) Acquire(_ context.Context, key, token, fp string, _ time.D
 	return Record{}, true, nil
 }
 
-func (s *scriptStore) Complete(_ context.Context, key, token string, resp *Response, _ time.Duration) error {
+func (s *scriptStore) Complete(_ context.Context, key, token string, resp []byte, _ time.Duration) error {
 	err := s.call(OpComplete)
 	defer s.mu.Unlock()
 	if err != nil {
@@ -65,7 +66,7 @@ func (s *scriptStore) Complete(_ context.Context, key, token string, resp *Respo
 	if !ok {
 		return ErrNotOwner
 	}
-	s.recs[key] = Record{State: StateCompleted, Fingerprint: rec.Fingerprint, Response: resp.Clone()}
+	s.recs[key] = Record{State: StateCompleted, Fingerprint: rec.Fingerprint, Response: slices.Clone(resp)}
 	return nil
 }
 

@@ -10,17 +10,19 @@ import (
 	"time"
 )
 
-// Execution is one acquired request whose handler runs. Its methods are not
-// safe for concurrent use, except that lease renewal runs on its own until
-// Finish or Fail.
+// Execution is one acquired request whose handler runs, from [Engine.Begin]
+// to exactly one of Finish, FinishLines, Fail or Abort. Its methods are not
+// safe for concurrent use. Meanwhile the engine renews its lease on its own
+// (stores that implement [Extender]), until the completion or release is
+// done, or given up; an Execution is not reused afterwards.
 type Execution struct {
 	e        *Engine
 	ctx      context.Context // &detached: completion survives a client hang-up
 	detached detached
 	infoCtx  infoCtx // what WithInfo returns
 	token    string
-	ev       Event // template of x's events; ev.Key is the scoped key
-	body     []byte
+	ev       Event  // template of x's events; ev.Key is the scoped key
+	body     []byte // the body given to Write, until SnapshotHeader (then it goes to enc)
 
 	started  time.Time     // when the lease was acquired
 	handler  time.Duration // how long the handler ran, set by finishing
@@ -28,10 +30,12 @@ type Execution struct {
 	info     Info          // what WithInfo puts in the handler's context
 	unit     Unit          // the execution's transaction (Transactional stores), set by WithInfo
 	fp       string
-	header   http.Header // stored header lines, from SnapshotHeader or Finish
 	outer    http.Header // header lines present when the execution began (OuterHeader)
-	resp     Response    // what Finish stores, held here: no allocation
-	wire     wire        // x.resp's header lines, after FinishLines
+
+	// After SnapshotHeader, enc holds the encoded stored header lines and
+	// then the body from Write, which starts at bodyAt; Finish ends it.
+	enc    encoder
+	bodyAt int // 0: no snapshot
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
@@ -49,7 +53,11 @@ type Execution struct {
 // over the stored-response limit and never fails; adapters call it with
 // exactly the bytes sent to the client.
 func (x *Execution) Write(p []byte) (int, error) {
-	if room := x.e.cfg.maxResponseBytes + 1 - len(x.body); room > 0 {
+	if x.bodyAt > 0 {
+		if room := x.e.cfg.maxResponseBytes + 1 - (len(x.enc.b) - x.bodyAt); room > 0 {
+			x.enc.b = append(x.enc.b, p[:min(len(p), room)]...)
+		}
+	} else if room := x.e.cfg.maxResponseBytes + 1 - len(x.body); room > 0 {
 		x.body = append(x.body, p[:min(len(p), room)]...)
 	}
 	return len(p), nil
@@ -72,9 +80,15 @@ func (x *Execution) OuterHeader(h http.Header) {
 // either. Adapters call it once, when the header is written; Finish takes
 // the header at its own call otherwise.
 func (x *Execution) SnapshotHeader(h http.Header) {
-	if x.header == nil {
-		x.header = x.e.storedHeader(h, x.outer)
+	if x.bodyAt > 0 {
+		return
 	}
+	var stack [16]string
+	src := headerLines(h, &stack)
+	x.enc = x.e.encodeLines(&src, x.outer, len(x.body))
+	x.bodyAt = len(x.enc.b)
+	x.enc.b = append(x.enc.b, x.body...)
+	x.body = nil
 }
 
 // Unreplayable declares that the response body is not visible to the
@@ -90,9 +104,32 @@ func (x *Execution) Unreplayable() { x.unreplayable = true }
 // Store errors are logged and reported as events; the client's response is
 // never changed by them.
 func (x *Execution) Finish(status int, header http.Header) {
-	if status, ok := x.ending(status); ok {
-		x.finishHeader(status, header, false)
+	status, ok := x.ending(status)
+	if !ok {
+		return
 	}
+	var location string                      // the Location line as sent, for response-not-stored
+	if v := header["Location"]; len(v) > 0 { // as header.Get: the name is canonical
+		location = v[0]
+	}
+	switch {
+	case x.unreplayable || x.bodyLen() > x.e.cfg.maxResponseBytes:
+		x.store(nil, status, location)
+	case x.bodyAt > 0: // the header as snapshotted, the body from Write
+		x.store(x.enc.encoding(status), status, location)
+	default:
+		var stack [16]string
+		src := headerLines(header, &stack)
+		x.store(x.e.encode(status, &src, x.outer, x.body), status, location)
+	}
+}
+
+// bodyLen is the length of the body given to Write.
+func (x *Execution) bodyLen() int {
+	if x.bodyAt > 0 {
+		return len(x.enc.b) - x.bodyAt
+	}
+	return len(x.body)
 }
 
 // ending marks the handler as done and applies the storage policy to its
@@ -112,29 +149,12 @@ func (x *Execution) ending(status int) (int, bool) {
 	return status, true
 }
 
-// finishHeader stores header's lines worth replaying, filtering header in
-// place when it is owned (built for this call and never used again).
-func (x *Execution) finishHeader(status int, header http.Header, owned bool) {
-	var location string                      // read before keepStored may delete it
-	if v := header["Location"]; len(v) > 0 { // as header.Get: the name is canonical
-		location = v[0]
-	}
-	if x.header == nil && owned {
-		x.header = x.e.keepStored(header, x.outer)
-	}
-	if x.header == nil {
-		x.header = x.e.storedHeader(header, x.outer)
-	}
-	x.resp = Response{Status: status, Header: x.header, Body: x.body}
-	x.store(location)
-}
-
 // FinishLines is Finish for adapters of frameworks that keep the response
 // in their own types (fasthttp: Fiber): lines (nil: none) holds the
 // response header lines as sent, body the response body as sent (not
-// retained). The stored lines and the body are encoded straight into the
-// stored form ([Response.MarshalBinary]), with no http.Header in between.
-// The body is given here, not through Write.
+// retained). Both go through the same header policy and encoding as
+// Finish's, with no http.Header in between. The body is given here, not
+// through Write.
 func (x *Execution) FinishLines(status int, lines *HeaderLines, body []byte) {
 	status, ok := x.ending(status)
 	if !ok {
@@ -143,41 +163,40 @@ func (x *Execution) FinishLines(status int, lines *HeaderLines, body []byte) {
 	if lines == nil {
 		lines = &noLines
 	}
-	if lines.more != nil { // unusual: many or long lines
-		x.body = append(x.body[:0], body[:min(len(body), x.e.cfg.maxResponseBytes+1)]...)
-		x.finishHeader(status, lines.more, true)
+	location := lines.location()
+	if x.unreplayable || len(body) > x.e.cfg.maxResponseBytes {
+		x.store(nil, status, location)
 		return
 	}
-	if len(body) > x.e.cfg.maxResponseBytes {
-		body = nil // not stored: response-not-stored
-		x.unreplayable = true
+	src := lineSource{l: lines}
+	if lines.more != nil { // many or long lines
+		var stack [16]string
+		src = headerLines(lines.more, &stack)
 	}
-	x.resp = x.e.encodeLines(lines, status, body, x.outer, &x.wire)
-	x.store(lines.location())
+	x.store(x.e.encode(status, &src, x.outer, body), status, location)
 }
 
-// store completes the record with x.resp, or with the response-not-stored
-// problem when its body is not replayable.
-func (x *Execution) store(location string) {
-	status := x.resp.Status
-	resp := &x.resp
-	if x.unreplayable || len(x.resp.Body) > x.e.cfg.maxResponseBytes {
-		resp = x.e.problems.notStored(status, location)
+// store completes the record with the encoded response enc, or, when enc
+// is nil (the body is not replayable) or the store refuses it as too
+// large, with the response-not-stored problem.
+func (x *Execution) store(enc []byte, status int, location string) {
+	if enc == nil {
+		enc = x.e.problems.notStored(status, location)
 	}
 	ev := x.event(EventCompleted)
 	ev.Status = status
-	err := x.complete(resp)
+	err := x.complete(enc)
 	if errors.Is(err, ErrTooLarge) {
-		resp = x.e.problems.notStored(status, location)
-		err = x.complete(resp)
+		enc = x.e.problems.notStored(status, location)
+		err = x.complete(enc)
 	}
 	if transient(err) { // a blip: try once more before the client gets its answer
-		err = x.complete(resp)
+		err = x.complete(enc)
 	}
-	if errors.Is(err, ErrNotOwner) && x.landed(resp) {
+	if errors.Is(err, ErrNotOwner) && x.landed(enc) {
 		err = nil // an attempt whose reply was lost or late did store it
 	}
-	if transient(err) && x.e.cfg.completionRetry > 0 && x.e.retryInBackground(x, resp, ev) {
+	if transient(err) && x.e.cfg.completionRetry > 0 && x.e.retryInBackground(x, enc, ev) {
 		return
 	}
 	x.stopRenewal()
@@ -206,14 +225,14 @@ func transient(err error) bool {
 	return err != nil && !errors.Is(err, ErrNotOwner) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNotDurable)
 }
 
-func (x *Execution) complete(resp *Response) error {
+func (x *Execution) complete(enc []byte) error {
 	start := x.e.clock()
 	var err error
 	if x.e.local {
-		err = x.storeComplete(x.ctx, resp)
+		err = x.storeComplete(x.ctx, enc)
 	} else {
 		ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
-		err = x.storeComplete(ctx, resp)
+		err = x.storeComplete(ctx, enc)
 		cancel()
 	}
 	x.storeDur = x.e.clock().Sub(start)
@@ -221,18 +240,18 @@ func (x *Execution) complete(resp *Response) error {
 }
 
 // storeComplete completes through x's Unit when it has one, else the Store.
-func (x *Execution) storeComplete(ctx context.Context, resp *Response) error {
+func (x *Execution) storeComplete(ctx context.Context, enc []byte) error {
 	if x.unit != nil {
-		return x.unit.Complete(ctx, resp, x.e.cfg.retention)
+		return x.unit.Complete(ctx, enc, x.e.cfg.retention)
 	}
-	return x.e.store.Complete(ctx, x.ev.Key, x.token, resp, x.e.cfg.retention)
+	return x.e.store.Complete(ctx, x.ev.Key, x.token, enc, x.e.cfg.retention)
 }
 
 // retryInBackground keeps renewing the lease and retries Complete with
 // backoff for up to the completion-retry window, so that a store blip after
 // the handler ran does not let a retry execute it again. It reports false
 // when the engine is closed.
-func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool {
+func (e *Engine) retryInBackground(x *Execution, enc []byte, ev Event) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -253,7 +272,7 @@ func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool 
 				return
 			case <-t.C:
 			}
-			if err = x.complete(resp); errors.Is(err, ErrNotOwner) && x.landed(resp) {
+			if err = x.complete(enc); errors.Is(err, ErrNotOwner) && x.landed(enc) {
 				err = nil // an earlier attempt that timed out reached the store after all
 			}
 			if !transient(err) {
@@ -266,22 +285,22 @@ func (e *Engine) retryInBackground(x *Execution, resp *Response, ev Event) bool 
 }
 
 // landed reports whether the key holds this execution's completed record,
-// resp: after [ErrNotOwner] from Complete, an earlier attempt whose reply
+// enc: after [ErrNotOwner] from Complete, an earlier attempt whose reply
 // was lost (connection cut, reply later than the store timeout, or a
 // client-side retry of a command that had run) may have stored it. Stores
 // that drop the token on completion are matched by fingerprint and
-// response, so that a takeover's completion is not taken for this one.
-func (x *Execution) landed(resp *Response) bool {
+// response bytes, so that a takeover's completion is not taken for this one.
+func (x *Execution) landed(enc []byte) bool {
 	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
 	defer cancel()
 	rec, found, err := x.e.store.Get(ctx, x.ev.Key)
-	if err != nil || !found || rec.State != StateCompleted || rec.Fingerprint != x.fp || rec.Response == nil {
+	if err != nil || !found || rec.State != StateCompleted || rec.Fingerprint != x.fp {
 		return false
 	}
 	if rec.Token != "" {
 		return rec.Token == x.token
 	}
-	return rec.Response.Status == resp.Status && bytes.Equal(rec.Response.Body, resp.Body)
+	return bytes.Equal(rec.Response, enc)
 }
 
 // Abort ends an execution whose handler panicked; adapters re-raise the

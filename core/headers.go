@@ -1,43 +1,183 @@
 package idem
 
 import (
-	"encoding/binary"
 	"net/http"
 	"slices"
 	"unsafe"
 )
 
-// storedHeader returns the header lines worth replaying: those the handler
-// set (lines of outer it left unchanged belong to the outer exchange), minus
-// the unstored names, and only allowlisted ones under [WithStoredHeaders].
-// The value slices are shared with h: the store copies what it keeps.
-func (e *Engine) storedHeader(h, outer http.Header) http.Header {
-	out := make(http.Header, len(h))
-	for k, v := range h {
-		if e.stores(k, v, outer) {
-			out[k] = v
-		}
-	}
-	return out
+// lineSource is a response's header lines as the handler left them: an
+// http.Header (names sorted, so that an encoding is a function of the
+// response) or a [HeaderLines] (names in the order of their first lines).
+// Both reach the store through one filter ([storedLines]) and one encoder.
+// They are pulled with next, not pushed to a callback or ranged as an
+// iter.Seq2: a func value the compiler cannot see through would make every
+// HeaderLines escape to the heap.
+type lineSource struct {
+	h     http.Header
+	names []string // h's names, sorted
+	l     *HeaderLines
+
+	i, j  int  // the current name (h: names[i]; l: its first line i) and the next value (h: h[names[i]][j]; l: line j)
+	first bool // the line next returned last is the first of its name
 }
 
-// keepStored is storedHeader deleting from h in place; it returns h, or
-// an empty header when h is nil.
-func (e *Engine) keepStored(h, outer http.Header) http.Header {
-	if h == nil {
-		return http.Header{}
+// headerLines returns the lines of h; stack holds its sorted names when
+// they fit.
+func headerLines(h http.Header, stack *[16]string) lineSource {
+	names := stack[:0]
+	for k := range h {
+		names = append(names, k)
 	}
-	for k, v := range h {
-		if !e.stores(k, v, outer) {
-			delete(h, k)
-		}
-	}
-	return h
+	slices.Sort(names)
+	return lineSource{h: h, names: names}
 }
 
-// stores reports whether the header line k: v is worth replaying (see storedHeader).
-func (e *Engine) stores(k string, v []string, outer http.Header) bool {
-	return len(v) > 0 && e.storesName(k) && !(slices.Equal(outer[k], v) && outer[k] != nil)
+// next returns the next line, lines of one name in a row, or ok = false
+// after the last; names and values are read-only.
+func (ls *lineSource) next() (k, v string, ok bool) {
+	if ls.l == nil {
+		for ; ls.i < len(ls.names); ls.i, ls.j = ls.i+1, 0 {
+			if vs := ls.h[ls.names[ls.i]]; ls.j < len(vs) {
+				ls.first = ls.j == 0
+				ls.j++
+				return ls.names[ls.i], vs[ls.j-1], true
+			}
+		}
+		return "", "", false
+	}
+	l := ls.l
+	for ls.i < l.count {
+		name, _ := l.line(ls.i)
+		for ; ls.j < l.count; ls.j++ {
+			if nk, nv := l.line(ls.j); string(nk) == string(name) {
+				ls.first = ls.j == ls.i
+				ls.j++
+				return view(nk), view(nv), true
+			}
+		}
+		for ls.i++; ls.i < l.count; ls.i++ { // the first line of the next name
+			if nk, _ := l.line(ls.i); !l.seen(ls.i, nk) {
+				break
+			}
+		}
+		ls.j = ls.i
+	}
+	return "", "", false
+}
+
+// rewind makes next start again from the first line.
+func (ls *lineSource) rewind() { ls.i, ls.j, ls.first = 0, 0, false }
+
+// storedLines pulls the lines of src worth replaying: those the handler
+// set (a name whose lines are exactly outer's belongs to the outer
+// exchange), minus the unstored names ([WithUnstoredHeaders]), and only
+// allowlisted ones under [WithStoredHeaders].
+// Its methods store no string (only indexes and flags): a string stored
+// through a pointer would make the HeaderLines it points into escape.
+type storedLines struct {
+	e    *Engine
+	src  *lineSource
+	same []bool // per name of src, in order: its lines are outer's
+	run  int    // the current name's index in same
+	keep bool   // the current name's lines are stored
+}
+
+// next returns the next stored line, or ok = false after the last.
+func (f *storedLines) next() (k, v string, ok bool) {
+	for {
+		k, v, ok = f.src.next()
+		if !ok {
+			return "", "", false
+		}
+		if f.src.first {
+			f.run++
+			f.keep = f.e.storesName(k) && (f.run >= len(f.same) || !f.same[f.run])
+		}
+		if f.keep {
+			return k, v, true
+		}
+	}
+}
+
+func (f *storedLines) rewind() {
+	f.src.rewind()
+	f.run, f.keep = -1, false
+}
+
+// sameAsOuter appends to same, for each name of src in order, whether its
+// lines are exactly outer's (same values, same order).
+func sameAsOuter(src *lineSource, outer http.Header, same []bool) []bool {
+	src.rewind()
+	run, n := -1, 0
+	var ov []string
+	for k, v, ok := src.next(); ok; k, v, ok = src.next() {
+		if src.first {
+			if run >= 0 {
+				same[run] = same[run] && n == len(ov)
+			}
+			run++
+			ov, n = outer[k], 0
+			same = append(same, ov != nil)
+		}
+		if same[run] {
+			same[run] = n < len(ov) && ov[n] == v
+			n++
+		}
+	}
+	if run >= 0 {
+		same[run] = same[run] && n == len(ov)
+	}
+	return same
+}
+
+// encodeLines starts the encoding of the lines of src worth replaying
+// (see storedLines), with room for extra body bytes after them.
+func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int) encoder {
+	var stack [64]bool
+	f := storedLines{e: e, src: src, same: stack[:0]}
+	if len(outer) > 0 {
+		f.same = sameAsOuter(src, outer, f.same)
+	}
+	f.rewind()
+	size := 0
+	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
+		size += lineSize(k, v, f.src.first)
+	}
+	w := newEncoder(size + extra)
+	f.rewind()
+	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
+		w.line(k, v)
+	}
+	w.endLines()
+	return w
+}
+
+// encode returns the encoding of a response with status, the lines of src
+// worth replaying and body, in one new buffer.
+func (e *Engine) encode(status int, src *lineSource, outer http.Header, body []byte) []byte {
+	w := e.encodeLines(src, outer, len(body))
+	w.b = append(w.b, body...)
+	return w.encoding(status)
+}
+
+// encodeAll returns the encoding of r with all its lines (the engine's own
+// answers, which no header policy applies to).
+func encodeAll(r *Response) []byte {
+	var stack [16]string
+	src := headerLines(r.Header, &stack)
+	size := 0
+	for k, v, ok := src.next(); ok; k, v, ok = src.next() {
+		size += lineSize(k, v, src.first)
+	}
+	w := newEncoder(size + len(r.Body))
+	src.rewind()
+	for k, v, ok := src.next(); ok; k, v, ok = src.next() {
+		w.line(k, v)
+	}
+	w.endLines()
+	w.b = append(w.b, r.Body...)
+	return w.encoding(r.Status)
 }
 
 // storesName reports whether lines named k may be stored at all: not
@@ -126,55 +266,9 @@ func (l *HeaderLines) location() string {
 	return ""
 }
 
-// encodeLines returns the Response holding the lines worth replaying (see
-// storedHeader) and body in their stored encoding, in one new buffer; w
-// receives its header.
-func (e *Engine) encodeLines(l *HeaderLines, status int, body []byte, outer http.Header, w *wire) Response {
-	var keep [32]bool // the first line of each stored name
-	size, names := 1+2*binary.MaxVarintLen64+len(body), 0
-	for i := range l.count {
-		k, _ := l.line(i)
-		if l.seen(i, k) || !e.storesLines(l, i, k, outer) {
-			continue
-		}
-		keep[i] = true
-		names++
-		size += 2*binary.MaxVarintLen64 + len(k)
-		for j := i; j < l.count; j++ {
-			if nk, v := l.line(j); string(nk) == string(k) {
-				size += binary.MaxVarintLen64 + len(v)
-			}
-		}
-	}
-	b := make([]byte, 0, size)
-	b = append(b, codecVersion)
-	b = binary.AppendUvarint(b, uint64(status))
-	b = binary.AppendUvarint(b, uint64(names))
-	start := len(b)
-	for i := range l.count {
-		if !keep[i] {
-			continue
-		}
-		k, _ := l.line(i)
-		n := 0
-		for j := i; j < l.count; j++ {
-			if nk, _ := l.line(j); string(nk) == string(k) {
-				n++
-			}
-		}
-		b = append(binary.AppendUvarint(b, uint64(len(k))), k...)
-		b = binary.AppendUvarint(b, uint64(n))
-		for j := i; j < l.count; j++ {
-			if nk, v := l.line(j); string(nk) == string(k) {
-				b = append(binary.AppendUvarint(b, uint64(len(v))), v...)
-			}
-		}
-	}
-	end := len(b)
-	b = append(b, body...)
-	*w = wire{lines: unsafe.String(unsafe.SliceData(b[start:]), end-start), names: int32(names)}
-	return Response{Status: status, Body: b[end:len(b):len(b)], wire: w}
-}
+// view returns b as a string without copying; b must not change while the
+// string is in use.
+func view(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // seen reports whether a line before i is named k.
 func (l *HeaderLines) seen(i int, k []byte) bool {
@@ -184,25 +278,4 @@ func (l *HeaderLines) seen(i int, k []byte) bool {
 		}
 	}
 	return false
-}
-
-// storesLines is [Engine.stores] for the lines named k, the first at i.
-func (e *Engine) storesLines(l *HeaderLines, i int, k []byte, outer http.Header) bool {
-	if !e.storesName(unsafe.String(unsafe.SliceData(k), len(k))) { // k is only read
-		return false
-	}
-	ov := outer[string(k)]
-	if ov == nil {
-		return true
-	}
-	n := 0
-	for j := i; j < l.count; j++ {
-		if nk, v := l.line(j); string(nk) == string(k) {
-			if n >= len(ov) || ov[n] != string(v) {
-				return true // the handler changed it
-			}
-			n++
-		}
-	}
-	return n != len(ov)
 }

@@ -27,7 +27,8 @@ type RecordInfo struct {
 type Inspector interface {
 	// Inspect returns the live record for key with its time to live;
 	// found = false when it is absent or expired. err is for system
-	// failures only.
+	// failures only. A completed record's Response is a copy, as
+	// [Store.Get]'s; [DecodeResponse] reads it.
 	Inspect(ctx context.Context, key string) (info RecordInfo, found bool, err error)
 
 	// Evict deletes the live record for key in one atomic operation if it

@@ -107,8 +107,9 @@ func (p *problems) refusedKey(err error) *Response {
 		Detail: "The Idempotency-Key header does not have the form this service requires: " + err.Error()})
 }
 
-// notStored is what replays of a response above the stored-response limit answer.
-func (p *problems) notStored(status int, location string) *Response {
+// notStored is the encoding of what replays of a response above the
+// stored-response limit answer.
+func (p *problems) notStored(status int, location string) []byte {
 	r := p.response(Problem{
 		Type: ProblemTypeBase + "response-not-stored", Title: "Response not stored", Status: http.StatusGone,
 		Detail:         "The request with this Idempotency-Key was executed once, but its response was too large to store and cannot be replayed.",
@@ -117,5 +118,5 @@ func (p *problems) notStored(status int, location string) *Response {
 	if location != "" {
 		r.Header.Set("Location", location)
 	}
-	return r
+	return encodeAll(r)
 }

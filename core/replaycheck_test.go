@@ -20,8 +20,7 @@ func TestReplayCheck(t *testing.T) {
 		name  string
 		store func() Store
 	}{
-		{"decoded", func() Store { return newScriptStore(0) }},
-		{"encoded", func() Store { return &encodedStore{scriptStore: newScriptStore(0)} }},
+		{"script store", func() Store { return newScriptStore(0) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var revoked atomic.Bool

@@ -6,38 +6,20 @@ import (
 	"strconv"
 )
 
-// Response is a captured HTTP response as stored and replayed.
-// Header holds only the header lines worth replaying (see [WithUnstoredHeaders]);
-// Body is the exact byte sequence the handler wrote.
+// Response is an HTTP response the [Engine] answers with (a replay or a
+// problem), or one [DecodeResponse] decoded. Header holds the header
+// lines; Body is the exact byte sequence the handler wrote.
 //
-// A Response held in its encoded form has a nil Header: a replay the
-// [Engine] answers from a store's encoding in place (see
-// [Record.Encoded]), or a response an adapter handed over as lines
-// ([Execution.FinishLines]). Its lines are read with [Response.EachHeader],
-// written with [Response.Send], encoded with [Response.AppendBinary] and
-// copied into a Header by [Response.Clone].
+// A replay is read in place from the store's bytes ([Record.Response]):
+// its Header is nil and its lines are read with [Response.EachHeader] and
+// written with [Response.Send] or [Response.WriteLines]. Such a Response
+// and its Body are read-only.
 type Response struct {
 	Status int
 	Header http.Header
 	Body   []byte
 
 	wire *wire // a replay read in place: its header lines (Header is nil)
-}
-
-// Clone returns a deep copy of r, for stores that keep responses as values
-// and must copy them in and out.
-func (r *Response) Clone() *Response {
-	if r == nil {
-		return nil
-	}
-	return &Response{Status: r.Status, Header: r.header().Clone(), Body: cloneBytes(r.Body)}
-}
-
-func cloneBytes(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append(make([]byte, 0, len(b)), b...)
 }
 
 // IsReplay reports whether resp is a stored response being replayed (it
@@ -50,10 +32,6 @@ func (resp *Response) IsReplay() bool {
 	v := resp.Header[ReplayedHeader] // canonical: no Get, which canonicalises
 	return len(v) > 0 && v[0] == "true"
 }
-
-// replayedValue is the value slice of the ReplayedHeader line of every
-// replay (shared: capacity 1, so an append copies).
-var replayedValue = []string{"true"}
 
 // Send writes resp to w: header lines (replacing any of the same name), status
 // and body. Adapters on net/http based frameworks use it for Begin's answers.
@@ -105,10 +83,8 @@ func (resp *Response) WriteLines(h LineWriter) {
 }
 
 // EachHeader calls fn for every header line of resp, lines of one name in a
-// row: the lines of Header, or, when resp is held encoded (Header is nil:
-// a replay the engine read in place from its stored encoding, or a
-// response given to [Execution.FinishLines]), the encoded lines, followed
-// on a replay by "Idempotent-Replayed: true". Adapters that write Begin's answers to a
+// row: the lines of Header, or, for a replay read in place (Header is
+// nil), the stored lines followed by "Idempotent-Replayed: true". Adapters that write Begin's answers to a
 // framework's own header type use it; name and value are read-only.
 func (resp *Response) EachHeader(fn func(name, value string)) {
 	if resp.Header != nil || resp.wire == nil {

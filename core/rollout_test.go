@@ -116,7 +116,7 @@ func TestProblemRenderer(t *testing.T) {
 	if resp := e.problems.inProgress; resp.Header.Get("Retry-After") == "" || resp.Status != 409 {
 		t.Fatalf("409 with a renderer: %d, Retry-After %q; want idem's status and Retry-After kept", resp.Status, resp.Header.Get("Retry-After"))
 	}
-	if resp := e.problems.notStored(201, "/x/1"); resp.Header.Get("Location") != "/x/1" || !strings.Contains(string(resp.Body), "response-not-stored") {
+	if resp, err := DecodeResponse(e.problems.notStored(201, "/x/1")); err != nil || resp.Header.Get("Location") != "/x/1" || !strings.Contains(string(resp.Body), "response-not-stored") {
 		t.Fatalf("410 with a renderer: %v %s", resp.Header, resp.Body)
 	}
 	d, _ := New(newScriptStore(0))

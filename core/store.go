@@ -68,22 +68,15 @@ type Record struct {
 	// Token is the owner of the in-progress lease; empty for completed records
 	// in stores that drop it.
 	Token string
-	// Response is the stored response; set only when State is
-	// StateCompleted (unless Encoded is).
-	Response *Response
-	// Encoded is, instead of Response, the stored response in the encoding
-	// of [Response.MarshalBinary], from Acquire of a store that keeps
-	// responses encoded and hands them out undecoded (memstore,
-	// redisstore); the [Engine] replays from it in place (no header map,
-	// no copy of the body). It is read-only: the store never modifies those
-	// bytes afterwards (it replaces a record, never edits it in place) and
-	// callers never write to them. Bytes that do not decode are answered as
-	// [ErrCorrupt] is. Get always returns Response.
-	Encoded []byte
+	// Response is, for a completed record, the bytes given to
+	// [Store.Complete], unchanged: the [Engine]'s encoding of the response,
+	// opaque to stores ([DecodeResponse] reads it). nil while in progress.
+	Response []byte
 }
 
-// Store keeps idempotency records. Every method is one atomic operation on the
-// store (no check-then-set across round trips), so that many server instances
+// Store keeps idempotency records; the [Engine] calls it, never
+// applications. Every method is one atomic operation on the store (no
+// check-then-set across round trips), so that many server instances
 // sharing one store execute each key at most once.
 //
 // Keys are the hashed scoped keys built by the [Engine] (64 hex characters).
@@ -91,9 +84,22 @@ type Record struct {
 // else [ErrInvalidDuration]. A method given an already cancelled or expired
 // context returns its error (context.Canceled or context.DeadlineExceeded)
 // without side effects. err is for system failures only (store unreachable,
-// timeout; a record it cannot decode wraps [ErrCorrupt]); decisions are reported through return values and
-// [ErrNotOwner]. Returned records and responses are the caller's to keep:
-// stores copy data in and out.
+// timeout; a record it cannot read wraps [ErrCorrupt]); decisions are
+// reported through return values and [ErrNotOwner].
+//
+// Responses are bytes: the engine encodes a response before
+// [Store.Complete] and decodes what [Store.Acquire] returns; a store keeps
+// the bytes exactly (never empty; any byte values, any length up to its
+// limit, see [ErrTooLarge]) and never parses them. Copy rules:
+//   - Complete's response is the caller's: the store reads it during the
+//     call only and keeps a copy (or the data sent to its server).
+//   - Get's Record.Response (and [Inspector.Inspect]'s) is the caller's to
+//     keep and modify: a copy.
+//   - Acquire's Record.Response is read-only for the caller, who keeps it:
+//     the engine replays from it in place, concurrently with other
+//     replays. A store may hand the same bytes to many callers, but never
+//     modifies bytes it handed out (it replaces a record, never edits it
+//     in place).
 //
 // core/storetest.Run checks every rule here.
 type Store interface {
@@ -101,24 +107,26 @@ type Store interface {
 	// of the given duration, when the key is absent, expired, or in-progress
 	// with a lapsed lease (takeover), and reports acquired = true. Otherwise
 	// it returns the live record unchanged (in-progress, or completed with
-	// its Response or Encoded) and acquired = false, so the engine can
-	// decide replay, conflict or mismatch from the same round trip.
+	// its Response) and acquired = false, so the engine can decide replay,
+	// conflict or mismatch from the same round trip.
 	Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (rec Record, acquired bool, err error)
 
-	// Complete stores resp for the key and marks it completed, keeping its
-	// fingerprint, for retention counted from now. Only the token holding a
-	// live lease may complete; otherwise it returns [ErrNotOwner]. resp may
-	// be held encoded (Header nil, see [Execution.FinishLines]): stores
-	// encode it with [Response.AppendBinary] or read its lines with
-	// [Response.EachHeader], never from Header alone.
-	Complete(ctx context.Context, key, token string, resp *Response, retention time.Duration) error
+	// Complete stores response, the engine's encoding of the response, for
+	// the key and marks it completed, keeping its fingerprint, for
+	// retention counted from now. Only the token holding a live lease may
+	// complete; otherwise it returns [ErrNotOwner]. A response above the
+	// store's size limit returns [ErrTooLarge] and changes nothing.
+	Complete(ctx context.Context, key, token string, response []byte, retention time.Duration) error
 
 	// Release deletes the in-progress record held by token so that a retry
 	// executes again. It never deletes a completed record or another token's
 	// lease; in those cases, and when the lease has lapsed, it returns [ErrNotOwner].
 	Release(ctx context.Context, key, token string) error
 
-	// Get returns the live record for key, found = false when it is absent or expired.
+	// Get returns the live record for key, found = false when it is absent
+	// or expired. The engine calls it only to learn whether a Complete
+	// whose reply was lost did land; operators' tools read records with
+	// it or with [Inspector].
 	Get(ctx context.Context, key string) (rec Record, found bool, err error)
 }
 
@@ -133,11 +141,18 @@ type Extender interface {
 	Extend(ctx context.Context, key, token string, lease time.Duration) error
 }
 
-// LocalStore is implemented by stores that do no I/O (memstore): the
-// [Engine] then calls them without a timeout context, saving a context and
-// a timer per call.
+// LocalStore is implemented by stores whose records live in the process's
+// memory and die with it (memstore), when Local returns true. The [Engine]
+// then calls them without a timeout context, and, when the store is also
+// an [Extender], takes leases that never lapse on their own and are never
+// renewed: a key is held until Finish, Fail or Abort, since no crashed
+// holder can strand it (the crash empties the store). A store that keeps
+// records anywhere that outlives the process (a file, shared memory, a
+// server) must not report true: after a crash its in-progress keys would
+// stay in progress for about 146 years.
 type LocalStore interface {
-	// Local reports whether the store does no I/O.
+	// Local reports whether the store's records live in this process's
+	// memory only, and its calls do no I/O.
 	Local() bool
 }
 
@@ -172,7 +187,8 @@ type Unit interface {
 	// if the commit did land (record completed under this token), else
 	// [ErrNotOwner]: the writes are gone and must not be answered for.
 	// [ErrTooLarge] and [ErrInvalidDuration] leave the transaction open.
-	Complete(ctx context.Context, resp *Response, retention time.Duration) error
+	// response follows [Store.Complete]'s rules.
+	Complete(ctx context.Context, response []byte, retention time.Duration) error
 	// Release is [Store.Release] for this execution, after rolling back
 	// the handler's writes (which happens even if the release fails).
 	Release(ctx context.Context) error

@@ -39,12 +39,12 @@ func (s *txStore) Acquire(ctx context.Context, key, token, fp string, lease time
 	return Record{}, true, nil
 }
 
-func (s *txStore) complete(key, token string, resp *Response) error {
+func (s *txStore) complete(key, token string, resp []byte) error {
 	r, ok := s.recs[key]
 	if !ok || r.State != StateInProgress || r.Token != token {
 		return ErrNotOwner
 	}
-	r.State, r.Response = StateCompleted, resp.Clone()
+	r.State, r.Response = StateCompleted, slices.Clone(resp)
 	return nil
 }
 
@@ -57,7 +57,7 @@ func (s *txStore) release(key, token string) error {
 	return nil
 }
 
-func (s *txStore) Complete(ctx context.Context, key, token string, resp *Response, retention time.Duration) error {
+func (s *txStore) Complete(ctx context.Context, key, token string, resp []byte, retention time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.direct++
@@ -86,7 +86,7 @@ func (s *txStore) Unit(key, token string) Unit { return &txUnit{s: s, key: key, 
 // write is what a handler does through its unit (pgstore.Tx's Exec).
 func (u *txUnit) write(w string) { u.pending = append(u.pending, w) }
 
-func (u *txUnit) Complete(ctx context.Context, resp *Response, retention time.Duration) error {
+func (u *txUnit) Complete(ctx context.Context, resp []byte, retention time.Duration) error {
 	u.s.mu.Lock()
 	defer u.s.mu.Unlock()
 	u.ended = true
@@ -196,7 +196,7 @@ type flakyUnit struct {
 	fails int
 }
 
-func (u *flakyUnit) Complete(ctx context.Context, resp *Response, retention time.Duration) error {
+func (u *flakyUnit) Complete(ctx context.Context, resp []byte, retention time.Duration) error {
 	if u.fails > 0 {
 		u.fails--
 		return errors.New("connection reset")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net/http"
 	"os"
 	"time"
 
@@ -15,8 +14,9 @@ func Example() {
 		Record: idem.Record{
 			State:       idem.StateCompleted,
 			Fingerprint: idem.Fingerprint("POST", "/v1/payments", "", "application/json", []byte(`{"amount":1000}`)),
-			Response: &idem.Response{Status: 201, Header: http.Header{"Location": {"/v1/payments/pay_1"}, "Content-Type": {"application/json"}},
-				Body: []byte(`{"id":"pay_1"}`)},
+			// The engine's encoding of a 201 with Content-Type, Location and a JSON body.
+			Response: []byte("\x01\xc9\x01\x02\x0cContent-Type\x01\x10application/json\x08Location\x01\x12/v1/payments/pay_1" +
+				`{"id":"pay_1"}`),
 		},
 		TTL: 23*time.Hour + 59*time.Minute + 58*time.Second,
 	}, time.Date(2026, 11, 30, 22, 0, 0, 0, time.UTC))

@@ -221,7 +221,7 @@ func mysqlConfig(u *url.URL) (*mysql.Config, error) {
 // printRecord writes the operator's view of a record: state, time to live
 // (and the expiry it gives from now), lease owner, fingerprint, and for
 // completed records the stored status, header lines (sorted by name) and
-// body size.
+// body size, decoded from the record's response ([idem.DecodeResponse]).
 func printRecord(w io.Writer, key string, info idem.RecordInfo, now time.Time) {
 	fmt.Fprintf(w, "scoped key   %s\n", key)
 	fmt.Fprintf(w, "state        %s\n", info.State)
@@ -238,20 +238,26 @@ func printRecord(w io.Writer, key string, info idem.RecordInfo, now time.Time) {
 		fmt.Fprintf(w, "expires in   %v, at %s (retention)\n", ttl, at)
 	}
 	fmt.Fprintf(w, "fingerprint  %s\n", info.Fingerprint)
-	if r := info.Response; r != nil {
-		fmt.Fprintf(w, "status       %d\n", r.Status)
-		names := make([]string, 0, len(r.Header))
-		for name := range r.Header {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		for _, name := range names {
-			for _, v := range r.Header[name] {
-				fmt.Fprintf(w, "header       %s: %s\n", name, v)
-			}
-		}
-		fmt.Fprintf(w, "body         %d bytes\n", len(r.Body))
+	if info.Response == nil {
+		return
 	}
+	r, err := idem.DecodeResponse(info.Response)
+	if err != nil {
+		fmt.Fprintf(w, "response     %d bytes that do not decode (%v)\n", len(info.Response), err)
+		return
+	}
+	fmt.Fprintf(w, "status       %d\n", r.Status)
+	names := make([]string, 0, len(r.Header))
+	for name := range r.Header {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		for _, v := range r.Header[name] {
+			fmt.Fprintf(w, "header       %s: %s\n", name, v)
+		}
+	}
+	fmt.Fprintf(w, "body         %d bytes\n", len(r.Body))
 }
 
 // confirm asks the operator and reports whether the answer is y or yes.

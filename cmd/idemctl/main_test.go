@@ -244,3 +244,13 @@ func withoutTTL(out string) string {
 	}
 	return out
 }
+
+// A completed record whose response does not decode is shown with its
+// size and the decoding error, never hidden.
+func TestPrintRecordUndecodable(t *testing.T) {
+	var b strings.Builder
+	printRecord(&b, "k", idem.RecordInfo{Record: idem.Record{State: idem.StateCompleted, Fingerprint: "fp", Response: []byte{9, 9, 9}}}, time.Now())
+	if out := b.String(); !strings.Contains(out, "response     3 bytes that do not decode") || strings.Contains(out, "status") {
+		t.Fatalf("printRecord of an undecodable response:\n%s", out)
+	}
+}

@@ -718,7 +718,7 @@ type flakyStore struct {
 	failures atomic.Int32
 }
 
-func (s *flakyStore) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+func (s *flakyStore) Complete(ctx context.Context, key, token string, resp []byte, retention time.Duration) error {
 	if s.failures.Add(-1) >= 0 {
 		return errDown
 	}
@@ -739,7 +739,7 @@ type txUnit struct {
 	ended      atomic.Pointer[string]
 }
 
-func (u *txUnit) Complete(ctx context.Context, resp *idem.Response, retention time.Duration) error {
+func (u *txUnit) Complete(ctx context.Context, resp []byte, retention time.Duration) error {
 	end := "complete"
 	u.ended.Store(&end)
 	return u.s.Complete(ctx, u.key, u.token, resp, retention)
@@ -782,12 +782,12 @@ func (s *suite) testTransactionalUnit(t *testing.T) {
 	}
 }
 
-// smallStore is a store whose records hold at most 2000 body bytes, like
+// smallStore is a store whose records hold responses of at most 2000 bytes, like
 // MongoDB's 16 MiB document limit in miniature.
 type smallStore struct{ idem.Store }
 
-func (s smallStore) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
-	if len(resp.Body) > 2000 {
+func (s smallStore) Complete(ctx context.Context, key, token string, resp []byte, retention time.Duration) error {
+	if len(resp) > 2000 {
 		return fmt.Errorf("smallStore: %w", idem.ErrTooLarge)
 	}
 	return s.Store.Complete(ctx, key, token, resp, retention)
@@ -891,7 +891,7 @@ var errDown = errors.New("adaptertest: store unreachable")
 func (downStore) Acquire(context.Context, string, string, string, time.Duration) (idem.Record, bool, error) {
 	return idem.Record{}, false, errDown
 }
-func (downStore) Complete(context.Context, string, string, *idem.Response, time.Duration) error {
+func (downStore) Complete(context.Context, string, string, []byte, time.Duration) error {
 	return errDown
 }
 func (downStore) Release(context.Context, string, string) error { return errDown }

@@ -249,7 +249,7 @@ func testDoTakeover(t *testing.T, s idem.Store) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := s.Complete(ctx, key, "crashed-process", &idem.Response{Status: 200}, time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+	if err := s.Complete(ctx, key, "crashed-process", sampleResponse(), time.Hour); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("the crashed process completing after the takeover: %v, want ErrNotOwner", err)
 	}
 }

@@ -158,7 +158,7 @@ func RunOutage(t *testing.T, newOutage func(t *testing.T) Outage) {
 	if err != nil || !found || rec.State != idem.StateCompleted {
 		t.Fatalf("Get after the restore = %+v, %v, %v; want the completed record", rec, found, err)
 	}
-	equalResponse(t, completedResponse(t, rec), sampleResponse())
+	equalResponse(t, rec.Response, sampleResponse())
 
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		resp := run("after")

@@ -9,9 +9,9 @@
 // acquire on absent, in-progress, completed and lapsed records; exactly one
 // winner among racing goroutines; owner-only complete, release and extend;
 // lease and retention expiry (with real time, in tenths of a second);
-// cancelled contexts; binary bodies and multi-value headers; defensive copies;
-// the optional [idem.Extender] and [idem.Inspector] when the store has
-// them, and responses handed out encoded ([idem.Record.Encoded]).
+// cancelled contexts; response bytes kept exactly (any byte, 1 MiB) and
+// copied in and out; responses completed through an engine; the optional
+// [idem.Extender] and [idem.Inspector] when the store has them.
 // [RunDo] checks [idem.Do] on the store the same way.
 package storetest
 
@@ -22,8 +22,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"net/http"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -64,9 +62,9 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"BinaryRoundTrip", testBinaryRoundTrip},
 		{"LargeBody", testLargeBody},
 		{"DefensiveCopies", testDefensiveCopies},
+		{"AcquiredBytesUnchanged", testAcquiredBytesUnchanged},
 		{"Inspector", testInspector},
-		{"EncodedRecords", testEncodedRecords},
-		{"CompleteFromLines", testCompleteFromLines},
+		{"CompleteThroughEngine", testCompleteThroughEngine},
 		{"FingerprintWithID", testFingerprintWithID},
 	}
 	for _, tt := range tests {
@@ -89,16 +87,12 @@ func fingerprint(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func sampleResponse() *idem.Response {
-	return &idem.Response{
-		Status: http.StatusCreated,
-		Header: http.Header{
-			"Content-Type": {"application/json"},
-			"Location":     {"/v1/payments/pay_1"},
-			"Link":         {`<a>; rel="x", <b>; rel="y"`, `<c>; rel="z"`},
-		},
-		Body: []byte(`{"id":"pay_1"}`),
-	}
+// sampleResponse returns a response as a store receives it: opaque bytes
+// (here an engine's encoding of a 201 with three header names).
+func sampleResponse() []byte {
+	return []byte("\x01\xc9\x01\x03\x0cContent-Type\x01\x10application/json" +
+		"\x04Link\x02\x1a<a>; rel=\"x\", <b>; rel=\"y\"\x0c<c>; rel=\"z\"" +
+		"\x08Location\x01\x12/v1/payments/pay_1" + `{"id":"pay_1"}`)
 }
 
 func ctx(t *testing.T) context.Context {
@@ -115,7 +109,7 @@ func mustAcquire(t *testing.T, s idem.Store, key, token, fp string, lease time.D
 	}
 }
 
-func mustComplete(t *testing.T, s idem.Store, key, token string, resp *idem.Response, ret time.Duration) {
+func mustComplete(t *testing.T, s idem.Store, key, token string, resp []byte, ret time.Duration) {
 	t.Helper()
 	if err := s.Complete(ctx(t), key, token, resp, ret); err != nil {
 		t.Fatalf("Complete by the owner: %v", err)
@@ -128,45 +122,15 @@ func get(t *testing.T, s idem.Store, key string) (idem.Record, bool) {
 	if err != nil {
 		t.Fatalf("Get: %v", err)
 	}
-	if rec.Encoded != nil {
-		t.Fatalf("Get returned Encoded: %+v; want the response decoded", rec)
-	}
 	return rec, found
 }
 
-// completedResponse returns rec's response: Response, or Encoded decoded
-// (a copy: the caller may modify it).
-func completedResponse(t *testing.T, rec idem.Record) *idem.Response {
+// equalResponse fails unless got holds exactly the bytes of want.
+func equalResponse(t *testing.T, got, want []byte) {
 	t.Helper()
-	if rec.Response != nil && rec.Encoded != nil {
-		t.Fatalf("record with both Response and Encoded: %+v", rec)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("response = %q (%d bytes)\nwant       %q (%d bytes)", trunc(got), len(got), trunc(want), len(want))
 	}
-	if rec.Encoded == nil {
-		return rec.Response
-	}
-	resp := new(idem.Response)
-	if err := resp.UnmarshalBinary(rec.Encoded); err != nil {
-		t.Fatalf("Encoded does not decode: %v", err)
-	}
-	return resp
-}
-
-func equalResponse(t *testing.T, got, want *idem.Response) {
-	t.Helper()
-	if got == nil {
-		t.Fatalf("response = nil, want status %d", want.Status)
-	}
-	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || !headerEqual(got.Header, want.Header) {
-		t.Fatalf("response = %d %v %q (%d bytes)\nwant %d %v %q (%d bytes)",
-			got.Status, got.Header, trunc(got.Body), len(got.Body), want.Status, want.Header, trunc(want.Body), len(want.Body))
-	}
-}
-
-func headerEqual(a, b http.Header) bool {
-	if len(a) == 0 && len(b) == 0 {
-		return true
-	}
-	return reflect.DeepEqual(a, b)
 }
 
 func trunc(b []byte) []byte {
@@ -195,7 +159,7 @@ func testAcquireInProgress(t *testing.T, s idem.Store) {
 	if err != nil || ok {
 		t.Fatalf("second Acquire = %v, %v; want not acquired", ok, err)
 	}
-	if rec.State != idem.StateInProgress || rec.Fingerprint != fp || rec.Token != tok || rec.Response != nil || rec.Encoded != nil {
+	if rec.State != idem.StateInProgress || rec.Fingerprint != fp || rec.Token != tok || rec.Response != nil {
 		t.Fatalf("second Acquire returned %+v; want the first request's in-progress record", rec)
 	}
 	// The rejected request must not have disturbed the record.
@@ -216,7 +180,7 @@ func testAcquireCompleted(t *testing.T, s idem.Store) {
 		if rec.State != idem.StateCompleted || rec.Fingerprint != fp {
 			t.Fatalf("Acquire on completed returned state %v fingerprint %q; want completed, %q", rec.State, rec.Fingerprint, fp)
 		}
-		equalResponse(t, completedResponse(t, rec), sampleResponse())
+		equalResponse(t, rec.Response, sampleResponse())
 	}
 	rec, found := get(t, s, key)
 	if !found || rec.State != idem.StateCompleted || rec.Fingerprint != fp {
@@ -366,7 +330,7 @@ func testCompleteOwnerOnly(t *testing.T, s idem.Store) {
 		t.Fatalf("Complete by another token changed the state to %v", rec.State)
 	}
 	mustComplete(t, s, key, tok, sampleResponse(), retention)
-	other := &idem.Response{Status: 500, Body: []byte("x")}
+	other := []byte("another response")
 	if err := s.Complete(ctx(t), key, tok, other, retention); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("second Complete = %v; want ErrNotOwner", err)
 	}
@@ -588,43 +552,35 @@ func testInvalidDurations(t *testing.T, s idem.Store) {
 	}
 }
 
+// testBinaryRoundTrip: a response is kept byte for byte, whatever the
+// bytes (every byte value, NUL, invalid UTF-8, a lone byte).
 func testBinaryRoundTrip(t *testing.T, s idem.Store) {
-	body := make([]byte, 0, 1024)
-	for i := 0; i < 1024; i++ {
-		body = append(body, byte(i))
-	}
-	body = append(body, 0xff, 0xfe, 0, 0, 0xc3) // invalid UTF-8, NUL bytes
-	want := &idem.Response{
-		Status: http.StatusOK,
-		Header: http.Header{
-			"Content-Type": {"application/octet-stream"},
-			"X-Multi":      {"a, b", "c", "", "d,e"},
-			"X-Odd":        {"\x01ü\xff"},
-		},
-		Body: body,
-	}
-	key, tok := Key(), Token()
-	mustAcquire(t, s, key, tok, fingerprint("a"), longLease)
-	mustComplete(t, s, key, tok, want, retention)
-	rec, _ := get(t, s, key)
-	equalResponse(t, rec.Response, want)
-
-	empty := &idem.Response{Status: http.StatusNoContent}
-	key2, tok2 := Key(), Token()
-	mustAcquire(t, s, key2, tok2, fingerprint("a"), longLease)
-	mustComplete(t, s, key2, tok2, empty, retention)
-	rec, _ = get(t, s, key2)
-	if rec.Response == nil || rec.Response.Status != http.StatusNoContent || len(rec.Response.Body) != 0 || len(rec.Response.Header) != 0 {
-		t.Fatalf("empty 204 round trip = %+v", rec.Response)
+	for _, want := range [][]byte{binaryBytes(1024), {0}, {0xff}, []byte("\x00\x00\r\n\xc3")} {
+		key, tok := Key(), Token()
+		mustAcquire(t, s, key, tok, fingerprint("a"), longLease)
+		mustComplete(t, s, key, tok, want, retention)
+		rec, _ := get(t, s, key)
+		equalResponse(t, rec.Response, want)
+		rec, _, err := s.Acquire(ctx(t), key, Token(), fingerprint("a"), longLease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalResponse(t, rec.Response, want)
 	}
 }
 
-func testLargeBody(t *testing.T, s idem.Store) {
-	body := make([]byte, 1<<20)
-	for i := range body {
-		body[i] = byte(i*7 + i>>8)
+// binaryBytes returns n bytes cycling through every byte value, then
+// invalid UTF-8 and NUL bytes.
+func binaryBytes(n int) []byte {
+	b := make([]byte, 0, n+5)
+	for i := range n {
+		b = append(b, byte(i*7+i>>8))
 	}
-	want := &idem.Response{Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: body}
+	return append(b, 0xff, 0xfe, 0, 0, 0xc3)
+}
+
+func testLargeBody(t *testing.T, s idem.Store) {
+	want := binaryBytes(1 << 20)
 	key, tok := Key(), Token()
 	mustAcquire(t, s, key, tok, fingerprint("a"), longLease)
 	mustComplete(t, s, key, tok, want, retention)
@@ -632,27 +588,30 @@ func testLargeBody(t *testing.T, s idem.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equalResponse(t, completedResponse(t, rec), want)
+	equalResponse(t, rec.Response, want)
 }
 
+// testDefensiveCopies: the store copies Complete's bytes in (the caller
+// may reuse them at once) and Get's bytes out (the caller may modify them).
 func testDefensiveCopies(t *testing.T, s idem.Store) {
 	key, tok := Key(), Token()
 	mustAcquire(t, s, key, tok, fingerprint("a"), longLease)
 	in := sampleResponse()
 	mustComplete(t, s, key, tok, in, retention)
-	in.Body[0] = 'X'
-	in.Header["Location"][0] = "changed"
-	in.Header.Set("X-New", "1")
-
+	for i := range in {
+		in[i] = 'X'
+	}
 	rec, _ := get(t, s, key)
 	equalResponse(t, rec.Response, sampleResponse())
-	rec.Response.Body[0] = 'Y'
-	rec.Response.Header["Link"][0] = "changed"
-	rec.Response.Header.Del("Content-Type")
-
-	rec2, _, err := s.Acquire(ctx(t), key, Token(), fingerprint("a"), longLease)
+	for i := range rec.Response {
+		rec.Response[i] = 'Y'
+	}
+	_ = append(rec.Response[:0], "appended"...)
+	rec2, _ := get(t, s, key)
+	equalResponse(t, rec2.Response, sampleResponse())
+	rec3, _, err := s.Acquire(ctx(t), key, Token(), fingerprint("a"), longLease)
 	if err != nil {
 		t.Fatal(err)
 	}
-	equalResponse(t, completedResponse(t, rec2), sampleResponse())
+	equalResponse(t, rec3.Response, sampleResponse())
 }

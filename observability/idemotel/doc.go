@@ -11,9 +11,9 @@
 // idem_execution_active):
 //
 //   - idem.decisions (Counter, {decision}): every event, by idem.outcome
-//     (acquired, replayed, conflict, mismatch, rejected, completed, released,
-//     lease-lost, store-error, unprotected, replay-forbidden,
-//     fingerprint-changed: [idem.EventKind.String]), http.request.method
+//     (the [idem.EventKind] values: acquired, replayed, conflict,
+//     mismatch, rejected, completed, released, lease-lost, store-error,
+//     unprotected, replay-forbidden, fingerprint-changed), http.request.method
 //     and http.route;
 //   - idem.store.operation.duration (Histogram, s): store calls by
 //     idem.store.operation (acquire, complete, release, extend), with

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,7 +61,7 @@ type entry struct {
 	state   idem.State
 	token   string
 	fp      string
-	resp    []byte    // completed: the response, encoded (a copy; few pointers for the GC to scan)
+	resp    []byte    // completed: the response (a copy; few pointers for the GC to scan)
 	expires time.Time // end of the lease (in-progress) or of retention (completed)
 }
 
@@ -121,32 +122,20 @@ func (sh *shard) live(key string, now time.Time) *entry {
 	return e
 }
 
-// record returns a copy of an entry's fields, with resp decoded into a fresh
-// Response. Call it after unlocking: stored response bytes are never modified,
-// only replaced.
-func record(e entry) (idem.Record, error) {
-	rec := idem.Record{State: e.state, Fingerprint: e.fp, Token: e.token}
-	if e.resp != nil {
-		rec.Response = new(idem.Response)
-		if err := rec.Response.UnmarshalBinary(e.resp); err != nil {
-			return idem.Record{}, err
-		}
-	}
-	return rec, nil
-}
-
-// Local implements [idem.LocalStore]: the store does no I/O.
+// Local implements [idem.LocalStore]: records live in this process's
+// memory only, and calls do no I/O.
 func (s *Store) Local() bool { return true }
 
-// Acquire implements [idem.Store.Acquire]. A completed record comes back
-// with [idem.Record.Encoded]: the stored encoding itself, never modified
-// (Complete replaces it), undecoded.
+// Acquire implements [idem.Store.Acquire]. A completed record's Response
+// is the stored bytes themselves, not a copy: they are never modified
+// (Complete replaces them) and, as [idem.Store] says, read-only for the
+// caller.
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	live, acquired, err := s.acquire(ctx, key, token, fingerprint, lease)
 	if err != nil || acquired {
 		return idem.Record{}, acquired, err
 	}
-	return idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token, Encoded: live.resp}, false, nil
+	return idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token, Response: live.resp}, false, nil
 }
 
 // acquire takes the lease, or returns a copy of the live entry.
@@ -192,17 +181,14 @@ func (sh *shard) owned(key, token string, now time.Time) *entry {
 }
 
 // Complete implements [idem.Store.Complete].
-func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, key, token string, response []byte, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
 	}
-	stored, err := resp.AppendBinary(nil) // copy outside the lock
-	if err != nil {
-		return err
-	}
+	stored := slices.Clone(response) // copy outside the lock
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -251,7 +237,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	return nil
 }
 
-// Get implements [idem.Store.Get].
+// Get implements [idem.Store.Get]; a completed record's Response is a copy.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -265,8 +251,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	}
 	live := *e
 	sh.mu.Unlock()
-	rec, err := record(live)
-	return rec, err == nil, err
+	return idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token, Response: slices.Clone(live.resp)}, true, nil
 }
 
 // Cleanup deletes expired records now and shrinks maps that fell below a

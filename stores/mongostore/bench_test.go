@@ -2,11 +2,9 @@ package mongostore_test
 
 import (
 	"context"
-	"net/http"
 	"testing"
 	"time"
 
-	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/stores/mongostore"
 )
@@ -16,11 +14,10 @@ func benchStore(b *testing.B) *mongostore.Store {
 	return mongostore.New(collection(b, c))
 }
 
-var benchResponse = &idem.Response{
-	Status: http.StatusCreated,
-	Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}},
-	Body:   []byte(`{"id":"pay_1","amount":100,"currency":"eur","status":"succeeded"}`),
-}
+// benchResponse is the engine's encoding of a 201 with Content-Type,
+// Location and a 65-byte JSON body.
+var benchResponse = []byte("\x01\xc9\x01\x02\x0cContent-Type\x01\x10application/json\x08Location\x01\x12/v1/payments/pay_1" +
+	`{"id":"pay_1","amount":100,"currency":"eur","status":"succeeded"}`)
 
 // BenchmarkAcquireComplete measures a first execution: Acquire then Complete
 // (2 round trips).

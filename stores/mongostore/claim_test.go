@@ -106,7 +106,7 @@ func TestClaimFollowed(t *testing.T) {
 	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: key + "~dead-gen"}}); err != nil || n != 1 {
 		t.Fatalf("claims on the dead takeover's version = %d, %v; want 1", n, err)
 	}
-	if err := s.Complete(ctx, key, tok, &idem.Response{Status: 201}, time.Hour); err != nil {
+	if err := s.Complete(ctx, key, tok, []byte("response"), time.Hour); err != nil {
 		t.Fatalf("Complete by the new owner: %v", err)
 	}
 }
@@ -308,11 +308,7 @@ func TestStaleOwnerWrite(t *testing.T) {
 	if _, ok, err := s.Acquire(ctx, key, successor, "fp-a", time.Minute); err != nil || !ok {
 		t.Fatalf("takeover = %v, %v", ok, err)
 	}
-	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"stale"}`)}
-	enc, err := resp.AppendBinary(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	enc := []byte(`{"id":"stale"}`)
 	for i := range stale { // the stale owner's Complete, computed from what it read
 		switch stale[i].Key {
 		case "state":
@@ -326,12 +322,12 @@ func TestStaleOwnerWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := s.Complete(ctx, key, successor, &idem.Response{Status: 201}, time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+	if err := s.Complete(ctx, key, successor, []byte("response"), time.Hour); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("successor's Complete over the stale write = %v; want ErrNotOwner", err)
 	}
 	for range 3 {
 		rec, ok, err := s.Acquire(ctx, key, storetest.Token(), "fp-a", time.Minute)
-		if err != nil || ok || rec.State != idem.StateCompleted || string(rec.Response.Body) != `{"id":"stale"}` {
+		if err != nil || ok || rec.State != idem.StateCompleted || string(rec.Response) != `{"id":"stale"}` {
 			t.Fatalf("duplicate after the stale write = %+v, %v, %v; want the stale owner's response replayed", rec, ok, err)
 		}
 	}
@@ -406,7 +402,7 @@ func TestRenewalRacingCompletion(t *testing.T) {
 		}
 		go func() {
 			<-start
-			done <- s.Complete(ctx, key, tok, &idem.Response{Status: 201}, time.Hour)
+			done <- s.Complete(ctx, key, tok, []byte("response"), time.Hour)
 		}()
 		close(start)
 		for range 4 {

@@ -27,11 +27,9 @@
 // expiresAt <= now as absent, because the TTL monitor deletes expired
 // documents only about once a minute.
 //
-// The response is stored as one BSON binary field holding
-// [idem.Response.AppendBinary]'s encoding: BSON strings must be valid UTF-8,
-// header values need not be, and the encoding keeps multiple values per header
-// name, their order and the exact body bytes, in one allocation-light field
-// shared with the other byte-oriented stores.
+// The response is stored as one BSON binary field holding the bytes the
+// engine gave Complete ([idem.Record]), exactly: BSON strings must be valid
+// UTF-8, header values need not be.
 //
 // # Time
 //

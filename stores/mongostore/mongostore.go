@@ -221,22 +221,14 @@ func (d *record) toRecord() (idem.Record, error) {
 		rec.State = idem.StateInProgress
 	case stateCompleted:
 		rec.State = idem.StateCompleted
-		rec.Response = new(idem.Response)
-		if err := rec.Response.UnmarshalBinary(d.Response); err != nil {
-			return idem.Record{}, fmt.Errorf("mongostore: %w: response in record %.16s: %w", idem.ErrCorrupt, d.ID, err)
+		if len(d.Response) == 0 {
+			return idem.Record{}, fmt.Errorf("mongostore: %w: record %.16s: completed without a response", idem.ErrCorrupt, d.ID)
 		}
+		rec.Response = d.Response // the BSON decoder copies binary values: the caller's
 	default:
 		return idem.Record{}, fmt.Errorf("mongostore: %w: record %.16s: state %d", idem.ErrCorrupt, d.ID, d.State)
 	}
 	return rec, nil
-}
-
-// encodeResponse returns resp's stored form.
-func encodeResponse(resp *idem.Response) ([]byte, error) {
-	if resp == nil {
-		return nil, errors.New("mongostore: nil response")
-	}
-	return resp.AppendBinary(make([]byte, 0, 64+len(resp.Body)))
 }
 
 func date(t time.Time) bson.DateTime { return bson.NewDateTimeFromTime(t) }
@@ -391,16 +383,12 @@ attempts:
 // this Store, so that a renewal cannot undo the completion. Errors: ctx's
 // error, [idem.ErrInvalidDuration] when retention <= 0, [idem.ErrNotOwner],
 // [ErrTooLarge] wrapped (nothing written), server errors wrapped.
-func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, key, token string, response []byte, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
-	}
-	enc, err := encodeResponse(resp)
-	if err != nil {
-		return err
 	}
 	unlock, err := s.owners.lock(ctx, key, token)
 	if err != nil {
@@ -411,13 +399,13 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Resp
 	if err != nil {
 		return err
 	}
-	if size, limit := len(enc)+len(key)+len(token)+docOverhead, s.clk.maxDocSize(); size > limit {
+	if size, limit := len(response)+len(key)+len(token)+docOverhead, s.clk.maxDocSize(); size > limit {
 		return fmt.Errorf("mongostore: complete %.16s: record of about %d bytes, limit %d: %w", key, size, limit, ErrTooLarge)
 	}
 	res, err := s.coll.UpdateOne(ctx, owned(key, token, now), bson.D{{Key: "$set", Value: bson.D{
 		{Key: fieldState, Value: stateCompleted},
 		{Key: fieldExpiresAt, Value: date(now.Add(retention))},
-		{Key: fieldResponse, Value: enc},
+		{Key: fieldResponse, Value: response}, // marshalled into the command: a copy
 	}}})
 	if err != nil {
 		return fmt.Errorf("mongostore: complete: %w", err)

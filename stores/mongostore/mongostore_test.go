@@ -94,7 +94,7 @@ func TestRoundTrips(t *testing.T) {
 	}), "findAndModify", "update")
 	expect("replay", measure(func() {
 		x, resp := e.Begin(ctx, payment("k1", `{"amount":1}`))
-		if x != nil || resp.Status != http.StatusCreated || resp.Header.Get(idem.ReplayedHeader) != "true" {
+		if x != nil || resp.Status != http.StatusCreated || !resp.IsReplay() {
 			t.Errorf("duplicate: x=%v resp=%+v; want a replay", x, resp)
 		}
 	}), "findAndModify")
@@ -295,7 +295,7 @@ func TestExpiredNotPurged(t *testing.T) {
 	if _, ok, err := s.Acquire(ctx, key, tok, "fp-a", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire = %v, %v", ok, err)
 	}
-	if err := s.Complete(ctx, key, tok, &idem.Response{Status: 201, Body: []byte("x")}, 100*time.Millisecond); err != nil {
+	if err := s.Complete(ctx, key, tok, []byte("x"), 100*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -479,7 +479,7 @@ func TestTooLarge(t *testing.T) {
 	if _, ok, err := s.Acquire(ctx, key, tok, "fp", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire = %v, %v", ok, err)
 	}
-	huge := &idem.Response{Status: 200, Body: make([]byte, 17<<20)}
+	huge := make([]byte, 17<<20)
 	if err := s.Complete(ctx, key, tok, huge, time.Hour); !errors.Is(err, mongostore.ErrTooLarge) {
 		t.Fatalf("Complete with a 17 MiB body = %v; want ErrTooLarge", err)
 	}
@@ -487,7 +487,7 @@ func TestTooLarge(t *testing.T) {
 	if err != nil || !found || rec.State != idem.StateInProgress || rec.Token != tok {
 		t.Fatalf("record after a refused Complete = %+v, %v, %v; want still in progress", rec, found, err)
 	}
-	if err := s.Complete(ctx, key, tok, &idem.Response{Status: 410}, time.Hour); err != nil {
+	if err := s.Complete(ctx, key, tok, []byte("a small response"), time.Hour); err != nil {
 		t.Fatalf("owner's second Complete with a small response: %v", err)
 	}
 }
@@ -503,7 +503,7 @@ func TestStoredShape(t *testing.T) {
 	if _, ok, err := s.Acquire(ctx, key, tok, "fp-1", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire = %v, %v", ok, err)
 	}
-	resp := &idem.Response{Status: 201, Header: http.Header{"X-Bin": {"\xff\x00\xfe"}}, Body: []byte{0, 1, 0xff, 0}}
+	resp := []byte{1, 0xc9, 0x01, 1, 5, 'X', '-', 'B', 'i', 'n', 1, 3, 0xff, 0, 0xfe, 0, 1, 0xff, 0}
 	if err := s.Complete(ctx, key, tok, resp, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -524,31 +524,46 @@ func TestStoredShape(t *testing.T) {
 		t.Fatalf("state = %v; want 2 (completed)", v)
 	}
 	rec, _, err := s.Get(ctx, key)
-	if err != nil || rec.Response == nil || !bytes.Equal(rec.Response.Body, resp.Body) || rec.Response.Header.Get("X-Bin") != "\xff\x00\xfe" {
+	if err != nil || !bytes.Equal(rec.Response, resp) {
 		t.Fatalf("Get = %+v, %v; want the exact bytes back", rec.Response, err)
 	}
 }
 
 // TestCorruptRecord checks that a record the store did not write is an
-// error, not a decision.
+// error, not a decision: a document of an unknown state is ErrCorrupt, and
+// a completed one whose response does not decode is answered 500 by the
+// engine, never executed again.
 func TestCorruptRecord(t *testing.T) {
 	c, _ := shared(t)
 	coll := collection(t, c)
 	s := mongostore.New(coll)
 	ctx := ctxT(t)
+	insert := func(key string, state int32, fp string) {
+		t.Helper()
+		_, err := coll.InsertOne(ctx, bson.D{
+			{Key: "_id", Value: key}, {Key: "state", Value: state}, {Key: "token", Value: "t"},
+			{Key: "fingerprint", Value: fp}, {Key: "expiresAt", Value: bson.NewDateTimeFromTime(time.Now().Add(time.Hour))},
+			{Key: "response", Value: []byte{9, 9, 9}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	key := storetest.Key()
-	_, err := coll.InsertOne(ctx, bson.D{
-		{Key: "_id", Value: key}, {Key: "state", Value: int32(2)}, {Key: "token", Value: "t"},
-		{Key: "fingerprint", Value: "fp"}, {Key: "expiresAt", Value: bson.NewDateTimeFromTime(time.Now().Add(time.Hour))},
-		{Key: "response", Value: []byte{9, 9, 9}},
-	})
+	insert(key, 7, "fp")
+	if _, _, err := s.Get(ctx, key); !errors.Is(err, idem.ErrCorrupt) {
+		t.Fatalf("Get of a record of state 7 = %v; want ErrCorrupt", err)
+	}
+	if _, _, err := s.Acquire(ctx, key, "t2", "fp", time.Minute); !errors.Is(err, idem.ErrCorrupt) {
+		t.Fatalf("Acquire over a record of state 7 = %v; want ErrCorrupt", err)
+	}
+	e, err := idem.New(s, idem.WithGlobalScope())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Get(ctx, key); err == nil {
-		t.Fatal("Get of a corrupt record = nil error")
-	}
-	if _, _, err := s.Acquire(ctx, key, "t2", "fp", time.Minute); err == nil {
-		t.Fatal("Acquire over a corrupt record = nil error")
+	req := &idem.Request{Method: http.MethodPost, Path: "/p", Keys: []string{`"k"`}, Body: []byte("{}")}
+	insert(idem.ScopedKey("", http.MethodPost, "/p", "k"), 2, idem.Fingerprint(http.MethodPost, "/p", "", "", req.Body))
+	if x, resp := e.Begin(ctx, req); x != nil || resp.Status != http.StatusInternalServerError {
+		t.Fatalf("a completed record whose response does not decode: x=%v resp=%+v; want 500", x, resp)
 	}
 }

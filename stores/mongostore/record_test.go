@@ -2,8 +2,6 @@ package mongostore
 
 import (
 	"bytes"
-	"net/http"
-	"reflect"
 	"testing"
 	"time"
 
@@ -12,27 +10,17 @@ import (
 	idem "github.com/idemkit/idem/core"
 )
 
-// FuzzRecordRoundTrip converts a Response into the stored document, through
-// BSON bytes and back, without a server: every byte of the body and of the
-// header values (NUL, invalid UTF-8) must come back, and decoding arbitrary
-// stored bytes must fail cleanly, never panic.
+// FuzzRecordRoundTrip converts a response into the stored document, through
+// BSON bytes and back, without a server: every byte (NUL, invalid UTF-8)
+// must come back unchanged, and a record that does not convert must fail
+// cleanly, never panic.
 func FuzzRecordRoundTrip(f *testing.F) {
-	f.Add(201, "Content-Type", "application/json", "", []byte(`{"id":"pay_1"}`))
-	f.Add(200, "X-Odd", "\x01ü\xff", "a, b", []byte{0, 0, 0xff, 0xfe, 0xc3})
-	f.Add(204, "", "", "", []byte{})
-	f.Add(999, "Link", `<a>; rel="x"`, "\x00", []byte("\x00"))
-	f.Fuzz(func(t *testing.T, status int, name, v1, v2 string, body []byte) {
-		status = 100 + (status%900+900)%900 // 100..999, the codec's range
-		want := &idem.Response{Status: status, Header: http.Header{}, Body: body}
-		if name != "" {
-			want.Header[name] = []string{v1, v2}
-		}
-		enc, err := encodeResponse(want)
-		if err != nil {
-			t.Fatal(err)
-		}
+	f.Add([]byte("\x01\xc9\x01\x01\x0cContent-Type\x01\x10application/json{\"id\":\"pay_1\"}"))
+	f.Add([]byte{0, 0, 0xff, 0xfe, 0xc3})
+	f.Add([]byte{0})
+	f.Fuzz(func(t *testing.T, response []byte) {
 		in := record{ID: "k", State: stateCompleted, Token: "t", Fingerprint: "fp",
-			ExpiresAt: bson.NewDateTimeFromTime(time.UnixMilli(1700000000000)), Response: enc}
+			ExpiresAt: bson.NewDateTimeFromTime(time.UnixMilli(1700000000000)), Response: response}
 		b, err := bson.Marshal(in)
 		if err != nil {
 			t.Fatal(err)
@@ -45,20 +33,15 @@ func FuzzRecordRoundTrip(f *testing.F) {
 			t.Fatalf("record fields changed: %+v", out)
 		}
 		rec, err := out.toRecord()
-		if err != nil {
-			t.Fatalf("decode: %v", err)
+		if len(response) == 0 {
+			if err == nil {
+				t.Fatal("completed record without a response converted without error")
+			}
+			return
 		}
-		got := rec.Response
-		if rec.State != idem.StateCompleted || got.Status != status || !bytes.Equal(got.Body, body) {
-			t.Fatalf("round trip = %v %d %q; want completed %d %q", rec.State, got.Status, got.Body, status, body)
+		if err != nil || rec.State != idem.StateCompleted || !bytes.Equal(rec.Response, response) {
+			t.Fatalf("round trip = %+v, %v; want completed with %q", rec, err, response)
 		}
-		if len(got.Header) != len(want.Header) || (len(want.Header) > 0 && !reflect.DeepEqual(got.Header, want.Header)) {
-			t.Fatalf("header = %q; want %q", got.Header, want.Header)
-		}
-
-		// Arbitrary stored bytes: an error or a response, never a panic.
-		junk := record{ID: "k", State: stateCompleted, Response: body}
-		_, _ = junk.toRecord()
 	})
 }
 
@@ -74,8 +57,5 @@ func TestRecordStates(t *testing.T) {
 	}
 	if _, err := (&record{State: stateCompleted}).toRecord(); err == nil {
 		t.Fatal("completed record without a response decoded without error")
-	}
-	if _, err := encodeResponse(nil); err == nil {
-		t.Fatal("encodeResponse(nil) = nil error")
 	}
 }

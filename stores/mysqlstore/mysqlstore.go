@@ -222,40 +222,22 @@ func mysqlErrno(err error) uint16 {
 	return 0
 }
 
-// toRecord builds a record from a row. A completed response is decoded
-// unless encoded is set: then it is handed out as Record.Encoded (the
-// bytes are the row's own copy, never modified afterwards).
-func toRecord(state int8, token, fp string, raw []byte, encoded bool) (idem.Record, error) {
+// toRecord builds a record from a row. A completed record's response is
+// the row's own copy of the engine's bytes, handed out as they are.
+func toRecord(state int8, token, fp string, raw []byte) (idem.Record, error) {
 	rec := idem.Record{Token: token, Fingerprint: fp}
 	switch state {
 	case stateInProgress:
 		rec.State = idem.StateInProgress
 	case stateCompleted:
-		rec.State = idem.StateCompleted
-		if encoded {
-			if raw == nil {
-				raw = []byte{}
-			}
-			rec.Encoded = raw
-			break
+		if len(raw) == 0 {
+			return idem.Record{}, fmt.Errorf("%w: completed record without a response", ErrCorrupt)
 		}
-		rec.Response = new(idem.Response)
-		if err := rec.Response.UnmarshalBinary(raw); err != nil {
-			return idem.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
-		}
+		rec.State, rec.Response = idem.StateCompleted, raw
 	default:
 		return idem.Record{}, fmt.Errorf("%w: state %d", ErrCorrupt, state)
 	}
 	return rec, nil
-}
-
-// encode is the one place a response becomes the bytes the store keeps.
-func encode(resp *idem.Response) ([]byte, error) {
-	b, err := resp.MarshalBinary()
-	if err != nil {
-		return nil, fmt.Errorf("mysqlstore: encode response: %w", err)
-	}
-	return b, nil
 }
 
 // Acquire implements [idem.Store]: one CALL of the table's acquire
@@ -263,8 +245,7 @@ func encode(resp *idem.Response) ([]byte, error) {
 // or a mismatch is answered from a plain read; only a free or expired key
 // is written, by an INSERT … ON DUPLICATE KEY UPDATE whose takeover
 // condition InnoDB evaluates on the latest row version under the row's
-// exclusive lock, so among racing takeovers exactly one wins. A completed
-// response is handed out encoded ([idem.Record.Encoded]).
+// exclusive lock, so among racing takeovers exactly one wins.
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	if lease <= 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
@@ -296,7 +277,7 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 		case state == stateInProgress && tok == token:
 			return idem.Record{}, true, nil
 		}
-		rec, err := toRecord(state, tok, fp, raw, true)
+		rec, err := toRecord(state, tok, fp, raw)
 		return rec, false, err
 	}
 	return idem.Record{}, false, ErrContention
@@ -305,21 +286,17 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 // Complete implements [idem.Store]: one conditional UPDATE. The token is
 // kept in the completed row (so a completion whose reply was lost can be
 // recognised).
-func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, key, token string, response []byte, retention time.Duration) error {
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b, err := encode(resp)
-	if err != nil {
-		return err
-	}
-	return s.complete(ctx, nil, key, token, b, retention)
+	return s.complete(ctx, nil, key, token, response, retention)
 }
 
-// complete stores the encoded response b, through tx when it is not nil.
+// complete stores the engine's response bytes b, through tx when it is not nil.
 func (s *Store) complete(ctx context.Context, tx *sql.Tx, key, token string, b []byte, retention time.Duration) error {
 	if err := checkIDs(key, token); err != nil {
 		return err
@@ -430,7 +407,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("mysqlstore: get: %w", err)
 	}
-	rec, err := toRecord(state, tok, fp, raw, false)
+	rec, err := toRecord(state, tok, fp, raw)
 	return rec, err == nil, err
 }
 
@@ -456,7 +433,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 	if err != nil {
 		return idem.RecordInfo{}, false, fmt.Errorf("mysqlstore: inspect: %w", err)
 	}
-	rec, err := toRecord(state, tok, fp, raw, false)
+	rec, err := toRecord(state, tok, fp, raw)
 	if err != nil {
 		return idem.RecordInfo{}, false, err
 	}

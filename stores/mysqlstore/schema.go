@@ -30,7 +30,7 @@ const procVersion = "idem mysqlstore acquire v1"
 //	state        TINYINT                     1 in-progress, 2 completed
 //	token        VARBINARY(255)              owner of the lease (kept once completed)
 //	fingerprint  VARBINARY(255)              fingerprint of the request that created the record
-//	response     LONGBLOB                    idem.Response.MarshalBinary (completed only)
+//	response     LONGBLOB                    the engine's response bytes (completed only)
 //	expires_at   DATETIME(6)                 end of the lease, or of retention once completed, in UTC
 //
 // The acquire procedure is one round trip: it answers a live record

@@ -100,7 +100,7 @@ type unit struct {
 // UPDATE fails it rolls back, releases the key and returns [ErrRolledBack];
 // when the COMMIT fails it asks the server whether the record was
 // completed under this token.
-func (u *unit) Complete(ctx context.Context, resp *idem.Response, retention time.Duration) error {
+func (u *unit) Complete(ctx context.Context, response []byte, retention time.Duration) error {
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
 	}
@@ -111,7 +111,7 @@ func (u *unit) Complete(ctx context.Context, resp *idem.Response, retention time
 	defer u.mu.Unlock()
 	u.ended = true
 	if u.tx == nil {
-		return u.s.Complete(ctx, u.key, u.token, resp, retention)
+		return u.s.Complete(ctx, u.key, u.token, response, retention)
 	}
 	switch u.outcome {
 	case txCommitted:
@@ -121,11 +121,8 @@ func (u *unit) Complete(ctx context.Context, resp *idem.Response, retention time
 	case txUnknown:
 		return u.checkCommit(ctx, nil)
 	}
-	b, err := encode(resp)
-	if err != nil {
-		return err
-	}
-	err = u.s.complete(ctx, u.tx, u.key, u.token, b, retention)
+	b := response
+	err := u.s.complete(ctx, u.tx, u.key, u.token, b, retention)
 	switch {
 	case errors.Is(err, sql.ErrTxDone):
 		// The handler committed or rolled back itself: its writes no

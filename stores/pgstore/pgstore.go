@@ -168,25 +168,22 @@ func toRecord(state int16, token, fp string, raw []byte) (idem.Record, error) {
 		rec.State = idem.StateInProgress
 	case stateCompleted:
 		rec.State = idem.StateCompleted
-		rec.Response = new(idem.Response)
-		if err := rec.Response.UnmarshalBinary(raw); err != nil {
-			return idem.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		if len(raw) == 0 {
+			return idem.Record{}, fmt.Errorf("%w: completed without a response", ErrCorrupt)
 		}
+		rec.Response = raw // pgx copies a bytea on scan: the caller's
 	default:
 		return idem.Record{}, fmt.Errorf("%w: state %d", ErrCorrupt, state)
 	}
 	return rec, nil
 }
 
-func encode(resp *idem.Response) ([]byte, error) {
-	b, err := resp.MarshalBinary()
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: encode response: %w", err)
+// checkSize refuses a response above PostgreSQL's bytea limit.
+func checkSize(response []byte) error {
+	if len(response) > maxField {
+		return fmt.Errorf("%w (%d bytes)", ErrTooLarge, len(response))
 	}
-	if len(b) > maxField {
-		return nil, fmt.Errorf("%w (%d bytes)", ErrTooLarge, len(b))
-	}
-	return b, nil
+	return nil
 }
 
 // Acquire implements [idem.Store]: one INSERT … ON CONFLICT statement that
@@ -223,18 +220,17 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 // Complete implements [idem.Store]: one conditional UPDATE. The token is
 // kept in the completed row (so a completion whose reply was lost can be
 // recognised).
-func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, key, token string, response []byte, retention time.Duration) error {
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b, err := encode(resp)
-	if err != nil {
+	if err := checkSize(response); err != nil {
 		return err
 	}
-	return s.complete(ctx, s.pool, key, token, b, retention)
+	return s.complete(ctx, s.pool, key, token, response, retention)
 }
 
 // execer is what both the pool and a transaction run statements with.

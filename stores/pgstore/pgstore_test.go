@@ -523,7 +523,7 @@ func TestPurge(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	s, table := newStore(t, pool)
-	resp := &idem.Response{Status: 201}
+	resp := []byte("response")
 	live, expired := 0, 0
 	for i := range 6 {
 		key, tok := storetest.Key(), storetest.Token()

@@ -23,7 +23,7 @@ const PurgeBatch = 10000
 //	state        smallint          1 in-progress, 2 completed
 //	token        text              owner of the lease (kept once completed)
 //	fingerprint  text              fingerprint of the request that created the record
-//	response     bytea             idem.Response.MarshalBinary (completed only)
+//	response     bytea             the engine's encoding of the response (completed only)
 //	expires_at   timestamptz       end of the lease, or of retention once completed
 func (s *Store) SchemaSQL() string {
 	return `CREATE TABLE IF NOT EXISTS ` + s.table + ` (

@@ -2,11 +2,9 @@ package redisstore_test
 
 import (
 	"context"
-	"net/http"
 	"testing"
 	"time"
 
-	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/stores/redisstore"
 )
@@ -20,11 +18,10 @@ func benchStore(b *testing.B) *redisstore.Store {
 	return redisstore.New(c, redisstore.WithPrefix(newPrefix(b, c)))
 }
 
-var benchResponse = &idem.Response{
-	Status: http.StatusCreated,
-	Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}},
-	Body:   []byte(`{"id":"pay_1","amount":4200,"currency":"EUR","status":"succeeded"}`),
-}
+// benchResponse is the engine's encoding of a 201 with Content-Type,
+// Location and a 66-byte JSON body.
+var benchResponse = []byte("\x01\xc9\x01\x02\x0cContent-Type\x01\x10application/json\x08Location\x01\x12/v1/payments/pay_1" +
+	`{"id":"pay_1","amount":4200,"currency":"EUR","status":"succeeded"}`)
 
 // BenchmarkAcquireComplete: a first execution, 2 round trips.
 func BenchmarkAcquireComplete(b *testing.B) {

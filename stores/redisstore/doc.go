@@ -11,8 +11,9 @@
 //	in-progress  '1' lp(token) lp(fingerprint)
 //	completed    '2' lp(fingerprint) response
 //
-// where response is the [idem.Response.AppendBinary] encoding, to the end
-// of the value (binary-safe); the token is dropped at completion.
+// where response is the bytes the engine gave Complete ([idem.Record]),
+// to the end of the value (binary-safe); the token is dropped at
+// completion.
 //
 // The lease of an in-progress record and the retention of a completed one are
 // the key's TTL, kept by the Redis server's clock in milliseconds: a lapsed
@@ -32,15 +33,6 @@
 // WATCH and no check-then-set across round trips. A first execution costs 2
 // round trips (acquire, complete); a replay, a 409 conflict or a 422
 // mismatch costs 1. Get is one GET.
-//
-// # v0.1 records
-//
-// v0.1 kept each record as a hash (fields s, t, f, r). This version reads
-// such records, left in Redis for their retention after an upgrade, and
-// never writes one: Acquire answers from them (replay, 409 or 422), Get,
-// Inspect and Evict work on them, and Complete, Release and Extend answer
-// [idem.ErrNotOwner]. A v0.1 instance meeting a record of this version gets
-// WRONGTYPE and answers 503 (README.md, "Migrating from v0.1 records").
 //
 // # Failures
 //

@@ -11,18 +11,12 @@ import (
 var _ idem.Inspector = (*Store)(nil)
 
 // inspectScript: KEYS[1] record. It returns {value, pttl} for a string,
-// {s, t, f, r, pttl} for a v0.1 hash record (missing fields are false, nil
-// in the reply, so the table stays an array), {} for no key, and {type}
-// for a key of another type (its TYPE, e.g. "list").
+// {} for no key, and {type} for a key of another type (its TYPE, e.g.
+// "list").
 var inspectScript = newScript(`
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'string' then
   return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
-end
-if t == 'hash' then
-  local v = redis.call('HMGET', KEYS[1], 's', 't', 'f', 'r')
-  v[5] = redis.call('PTTL', KEYS[1])
-  return v
 end
 if t == 'none' then
   return {}
@@ -33,8 +27,7 @@ return {t}
 // evictScript: KEYS[1] record; ARGV state ("1" or "2"), token ("" for
 // none), fingerprint, value. It deletes a string record whose value is
 // value (in-progress: '1' lp(token) lp(fingerprint)) or starts with it
-// (completed: '2' lp(fingerprint), token ""), or a v0.1 hash record whose
-// s, t and f fields match, and returns 1; otherwise 0.
+// (completed: '2' lp(fingerprint), token ""), and returns 1; otherwise 0.
 var evictScript = newScript(`
 local t = redis.call('TYPE', KEYS[1])['ok']
 local match = false
@@ -45,9 +38,6 @@ if t == 'string' then
   else
     match = ARGV[2] == '' and string.sub(v, 1, #ARGV[4]) == ARGV[4]
   end
-elseif t == 'hash' then
-  local v = redis.call('HMGET', KEYS[1], 's', 't', 'f')
-  match = v[1] == ARGV[1] and (v[2] or '') == ARGV[2] and v[3] == ARGV[3]
 end
 if not match then
   return 0
@@ -57,7 +47,8 @@ return 1
 `)
 
 // Inspect implements [idem.Inspector.Inspect] with one script run: the
-// record and its time to live (PTTL) read atomically, from either layout.
+// record and its time to live (PTTL) read atomically. A completed record's
+// Response is a copy.
 func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecordInfo{}, false, err
@@ -71,9 +62,8 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 	return info, found, nil
 }
 
-// inspect runs inspectScript on k, the full key: the record of either
-// layout, with its TTL. A key of another type, or a hash without a state,
-// is an error wrapping ErrCorrupt.
+// inspect runs inspectScript on k, the full key: the record with its TTL.
+// A key of another type is an error wrapping ErrCorrupt.
 func (s *Store) inspect(ctx context.Context, k string) (idem.RecordInfo, bool, error) {
 	v, err := s.c.EvalSha(ctx, inspectScript.sha, []string{k}).Slice()
 	if isNoScript(err) {
@@ -88,9 +78,7 @@ func (s *Store) inspect(ctx context.Context, k string) (idem.RecordInfo, bool, e
 		return idem.RecordInfo{}, false, nil
 	case 2:
 		str, _ := v[0].(string)
-		rec, err = parseValue(str)
-	case 5:
-		rec, err = parseLegacy(v[:4])
+		rec, err = parseCopy(str)
 	default:
 		err = fmt.Errorf("%w: a Redis %v, not a record", ErrCorrupt, v[0])
 	}
@@ -101,8 +89,7 @@ func (s *Store) inspect(ctx context.Context, k string) (idem.RecordInfo, bool, e
 	return idem.RecordInfo{Record: rec, TTL: time.Duration(pttl) * time.Millisecond}, true, nil
 }
 
-// Evict implements [idem.Inspector.Evict] with one script run, on either
-// layout.
+// Evict implements [idem.Inspector.Evict] with one script run.
 func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	if err := ctx.Err(); err != nil {
 		return err

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strconv"
@@ -18,8 +19,8 @@ import (
 //
 // where lp(s) is len(s) in decimal ASCII digits (no leading zero), ':' and
 // the bytes of s, so that tokens and fingerprints may hold any byte, and
-// response is [idem.Response.AppendBinary]'s encoding, to the end of the
-// value. The owner check of Complete, Release and Extend compares the
+// response is the bytes given to Complete (the engine's encoding of the
+// response, never empty), to the end of the value. The owner check of Complete, Release and Extend compares the
 // value's start with '1' lp(token): the token's length is part of the match,
 // so no other token (nor a completed record) can match it.
 const (
@@ -72,26 +73,9 @@ func cutLP(v string) (s, rest string, ok bool) {
 }
 
 // parseValue decodes a record value. The token and fingerprint share the
-// memory of v; the response is copied out of it.
+// memory of v, and so does a completed record's Response: a view of v's
+// memory, read-only (Acquire hands it out as is; Get and Inspect copy it).
 func parseValue(v string) (idem.Record, error) {
-	rec, err := parseEncoded(v)
-	if err != nil || rec.Encoded == nil {
-		return rec, err
-	}
-	rec.Response = new(idem.Response)
-	// UnmarshalBinary copies out of its argument and never writes to it, so
-	// it may read the reply's memory in place.
-	if err := rec.Response.UnmarshalBinary(rec.Encoded); err != nil {
-		return idem.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
-	}
-	rec.Encoded = nil
-	return rec, nil
-}
-
-// parseEncoded is parseValue leaving a completed record's response
-// encoded ([idem.Record.Encoded]): a view of v's memory, which must not
-// change afterwards.
-func parseEncoded(v string) (idem.Record, error) {
 	if v == "" {
 		return idem.Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
 	}
@@ -108,26 +92,19 @@ func parseEncoded(v string) (idem.Record, error) {
 		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, nil
 	case stateCompleted:
 		fp, rest, ok := cutLP(v[1:])
-		if !ok {
+		if !ok || rest == "" {
 			break
 		}
-		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Encoded: unsafe.Slice(unsafe.StringData(rest), len(rest))}, nil
+		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Response: unsafe.Slice(unsafe.StringData(rest), len(rest))}, nil
 	}
 	return idem.Record{}, fmt.Errorf("%w: a %d-byte string that is not a record", ErrCorrupt, len(v))
 }
 
-// responseSizeHint bounds len(resp.AppendBinary(nil)) from above (varints
-// counted at their 10-byte maximum), so that one buffer takes the whole
-// command without growing.
-func responseSizeHint(resp *idem.Response) int {
-	n := 1 + 2*10 + len(resp.Body)
-	for k, vs := range resp.Header {
-		n += 2*10 + len(k)
-		for _, v := range vs {
-			n += 10 + len(v)
-		}
-	}
-	return n
+// parseCopy is parseValue with the Response copied, the caller's to modify.
+func parseCopy(v string) (idem.Record, error) {
+	rec, err := parseValue(v)
+	rec.Response = bytes.Clone(rec.Response)
+	return rec, err
 }
 
 // Commands are built with their arguments in two allocations, whatever
@@ -250,37 +227,4 @@ func keyAndOwner(prefix, key, token string, extra int) (buf []byte, keyEnd, owne
 	keyEnd = len(buf)
 	buf = appendOwner(buf, token)
 	return buf, keyEnd, len(buf)
-}
-
-// A record written by v0.1 is a hash of the fields s (state: "1"
-// in-progress, "2" completed), t (owner token, in-progress only), f
-// (fingerprint) and r (the AppendBinary encoding of the response, completed
-// only). This package reads them (inspectScript) and never writes them.
-
-// parseLegacy decodes {s, t, f, r}, read by HMGET from a v0.1 hash record
-// (a hash without s is not one).
-func parseLegacy(v []any) (idem.Record, error) {
-	if len(v) != 4 {
-		return idem.Record{}, fmt.Errorf("%w: %d fields", ErrCorrupt, len(v))
-	}
-	state, _ := v[0].(string)
-	token, _ := v[1].(string)
-	fp, _ := v[2].(string)
-	switch state {
-	case string(stateInProgress):
-		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, nil
-	case string(stateCompleted):
-		r, ok := v[3].(string)
-		if !ok {
-			return idem.Record{}, fmt.Errorf("%w: completed without a response", ErrCorrupt)
-		}
-		resp := new(idem.Response)
-		if err := resp.UnmarshalBinary(unsafe.Slice(unsafe.StringData(r), len(r))); err != nil {
-			return idem.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
-		}
-		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Token: token, Response: resp}, nil
-	case "":
-		return idem.Record{}, fmt.Errorf("%w: a hash without a state", ErrCorrupt)
-	}
-	return idem.Record{}, fmt.Errorf("%w: state %q", ErrCorrupt, state)
 }

@@ -30,10 +30,10 @@ const DefaultWaitTimeout = 500 * time.Millisecond
 var ErrNotReplicated = fmt.Errorf("redisstore: completion stored on the primary but not acknowledged by enough replicas: %w", idem.ErrNotDurable)
 
 // ErrCorrupt is returned (wrapped) when a key under the prefix holds a value
-// this package did not write (another type than a string or a v0.1 hash
-// record, a string that is not a record, a hash of other fields) or a
-// response that does not decode. It wraps [idem.ErrCorrupt]: the engine
-// answers 500 "stored-result-unreadable" until the key is deleted.
+// this package did not write (another type than a string, or a string that
+// is not a record). It wraps [idem.ErrCorrupt]: the engine answers 500
+// "stored-result-unreadable" until the key is deleted, as it does for a
+// record whose response does not decode.
 var ErrCorrupt = fmt.Errorf("redisstore: corrupt record: %w", idem.ErrCorrupt)
 
 var (
@@ -116,8 +116,8 @@ const maxBulk = 512 << 20
 // record, ARGV[1] owner: '1' lp(token)): it returns 0 unless the value is
 // an in-progress value of that owner, '1' lp(token) lp(fingerprint), and
 // leaves lp(fingerprint) in f. It reads with redis.pcall, so a key of
-// another type (a v0.1 hash record, a foreign value) answers 0, not
-// WRONGTYPE: this package never owns a hash. A missing key reads as false.
+// another type (a foreign value) answers 0, not WRONGTYPE. A missing key
+// reads as false.
 const ownerCheck = `
 local v = redis.pcall('GET', KEYS[1])
 local o = ARGV[1]
@@ -167,18 +167,14 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return ctx, func() {}
 }
 
-// maxLegacyReads bounds the SET, inspect rounds of an Acquire that keeps
-// meeting a v0.1 hash record that expires (or has no state) in between.
-const maxLegacyReads = 3
-
 // Acquire implements [idem.Store.Acquire] with one command, no script:
 // SET key value PX lease NX GET. It sets the in-progress value when the key
 // is absent (or expired: a lapsed lease) and otherwise returns the live
 // value, unchanged. A live value equal to the one it would write (same
 // token, same fingerprint) is this caller's own SET, sent again by the
 // client after a lost reply: it counts as acquired, and the lease runs from
-// that first SET. A v0.1 hash record answers WRONGTYPE and is read by the
-// script of Inspect (one more round trip, until it expires).
+// that first SET. A completed record's Response is a view of the reply,
+// which nothing else holds.
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -189,45 +185,23 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	set := newAcquire(s.prefix, key, token, fingerprint, millis(lease))
-	for range maxLegacyReads {
-		old, exists, err := s.setNXGet(ctx, set)
-		if err == nil && !exists {
-			return idem.Record{}, true, nil
-		}
-		if err == nil && old == set.value {
-			return idem.Record{}, true, nil // our own SET, sent again
-		}
-		if err == nil {
-			rec, err := parseEncoded(old)
-			if err != nil {
-				return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
-			}
-			return rec, false, nil
-		}
-		if !errors.Is(err, errWrongType) {
-			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
-		}
-		// A v0.1 hash record, or a foreign type. (A string found there
-		// now was written after the SET by another token.)
-		info, found, err := s.inspect(ctx, set.key)
-		if err != nil {
-			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
-		}
-		if found {
-			return info.Record, false, nil
-		}
-		// Expired between the two commands: SET again.
+	old, exists, err := s.setNXGet(ctx, set)
+	switch {
+	case err != nil:
+		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+	case !exists || old == set.value: // written, or our own SET sent again
+		return idem.Record{}, true, nil
 	}
-	return idem.Record{}, false, errors.New("redisstore: acquire: a v0.1 hash record kept expiring under SET")
+	rec, err := parseValue(old)
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+	}
+	return rec, false, nil
 }
 
-// errWrongType is Redis's WRONGTYPE reply to Acquire's SET: the key holds
-// another type than a string (a v0.1 hash record, or a foreign value).
-var errWrongType = errors.New("WRONGTYPE: the key holds no string")
-
 // setNXGet sends Acquire's SET and returns the value the key held (exists)
-// or reports that the SET wrote the key (!exists). err wraps errWrongType
-// when the key holds another type.
+// or reports that the SET wrote the key (!exists). err wraps ErrCorrupt
+// when the key holds another type (WRONGTYPE).
 //
 // The SET goes as a raw command, whose reply go-redis does not parse:
 // parsed, the nil reply of a SET that wrote the key is an error (redis.Nil)
@@ -250,7 +224,7 @@ func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists b
 		return old, exists, nil
 	}
 	if bytes.HasPrefix(b, []byte("-WRONGTYPE")) {
-		return "", false, fmt.Errorf("%w (%s)", errWrongType, bytes.TrimSpace(b[1:]))
+		return "", false, fmt.Errorf("%w: the key holds another type than a string (%s)", ErrCorrupt, bytes.TrimSpace(b[1:]))
 	}
 	cmd := set.command(ctx)
 	_ = s.c.Process(ctx, cmd)
@@ -261,35 +235,29 @@ func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists b
 	case errors.Is(err, redis.Nil):
 		return "", false, nil
 	case isWrongType(err):
-		return "", false, fmt.Errorf("%w (%w)", errWrongType, err)
+		return "", false, fmt.Errorf("%w: the key holds another type than a string (%w)", ErrCorrupt, err)
 	}
 	return "", false, err
 }
 
 // Complete implements [idem.Store.Complete] with one script run; under
 // [WithWaitReplicas] the script and WAIT share one pipeline. A response
-// whose encoding exceeds 512 MiB (Redis's default proto-max-bulk-len) is
-// refused with an error wrapping [idem.ErrTooLarge] before any I/O.
-func (s *Store) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+// above 512 MiB (Redis's default proto-max-bulk-len) is refused with an
+// error wrapping [idem.ErrTooLarge] before any I/O.
+func (s *Store) Complete(ctx context.Context, key, token string, response []byte, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
 	}
-	if resp == nil {
-		return errors.New("redisstore: complete: nil response")
+	if len(response) > maxBulk {
+		return fmt.Errorf("redisstore: complete: %w: a %d-byte response, Redis accepts at most 512 MiB", idem.ErrTooLarge, len(response))
 	}
-	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 20+responseSizeHint(resp))
+	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 20+len(response))
 	buf = strconv.AppendInt(buf, millis(retention), 10)
 	ttlEnd := len(buf)
-	buf, err := resp.AppendBinary(buf)
-	if err != nil {
-		return fmt.Errorf("redisstore: complete: %w", err)
-	}
-	if n := len(buf) - ttlEnd; n > maxBulk {
-		return fmt.Errorf("redisstore: complete: %w: %d-byte encoded response, Redis accepts at most 512 MiB", idem.ErrTooLarge, n)
-	}
+	buf = append(buf, response...)
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	ev := newEval(completeScript, buf, keyEnd, ownerEnd, ttlEnd, len(buf))
@@ -456,35 +424,29 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	return nil
 }
 
-// Get implements [idem.Store.Get] with one GET (and the script of Inspect
-// for a v0.1 hash record). With a Cluster client configured to read from replicas
-// (ReadOnly, RouteByLatency, RouteRandomly) it may return a slightly stale
-// record; the engine never calls Get.
+// Get implements [idem.Store.Get] with one GET. With a Cluster client
+// configured to read from replicas (ReadOnly, RouteByLatency,
+// RouteRandomly) it may return a slightly stale record.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	k := s.prefix + key
-	v, err := s.c.Get(ctx, k).Result()
+	v, err := s.c.Get(ctx, s.prefix+key).Result()
 	switch {
-	case err == nil:
-		rec, err := parseValue(v)
-		if err != nil {
-			return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
-		}
-		return rec, true, nil
 	case errors.Is(err, redis.Nil):
 		return idem.Record{}, false, nil
-	case !isWrongType(err):
+	case isWrongType(err):
+		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w: the key holds another type than a string (%w)", ErrCorrupt, err)
+	case err != nil:
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	info, found, err := s.inspect(ctx, k)
+	rec, err := parseCopy(v)
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	return info.Record, found, nil
+	return rec, true, nil
 }
 
 // isWrongType reports Redis's WRONGTYPE reply: the key holds another type

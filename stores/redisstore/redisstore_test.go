@@ -90,7 +90,7 @@ func TestWaitReplicas(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	hook := &countHook{}
 	c.AddHook(hook)
-	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}
+	resp := []byte(`a response`)
 
 	// One replica asked, one present: acknowledged, no error, one round trip.
 	s1 := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)), redisstore.WithWaitReplicas(1, time.Second))
@@ -134,7 +134,7 @@ func TestWaitReplicas(t *testing.T) {
 		t.Fatalf("Complete returned after %v; WAIT should have waited its 100ms timeout", d)
 	}
 	rec, found, err := s2.Get(ctxT(t), key)
-	if err != nil || !found || rec.State != idem.StateCompleted || !bytes.Equal(rec.Response.Body, resp.Body) {
+	if err != nil || !found || rec.State != idem.StateCompleted || !bytes.Equal(rec.Response, resp) {
 		t.Fatalf("after ErrNotReplicated Get = %+v, %v, %v; want the completed record on the primary", rec, found, err)
 	}
 	// Not the owner: ErrNotOwner wins over the replica count.
@@ -150,7 +150,7 @@ func TestClusterWaitReplicas(t *testing.T) {
 	t.Parallel()
 	c := newClusterClient(t)
 	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)), redisstore.WithWaitReplicas(1, 50*time.Millisecond))
-	resp := &idem.Response{Status: 201, Body: []byte("x")}
+	resp := []byte("x")
 	for range 8 { // keys on several slots, so several masters
 		key, tok := storetest.Key(), storetest.Token()
 		if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
@@ -540,14 +540,13 @@ func TestLayout(t *testing.T) {
 	if ttl, _ := c.PTTL(ctxT(t), prefix+key2).Result(); ttl <= 59*time.Second || ttl > time.Minute {
 		t.Fatalf("in-progress TTL = %v; want the 1m lease", ttl)
 	}
-	resp := &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte{0, 1, 0xff}}
+	resp := []byte{1, 0xc9, 0x01, 0, 0, 1, 0xff}
 	if err := s.Complete(ctxT(t), key2, tok2, resp, 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	v, _ = c.Get(ctxT(t), prefix+key2).Result()
-	enc, _ := resp.MarshalBinary()
-	if want := "24:fp-2" + string(enc); v != want {
-		t.Fatalf("completed value = %q; want %q ('2' lp(fingerprint) AppendBinary encoding, no token)", v, want)
+	if want := "24:fp-2" + string(resp); v != want {
+		t.Fatalf("completed value = %q; want %q ('2' lp(fingerprint) response, no token)", v, want)
 	}
 	if ttl, _ := c.PTTL(ctxT(t), prefix+key2).Result(); ttl <= 2*time.Hour-time.Minute || ttl > 2*time.Hour {
 		t.Fatalf("completed TTL = %v; want the 2h retention", ttl)
@@ -579,11 +578,7 @@ func TestCorruptRecords(t *testing.T) {
 		"leading zero":         func(k string) error { return c.Set(ctxT(t), k, "103:tok2:fp", 0).Err() },
 		"bad response":         func(k string) error { return c.Set(ctxT(t), k, "22:fp\x07garbage", 0).Err() },
 		"completed, no answer": func(k string) error { return c.Set(ctxT(t), k, "22:fp", 0).Err() },
-		// Hashes of the v0.1 layout.
-		"hash, unknown state":  func(k string) error { return c.HSet(ctxT(t), k, "s", "9", "f", "x").Err() },
-		"hash, bad response":   func(k string) error { return c.HSet(ctxT(t), k, "s", "2", "f", "x", "r", "\x07garbage").Err() },
-		"hash, no response":    func(k string) error { return c.HSet(ctxT(t), k, "s", "2", "f", "x").Err() },
-		"hash of other fields": func(k string) error { return c.HSet(ctxT(t), k, "owner", "another app").Err() },
+		"hash":                 func(k string) error { return c.HSet(ctxT(t), k, "s", "2", "f", "x").Err() },
 	}
 	for name, w := range write {
 		t.Run(name, func(t *testing.T) {
@@ -595,26 +590,30 @@ func TestCorruptRecords(t *testing.T) {
 			c.Expire(ctxT(t), k, time.Minute)
 			dump := func() string { d, _ := c.Dump(ctxT(t), k).Result(); return d }
 			before := dump()
-			rec, _, err := s.Acquire(ctxT(t), key, "t", "fp", time.Minute)
-			switch {
-			case err == nil && rec.Encoded != nil: // handed out undecoded: the engine answers 500 unreadable
-				if new(idem.Response).UnmarshalBinary(rec.Encoded) == nil {
-					t.Fatalf("Acquire = %+v; want ErrCorrupt or a response that does not decode", rec)
+			// A completed record whose response does not decode is handed
+			// out as it is: the engine answers 500 unreadable. Anything
+			// else is ErrCorrupt.
+			corrupt := func(call string, rec idem.Record, err error) {
+				t.Helper()
+				if name == "bad response" {
+					if _, derr := idem.DecodeResponse(rec.Response); err != nil || rec.State != idem.StateCompleted || derr == nil {
+						t.Fatalf("%s = %+v, %v; want the completed record, its response not decoding", call, rec, err)
+					}
+				} else if !errors.Is(err, redisstore.ErrCorrupt) || !errors.Is(err, idem.ErrCorrupt) {
+					t.Fatalf("%s = %+v, %v; want ErrCorrupt", call, rec, err)
 				}
-			case !errors.Is(err, redisstore.ErrCorrupt) || !errors.Is(err, idem.ErrCorrupt):
-				t.Fatalf("Acquire = %+v, %v; want ErrCorrupt", rec, err)
 			}
+			rec, _, err := s.Acquire(ctxT(t), key, "t", "fp", time.Minute)
+			corrupt("Acquire", rec, err)
+			rec, _, err = s.Get(ctxT(t), key)
+			corrupt("Get", rec, err)
+			info, _, err := s.Inspect(ctxT(t), key)
+			corrupt("Inspect", info.Record, err)
 			if (name == "list" || name == "set") && !strings.Contains(err.Error(), "a Redis "+name+",") {
-				t.Fatalf("Acquire on a %s = %v; want ErrCorrupt naming the type", name, err)
-			}
-			if _, _, err := s.Get(ctxT(t), key); !errors.Is(err, idem.ErrCorrupt) {
-				t.Fatalf("Get = %v; want ErrCorrupt", err)
-			}
-			if _, _, err := s.Inspect(ctxT(t), key); !errors.Is(err, idem.ErrCorrupt) {
-				t.Fatalf("Inspect = %v; want ErrCorrupt", err)
+				t.Fatalf("Inspect of a %s = %v; want ErrCorrupt naming the type", name, err)
 			}
 			for _, tok := range []string{"t", "tok", "tok2", ""} {
-				if err := s.Complete(ctxT(t), key, tok, &idem.Response{Status: 200}, time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+				if err := s.Complete(ctxT(t), key, tok, []byte("response"), time.Hour); !errors.Is(err, idem.ErrNotOwner) {
 					t.Fatalf("Complete(%q) = %v; want ErrNotOwner", tok, err)
 				}
 				if err := s.Extend(ctxT(t), key, tok, time.Hour); !errors.Is(err, idem.ErrNotOwner) {
@@ -652,15 +651,14 @@ func TestMemoryPerRecord(t *testing.T) {
 	}
 	body := []byte(`{"id":"pay_1","amount":4200,"currency":"EUR","status":"succeeded","customer":"cus_123","description":"` +
 		strings.Repeat("x", 200) + `"}`)[:200]
-	resp := &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}}, Body: body}
-	if err := s.Complete(ctxT(t), key, tok, resp, time.Hour); err != nil {
+	enc := append([]byte("\x01\xc9\x01\x02\x0cContent-Type\x01\x10application/json\x08Location\x01\x12/v1/payments/pay_1"), body...) // the engine's encoding
+	if err := s.Complete(ctxT(t), key, tok, enc, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	completed, err := c.MemoryUsage(ctxT(t), prefix+key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	enc, _ := resp.MarshalBinary()
 	t.Logf("MEMORY USAGE: in-progress %d bytes; completed with a 200-byte body (%d-byte encoded response) %d bytes; key %d bytes",
 		inProgress, len(enc), completed, len(prefix+key))
 	if completed > 1024 || completed < int64(len(enc)) {
@@ -677,7 +675,7 @@ func TestCancelledContextNoIO(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, _, err1 := s.Acquire(ctx, storetest.Key(), "t", "f", time.Minute)
-	err2 := s.Complete(ctx, storetest.Key(), "t", &idem.Response{Status: 200}, time.Minute)
+	err2 := s.Complete(ctx, storetest.Key(), "t", []byte("response"), time.Minute)
 	err3 := s.Release(ctx, storetest.Key(), "t")
 	err4 := s.Extend(ctx, storetest.Key(), "t", time.Minute)
 	_, _, err5 := s.Get(ctx, storetest.Key())
@@ -703,7 +701,7 @@ func TestWithTimeout(t *testing.T) {
 		t.Fatal(ok, err)
 	}
 	start := time.Now()
-	err := s.Complete(context.Background(), key, tok, &idem.Response{Status: 200}, time.Minute)
+	err := s.Complete(context.Background(), key, tok, []byte("response"), time.Minute)
 	// The error, not the clock, tells the 100ms timeout from the 1s WAIT
 	// (which would end in ErrNotReplicated); the bound only catches a hang.
 	if d := time.Since(start); err == nil || d > 10*time.Second {

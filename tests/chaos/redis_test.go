@@ -225,7 +225,7 @@ func TestWaitReplicas(t *testing.T) {
 			t.Fatalf("acquire: %v %v", ok, err)
 		}
 		start := time.Now()
-		err := s.Complete(ctx, key, token, &idem.Response{Status: 201, Body: []byte("ok")}, time.Hour)
+		err := s.Complete(ctx, key, token, []byte("ok"), time.Hour)
 		return key, time.Since(start), err
 	}
 	k1, took, err := complete()
@@ -250,7 +250,7 @@ func TestWaitReplicas(t *testing.T) {
 	if err := replica.c.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if rec, ok, err := redisstore.New(replica.c).Get(ctx, k1); err != nil || !ok || rec.State != idem.StateCompleted || string(rec.Response.Body) != "ok" {
+	if rec, ok, err := redisstore.New(replica.c).Get(ctx, k1); err != nil || !ok || rec.State != idem.StateCompleted || string(rec.Response) != "ok" {
 		t.Errorf("promoted replica: %+v %v %v, want the acknowledged completion", rec, ok, err)
 	}
 	replica.kill()

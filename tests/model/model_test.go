@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -56,11 +55,13 @@ var (
 		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 		"60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752",
 	}
-	responses = []*idem.Response{
-		{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Link": {"<a>", "<b>"}}, Body: []byte(`{"id":"pay_1"}`)},
-		{Status: 200, Header: http.Header{}, Body: nil},
-		{Status: 500, Header: http.Header{"X-Bin": {"\xff\x00\xfe"}}, Body: binaryBody()},
-		{Status: 204},
+	// responses are opaque bytes to a store: an engine's encoding, every
+	// byte value, a lone NUL, a short text.
+	responses = [][]byte{
+		[]byte("\x01\xc9\x01\x01\x0cContent-Type\x01\x10application/json" + `{"id":"pay_1"}`),
+		binaryBody(),
+		{0},
+		[]byte("a response"),
 	}
 )
 
@@ -124,7 +125,7 @@ type rec struct {
 	state  idem.State // 0: absent
 	token  string
 	fp     string
-	resp   *idem.Response
+	resp   []byte
 	lo, hi time.Time // expiry window of the in-progress or completed record
 	// present: a record (live or expired) physically exists in the store;
 	// false when the key was never acquired or was released (or, for
@@ -186,52 +187,21 @@ func (mc *machine) matches(i int, got idem.Record) string {
 	if got.State != r.state || got.Fingerprint != r.fp {
 		return fmt.Sprintf("record {%v fp %.8s} want {%v fp %.8s}", got.State, got.Fingerprint, r.state, r.fp)
 	}
-	if got.Encoded != nil { // Acquire handed the response out encoded
-		if got.Response != nil {
-			return "record with both Response and Encoded"
-		}
-		got.Response = new(idem.Response)
-		if err := got.Response.UnmarshalBinary(got.Encoded); err != nil {
-			return fmt.Sprintf("Encoded does not decode: %v", err)
-		}
-	}
 	switch r.state {
 	case idem.StateInProgress:
 		if got.Token != r.token || got.Response != nil {
-			return fmt.Sprintf("in-progress record token %q response %v, want token %q and no response", got.Token, got.Response, r.token)
+			return fmt.Sprintf("in-progress record token %q response %q, want token %q and no response", got.Token, got.Response, r.token)
 		}
 	case idem.StateCompleted:
 		// Stores may drop the token on completion (idem.Record.Token).
 		if got.Token != "" && got.Token != r.token {
 			return fmt.Sprintf("completed record token %q, want %q or empty", got.Token, r.token)
 		}
-		if !sameResponse(got.Response, r.resp) {
-			return fmt.Sprintf("response %s, want %s", show(got.Response), show(r.resp))
+		if !bytes.Equal(got.Response, r.resp) {
+			return fmt.Sprintf("response %q, want %q", got.Response, r.resp)
 		}
 	}
 	return ""
-}
-
-func sameResponse(a, b *idem.Response) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	if a.Status != b.Status || !bytes.Equal(a.Body, b.Body) || len(a.Header) != len(b.Header) {
-		return false
-	}
-	for k, v := range b.Header {
-		if !slices.Equal(a.Header[k], v) {
-			return false
-		}
-	}
-	return true
-}
-
-func show(r *idem.Response) string {
-	if r == nil {
-		return "nil"
-	}
-	return fmt.Sprintf("{%d %v %q}", r.Status, r.Header, r.Body)
 }
 
 // note counts one outcome: operation, model liveness, ok (acquired, nil
@@ -343,7 +313,7 @@ func (mc *machine) Complete(t *rapid.T) {
 	owner := mc.ownedBy(i, tok)
 	done := func() {
 		r := &mc.m[i]
-		r.state, r.resp, r.lo, r.hi = idem.StateCompleted, responses[ri].Clone(), start.Add(ret), end.Add(ret)
+		r.state, r.resp, r.lo, r.hi = idem.StateCompleted, slices.Clone(responses[ri]), start.Add(ret), end.Add(ret)
 	}
 	switch {
 	case owner && st == live:

@@ -385,7 +385,7 @@ type countingUnit struct {
 
 func (s *unitStore) Unit(key, token string) idem.Unit { return &countingUnit{s, key, token} }
 
-func (u *countingUnit) Complete(ctx context.Context, resp *idem.Response, retention time.Duration) error {
+func (u *countingUnit) Complete(ctx context.Context, resp []byte, retention time.Duration) error {
 	u.s.completed.Add(1)
 	return u.s.Store.Complete(ctx, u.key, u.token, resp, retention)
 }

@@ -41,7 +41,7 @@ func (s *faultStore) Acquire(ctx context.Context, key, token, fp string, lease t
 	return s.Store.Acquire(ctx, key, token, fp, lease)
 }
 
-func (s *faultStore) Complete(ctx context.Context, key, token string, resp *idem.Response, retention time.Duration) error {
+func (s *faultStore) Complete(ctx context.Context, key, token string, resp []byte, retention time.Duration) error {
 	if s.loseComplete.Load() {
 		return idem.ErrNotOwner
 	}
