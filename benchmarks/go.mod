@@ -6,6 +6,7 @@ require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
+	github.com/gofiber/storage/redis/v3 v3.4.3
 	github.com/idemkit/idem/adapters/idemecho v0.1.0
 	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
 	github.com/idemkit/idem/adapters/idemfiber v0.1.0
