@@ -160,4 +160,3 @@ func Gin(s *Store) gin.HandlerFunc {
 		s.finish(key, w.Status(), w.Header().Get("Content-Type"), w.body.Bytes())
 	}
 }
-
