@@ -132,7 +132,7 @@ func drive(out string, levels []int, d time.Duration, only string, pin bool) err
 	if pin {
 		pinning = "generator on CPU 1, server on CPU 0 (taskset), GOMAXPROCS=1 each; Redis and PostgreSQL unpinned"
 	}
-	fmt.Fprintf(f, "load-date: %s\nload-pinning: %s\nload-levels: %s workers x %s each, closed loop\nload-mix: %s\nload-start: %s\n",
+	fmt.Fprintf(f, "loadrun-date: %s\nloadrun-pinning: %s\nloadrun-levels: %s workers x %s each, closed loop\nloadrun-mix: %s\nloadrun-start: %s\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), pinning, strings.Trim(fmt.Sprint(levels), "[]"), d, mixText, loadavg())
 	for _, s := range services {
 		if only != "" && !strings.Contains(s.String(), only) {
@@ -147,7 +147,7 @@ func drive(out string, levels []int, d time.Duration, only string, pin bool) err
 			fmt.Fprintln(f, l)
 		}
 	}
-	fmt.Fprintf(f, "load-end: %s\n", loadavg())
+	fmt.Fprintf(f, "loadrun-end: %s\n", loadavg())
 	return f.Close()
 }
 

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -22,22 +23,28 @@ import (
 )
 
 func main() {
-	in := flag.String("in", "bench.txt", "go test -bench output")
+	in := flag.String("in", "bench.txt", "go test -bench output; several files separated by commas (TestPeersExecutions' -peers.out, cmd/load's output)")
 	bstat := flag.String("benchstat", "", "benchstat output to include")
 	notes := flag.String("notes", "", "markdown appended as the analysis section")
 	md := flag.String("md", "RESULTS.md", "markdown file to write")
 	png := flag.String("png", "overhead.png", "chart to write")
+	loadPNG := flag.String("loadpng", "load.png", "chart of the load benchmark to write, if its results are in -in")
 	flag.Parse()
 
-	f, err := os.Open(*in)
+	var files []io.Reader
+	for _, name := range strings.Split(*in, ",") {
+		f, err := os.Open(name)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		files = append(files, f, strings.NewReader("\n"))
+	}
+	r, err := parse(io.MultiReader(files...))
 	if err != nil {
 		log.Fatal(err)
 	}
-	r, err := parse(f)
-	f.Close()
-	if err != nil {
-		log.Fatal(err)
-	}
+	loadChartName = filepath.Base(*loadPNG)
 	var stat, note []byte
 	if *bstat != "" {
 		if stat, err = os.ReadFile(*bstat); err != nil {
@@ -64,7 +71,13 @@ func main() {
 	if err := chart(r, *png); err != nil {
 		log.Fatal(err)
 	}
+	if err := loadChart(r, *loadPNG); err != nil {
+		log.Fatal(err)
+	}
 }
+
+// loadChartName is the load chart's file name as RESULTS.md links it.
+var loadChartName string
 
 // results holds every sample of a benchmark run.
 type results struct {
@@ -186,6 +199,9 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	p("Targets are reported as met or missed with the measured value, never asserted.\n\n")
 	p("## Machine\n\n| | |\n|---|---|\n")
 	for _, k := range r.keys {
+		if strings.HasPrefix(k, "loadrun-") { // section 9's
+			continue
+		}
 		p("| %s | %s |\n", k, r.config[k])
 	}
 	p("\nThe machine is shared: other processes (tests, fuzzers of the same repository) may run at the same time; the load averages above bracket the run. Absolute numbers move with that load, ratios much less.\n\n")
@@ -266,6 +282,8 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 			targets = append(targets, target{what: fmt.Sprintf("%s: idem ÷ %s's built-in middleware ≤ %.1f (paired)", path, pe.label, limit), measured: fmt.Sprintf("%.2f×", ratio), met: ratio <= limit, known: true})
 		}
 	}
+
+	writePeers(w, r)
 
 	// 3. Stores
 	p("\n## 3. Stores\n\n")
@@ -452,6 +470,8 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 			p("| %s | %.0f | %.0f | %.2f× | %s |\n", n, rps, per, rps/one, num(ex))
 		}
 	}
+
+	writeLoad(w, r, loadChartName)
 
 	// Targets
 	p("\n## Targets\n\n| target | measured | |\n|---|---|---|\n")
