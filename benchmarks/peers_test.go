@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	idempotencyv2 "github.com/gofiber/fiber/v2/middleware/idempotency"
+	idempotencyv3 "github.com/gofiber/fiber/v3/middleware/idempotency"
+	redisstorage "github.com/gofiber/storage/redis/v3"
 
 	"github.com/idemkit/idem/benchmarks/internal/floor"
 )
@@ -69,4 +72,58 @@ func countKey(key string) {
 	}
 	v.(*atomic.Int64).Add(1)
 	time.Sleep(execDelay)
+}
+
+// BenchmarkFiberRedisPeer pairs idem on Fiber v2 with redisstore and Fiber
+// v2's built-in middleware with gofiber/storage/redis on the same Redis
+// (the built-in keeps its process-local lock), fresh and replay.
+func BenchmarkFiberRedisPeer(b *testing.B) {
+	benchRedisPeer(b, "fiber", func(s *redisstorage.Storage) driver {
+		return newFiberDriver(newFiberApp(idempotencyv2.New(idempotencyv2.Config{KeyHeader: floor.Header, Lifetime: 10 * time.Minute, Storage: s})))
+	})
+}
+
+// BenchmarkFiberV3RedisPeer is BenchmarkFiberRedisPeer on Fiber v3.
+func BenchmarkFiberV3RedisPeer(b *testing.B) {
+	benchRedisPeer(b, "fiberv3", func(s *redisstorage.Storage) driver {
+		return newFasthttpDriver(newFiberV3App(idempotencyv3.New(idempotencyv3.Config{KeyHeader: floor.Header, Lifetime: 10 * time.Minute, Storage: s})).Handler())
+	})
+}
+
+// benchRedisPeer runs idem with redisstore on framework fwName paired with
+// a peer on a Redis storage of its own client, as benchPeer does with
+// memory stores.
+func benchRedisPeer(b *testing.B, fwName string, peer func(*redisstorage.Storage) driver) {
+	var idemFW framework
+	for _, fw := range frameworks {
+		if fw.name == fwName {
+			idemFW = fw
+		}
+	}
+	for _, path := range []string{"fresh", "replay"} {
+		b.Run("path="+path, func(b *testing.B) {
+			s, _ := openRedis(b)
+			c, _, _ := newRedisClient(b)
+			ours, theirs := idemFW.build(newEngine(b, s)), peer(redisstorage.NewFromConnection(c))
+			key := newKey()
+			for _, d := range []driver{ours, theirs} {
+				if code := d.do(http.MethodPost, key); code != http.StatusCreated {
+					b.Fatalf("first: %s", statusText(code))
+				}
+			}
+			op := func(d driver) func() error {
+				return func() error {
+					k := key
+					if path == "fresh" {
+						k = newKey()
+					}
+					if code := d.do(http.MethodPost, k); code != http.StatusCreated {
+						b.Fatalf("%s: %s", path, statusText(code))
+					}
+					return nil
+				}
+			}
+			paired(b, "idem", "builtin", 0, op(ours), op(theirs))
+		})
+	}
 }

@@ -57,6 +57,8 @@ run() { # run <label> <go test args...>: appends to $RAW, shows progress
 }
 run "middleware per framework and Fiber's built-in (fixed op count: fresh records accumulate equally)" \
   -bench '^(BenchmarkMiddleware|BenchmarkFiberBuiltin|BenchmarkFiberPeer|BenchmarkFiberV3Builtin|BenchmarkFiberV3Peer|BenchmarkNetHTTPPeer|BenchmarkGinPeer)$' -benchtime=100000x -count=5 -benchmem
+run "idem with Redis paired with Fiber's built-in on gofiber/storage/redis" \
+  -bench '^(BenchmarkFiberRedisPeer|BenchmarkFiberV3RedisPeer)$' -benchtime=20000x -count=5 -benchmem
 run "stores, engine round trips, Redis floor" \
   -bench '^(BenchmarkStore|BenchmarkEngine|BenchmarkRedisFloor|BenchmarkPostgresFloor)$' -benchtime=1s -count=3 -benchmem
 run "memstore scale (10^3, 10^5, 10^6 records)" \

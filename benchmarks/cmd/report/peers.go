@@ -51,6 +51,26 @@ func writePeers(w io.Writer, r *results) {
 			p("| %s | %s | %s / %s | **%.2f** |\n", fp.label, path, dur(pi), dur(pb), ratio)
 		}
 	}
+	redisPeers := []struct{ label, bench string }{
+		{"Fiber v2", "BenchmarkFiberRedisPeer"},
+		{"Fiber v3", "BenchmarkFiberV3RedisPeer"},
+	}
+	if _, ok := r.get(redisPeers[0].bench+"/path=fresh", "idem/builtin"); ok {
+		p("\nWith Redis (the only peers with a Redis store here): idem with redisstore against Fiber's built-in middleware with `gofiber/storage/redis` (its lock stays process-local), each its own client of the same Redis, paired the same way. The built-in sends three commands on a fresh request (`GET`, `GET` under its lock, `SET`), idem two; one each on a replay.\n\n")
+		p("| framework | path | paired: idem / built-in per request | **idem ÷ built-in** |\n|---|---|---|---|\n")
+		for _, rp := range redisPeers {
+			for _, path := range []string{"fresh", "replay"} {
+				n := rp.bench + "/path=" + path
+				ratio, ok := r.get(n, "idem/builtin")
+				if !ok {
+					continue
+				}
+				pi, _ := r.get(n, "idem-ns/op")
+				pb, _ := r.get(n, "builtin-ns/op")
+				p("| %s | %s | %s / %s | **%.2f** |\n", rp.label, path, dur(pi), dur(pb), ratio)
+			}
+		}
+	}
 	writeExecutions(w, r)
 }
 
