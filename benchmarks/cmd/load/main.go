@@ -24,6 +24,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -174,27 +175,21 @@ func runService(self string, s service, levels []int, d time.Duration, pin bool)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	done := make(chan error, 1)
+	done := make(chan struct{}) // closed when the process has exited
+	var waitErr error
 	urls := make(chan string, 1)
 	go func() {
-		buf := make([]byte, 4096)
-		var got []byte
-		sent := false
-		for {
-			n, err := stdout.Read(buf)
-			got = append(got, buf[:n]...)
-			if line, _, ok := strings.Cut(string(got), "\n"); ok && !sent {
-				if u, ok := strings.CutPrefix(line, "listening on "); ok {
-					urls <- u
-					sent = true
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+				select {
+				case urls <- u:
+				default:
 				}
-			}
-			if err != nil {
-				return
 			}
 		}
 	}()
-	go func() { done <- cmd.Wait() }()
+	go func() { waitErr = cmd.Wait(); close(done) }()
 	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -207,8 +202,8 @@ func runService(self string, s service, levels []int, d time.Duration, pin bool)
 	var url string
 	select {
 	case url = <-urls:
-	case err := <-done:
-		return nil, fmt.Errorf("server exited before listening: %v", err)
+	case <-done:
+		return nil, fmt.Errorf("server exited before listening: %w", waitErr)
 	case <-time.After(30 * time.Second):
 		stop()
 		return nil, errors.New("server did not listen within 30s")
