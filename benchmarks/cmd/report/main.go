@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,34 +25,40 @@ import (
 
 func main() {
 	in := flag.String("in", "bench.txt", "go test -bench output; several files separated by commas (TestPeersExecutions' -peers.out, cmd/load's output)")
-	bstat := flag.String("benchstat", "", "benchstat output to include")
+	bstat := flag.String("benchstat", "", "benchstat output to include; several files separated by commas")
 	notes := flag.String("notes", "", "markdown appended as the analysis section")
 	md := flag.String("md", "RESULTS.md", "markdown file to write")
 	png := flag.String("png", "overhead.png", "chart to write")
 	loadPNG := flag.String("loadpng", "load.png", "chart of the load benchmark to write, if its results are in -in")
 	flag.Parse()
 
-	var files []io.Reader
+	var r *results
 	for _, name := range strings.Split(*in, ",") {
 		f, err := os.Open(name)
 		if err != nil {
 			log.Fatal(err)
 		}
-		defer f.Close()
-		files = append(files, f, strings.NewReader("\n"))
-	}
-	r, err := parse(io.MultiReader(files...))
-	if err != nil {
-		log.Fatal(err)
+		fr, err := parse(f)
+		f.Close()
+		if err != nil {
+			log.Fatal(err)
+		}
+		r = r.merge(fr)
 	}
 	loadChartName = filepath.Base(*loadPNG)
 	var stat, note []byte
-	if *bstat != "" {
-		if stat, err = os.ReadFile(*bstat); err != nil {
+	for _, name := range strings.Split(*bstat, ",") {
+		if name == "" {
+			continue
+		}
+		b, err := os.ReadFile(name)
+		if err != nil {
 			log.Fatal(err)
 		}
+		stat = append(append(stat, b...), '\n')
 	}
 	if *notes != "" {
+		var err error
 		if note, err = os.ReadFile(*notes); err != nil {
 			log.Fatal(err)
 		}
@@ -121,6 +128,23 @@ func parse(rd io.Reader) (*results, error) {
 		}
 	}
 	return r, sc.Err()
+}
+
+// merge adds o's configuration and benchmarks to r (nil: o itself); a
+// benchmark o has replaces r's samples of it, so that a later run of some
+// benchmarks (scripts/bench.sh peers) is never mixed with an earlier one.
+func (r *results) merge(o *results) *results {
+	if r == nil {
+		return o
+	}
+	for _, k := range o.keys {
+		if _, ok := r.config[k]; !ok {
+			r.keys = append(r.keys, k)
+		}
+		r.config[k] = o.config[k]
+	}
+	maps.Copy(r.by, o.by)
+	return r
 }
 
 // get returns the median of name's samples in unit.
@@ -199,7 +223,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	p("Targets are reported as met or missed with the measured value, never asserted.\n\n")
 	p("## Machine\n\n| | |\n|---|---|\n")
 	for _, k := range r.keys {
-		if strings.HasPrefix(k, "loadrun-") { // section 9's
+		if strings.HasPrefix(k, "loadrun-") || strings.HasPrefix(k, "peers-") { // sections 9 and 2b say theirs
 			continue
 		}
 		p("| %s | %s |\n", k, r.config[k])

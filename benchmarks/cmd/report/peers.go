@@ -28,6 +28,9 @@ var floorPeers = []struct{ fw, label, bench string }{
 func writePeers(w io.Writer, r *results) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	p("\n## 2b. Go peers on Gin and net/http\n\n")
+	if d := r.config["peers-date"]; d != "" {
+		p("The paired ratios of sections 2 and 2b and the execution counts come from a later run of the peers alone (`scripts/bench.sh peers`: every pair -count 6, benchstat below), %s, machine load %s at the start and %s at the end; the separate medians of section 2 and the other sections from the run in the Machine table.\n\n", d, r.config["peers-load-start"], r.config["peers-load-end"])
+	}
 	p("The Go libraries a Gin or net/http team would otherwise pick are **not measured**: the Go module proxy this repository builds from refuses every version of `github.com/fco-gt/gopotency`, `github.com/bright-room/idem` and `github.com/repenguin22/idemlease` (403 \"not available\"), so none of them can be a dependency of this module. What each cannot do, from its own README and code (configured as close to idem as it allows):\n\n")
 	p("| | idem | fco-gt/gopotency | bright-room/idem | repenguin22/idemlease | Fiber v2/v3 built-in |\n|---|---|---|---|---|---|\n")
 	p("| scope (principal, route) | principal + method + route, required | none (a custom `KeyStrategy` could add one) | none | principal (`KeyScope`), not route | none |\n")
