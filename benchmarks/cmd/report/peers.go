@@ -97,14 +97,18 @@ func writeExecutions(w io.Writer, r *results) {
 		f := fields(n)
 		ex, _ := r.get(n, "executions")
 		twice, _ := r.get(n, "keys-executed-twice")
-		var answers []string
+		var codes []int
 		for unit := range r.by[n] {
-			if code, ok := strings.CutPrefix(unit, "status-"); ok {
-				v, _ := r.get(n, unit)
-				answers = append(answers, fmt.Sprintf("%s × %s", num(v), code))
+			if code, err := strconv.Atoi(strings.TrimPrefix(unit, "status-")); err == nil {
+				codes = append(codes, code)
 			}
 		}
-		sort.Strings(answers)
+		slices.Sort(codes)
+		var answers []string
+		for _, code := range codes {
+			v, _ := r.get(n, "status-"+strconv.Itoa(code))
+			answers = append(answers, fmt.Sprintf("%s × %d", num(v), code))
+		}
 		twiceCell := num(twice)
 		if twice > 0 {
 			twiceCell = "**" + twiceCell + "**"
