@@ -88,7 +88,15 @@ func writeExecutions(w io.Writer, r *results) {
 	if len(names) == 0 {
 		return
 	}
-	slices.Sort(names)
+	rank := func(n string) string { // idem first, then the peers; frameworks in the sections' order
+		f := fields(n)
+		lib := "1" + f["lib"]
+		if f["lib"] == "idem" {
+			lib = "0"
+		}
+		return lib + strconv.Itoa(slices.Index(frameworks, f["fw"])+1) + f["store"] + f["instances"]
+	}
+	sort.Slice(names, func(i, j int) bool { return rank(names[i]) < rank(names[j]) })
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	p("\n### Executions under concurrent duplicates\n\n")
 	p("`TestPeersExecutions`: 50 fresh keys, each sent by 20 goroutines released together (1,000 requests), in process; each execution lasts 2 ms so that duplicates overlap it. With a Redis store the 20 copies are also spread over two instances (two apps, two engines or middlewares) sharing that Redis, as two replicas behind a load balancer would. The test fails if idem executes a key twice or answers anything but 201 or 409; the peers' counts are recorded, not asserted. A library that runs a key twice has charged twice: read its speed with this column.\n\n")
