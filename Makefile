@@ -11,9 +11,10 @@ demo:
 bench:
 	./scripts/bench.sh
 
-# Load over real sockets (2-3 minutes, after make bench): payments services on Gin
-# and Fiber, idem vs each peer per store, vegeta at LOAD_LEVELS workers (8,64) for
-# LOAD_DURATION each (3s); generator and servers pinned to one CPU each.
+# Load over real sockets (about 3 minutes, after make bench): payments services on
+# Gin and Fiber, idem vs each peer per store, vegeta at LOAD_LEVELS workers (8,64)
+# for LOAD_DURATION each (2s), LOAD_COUNT rounds (3, medians); generator and
+# servers pinned to one CPU each.
 bench-load:
 	./scripts/bench.sh load
 

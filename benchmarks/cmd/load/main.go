@@ -4,8 +4,8 @@
 // stores) it starts the payments service as a process of its own, attacks
 // it with vegeta (as a library) at fixed concurrency levels with a mix of
 // fresh requests, duplicates and replays, and writes one benchmark line per
-// service and level (throughput, p50, p99, errors, 409s, keys executed
-// twice) for benchmarks/cmd/report.
+// service and level and round (throughput, p50, p99, errors, 409s, keys
+// executed twice) for benchmarks/cmd/report, which takes the medians.
 //
 //	go build -o /tmp/load ./cmd/load && /tmp/load -out results/load.txt
 //
@@ -53,7 +53,8 @@ func main() {
 		addr      = flag.String("addr", "127.0.0.1:0", "-serve: listen address")
 		out       = flag.String("out", "results/load.txt", "benchmark lines are written here")
 		levels    = flag.String("levels", "8,64", "comma-separated concurrency levels (workers, one request outstanding each)")
-		duration  = flag.Duration("duration", 3*time.Second, "attack time per service and level")
+		duration  = flag.Duration("duration", 2*time.Second, "attack time per service and level")
+		count     = flag.Int("count", 3, "rounds over every service; the report takes the median of the rounds")
 		only      = flag.String("only", "", "run only the services whose name (fw=…/lib=…/store=…) contains this")
 		pin       = flag.Bool("pin", true, "pin the generator to CPU 1 and each server to CPU 0 (taskset), GOMAXPROCS=1 each")
 	)
@@ -75,7 +76,7 @@ func main() {
 		}
 		lv = append(lv, n)
 	}
-	if err := drive(*out, lv, *duration, *only, *pin); err != nil {
+	if err := drive(*out, lv, *duration, *count, *only, *pin); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -118,8 +119,10 @@ func serveMain(s service, addr string) error {
 	return srv.shutdown()
 }
 
-// drive runs every service at every level and writes the benchmark lines.
-func drive(out string, levels []int, d time.Duration, only string, pin bool) error {
+// drive runs every service at every level, count rounds (each round goes
+// over every service, so that a drift of the machine's load reaches all of
+// them alike), and writes the benchmark lines.
+func drive(out string, levels []int, d time.Duration, count int, only string, pin bool) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -133,19 +136,21 @@ func drive(out string, levels []int, d time.Duration, only string, pin bool) err
 	if pin {
 		pinning = "generator on CPU 1, server on CPU 0 (taskset), GOMAXPROCS=1 each; Redis and PostgreSQL unpinned"
 	}
-	fmt.Fprintf(f, "loadrun-date: %s\nloadrun-pinning: %s\nloadrun-levels: %s workers x %s each, closed loop\nloadrun-mix: %s\nloadrun-start: %s\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), pinning, strings.Trim(fmt.Sprint(levels), "[]"), d, mixText, loadavg())
-	for _, s := range services {
-		if only != "" && !strings.Contains(s.String(), only) {
-			continue
-		}
-		lines, err := runService(self, s, levels, d, pin)
-		if err != nil {
-			return fmt.Errorf("%s: %w", s, err)
-		}
-		for _, l := range lines {
-			fmt.Println(l)
-			fmt.Fprintln(f, l)
+	fmt.Fprintf(f, "loadrun-date: %s\nloadrun-pinning: %s\nloadrun-levels: %s workers x %s each, %d rounds (medians), closed loop\nloadrun-mix: %s\nloadrun-start: %s\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), pinning, strings.Trim(fmt.Sprint(levels), "[]"), d, count, mixText, loadavg())
+	for range count {
+		for _, s := range services {
+			if only != "" && !strings.Contains(s.String(), only) {
+				continue
+			}
+			lines, err := runService(self, s, levels, d, pin)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+			for _, l := range lines {
+				fmt.Println(l)
+				fmt.Fprintln(f, l)
+			}
 		}
 	}
 	fmt.Fprintf(f, "loadrun-end: %s\n", loadavg())
