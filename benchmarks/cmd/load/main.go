@@ -37,6 +37,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,10 +58,12 @@ func main() {
 		count     = flag.Int("count", 3, "rounds over every service; the report takes the median of the rounds")
 		only      = flag.String("only", "", "run only the services whose name (fw=…/lib=…/store=…) contains this")
 		pin       = flag.Bool("pin", true, "pin the generator to CPU 1 and each server to CPU 0 (taskset), GOMAXPROCS=1 each")
+		cpuprof   = flag.String("cpuprofile", "", "-serve: write the server's CPU profile here")
+		target    = flag.String("url", "", "attack the service already serving at this URL (e.g. one started with -serve -cpuprofile) instead of starting each")
 	)
 	flag.Parse()
 	if *serveMode {
-		if err := serveMain(service{*fw, *lib, *store}, *addr); err != nil {
+		if err := serveMain(service{*fw, *lib, *store}, *addr, *cpuprof); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -75,6 +78,16 @@ func main() {
 			log.Fatalf("-levels: %q is not a positive number", f)
 		}
 		lv = append(lv, n)
+	}
+	if *target != "" {
+		for _, c := range lv {
+			line, err := attackLine(*target, "BenchmarkLoad/url/c="+strconv.Itoa(c), c, *duration)
+			if err != nil {
+				log.Fatal(err)
+			}
+			fmt.Println(line)
+		}
+		return
 	}
 	if err := drive(*out, lv, *duration, *count, *only, *pin); err != nil {
 		log.Fatal(err)
@@ -101,8 +114,20 @@ func repin() int {
 	return 0
 }
 
-// serveMain serves s on addr until SIGTERM or SIGINT.
-func serveMain(s service, addr string) error {
+// serveMain serves s on addr until SIGTERM or SIGINT, with a CPU profile
+// written to cpuprof if it is not empty.
+func serveMain(s service, addr, cpuprof string) error {
+	if cpuprof != "" {
+		f, err := os.Create(cpuprof)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	ln, err := net.Listen("tcp", addr)
@@ -216,20 +241,30 @@ func runService(self string, s service, levels []int, d time.Duration, pin bool)
 	defer stop()
 	var lines []string
 	for _, c := range levels {
-		before, err := getStats(url)
+		line, err := attackLine(url, "BenchmarkLoad/"+s.String()+"/c="+strconv.Itoa(c), c, d)
 		if err != nil {
 			return nil, err
 		}
-		r := attack(url, c, d, 0)
-		after, err := getStats(url)
-		if err != nil {
-			return nil, err
-		}
-		r.keysTwice = after.KeysTwice - before.KeysTwice
-		r.executions = after.Executions - before.Executions
-		lines = append(lines, r.line("BenchmarkLoad/"+s.String()+"/c="+strconv.Itoa(c)))
+		lines = append(lines, line)
 	}
 	return lines, nil
+}
+
+// attackLine attacks the service at url with c workers for d and returns
+// the benchmark line, with the executions its GET /stats counted meanwhile.
+func attackLine(url, name string, c int, d time.Duration) (string, error) {
+	before, err := getStats(url)
+	if err != nil {
+		return "", err
+	}
+	r := attack(url, c, d, 0)
+	after, err := getStats(url)
+	if err != nil {
+		return "", err
+	}
+	r.keysTwice = after.KeysTwice - before.KeysTwice
+	r.executions = after.Executions - before.Executions
+	return r.line(name), nil
 }
 
 // getStats reads the service's GET /stats.
