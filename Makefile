@@ -1,5 +1,5 @@
 # The test command is `make test` (README.md). It starts what the tests need.
-.PHONY: test demo bench soak fuzz lint vulncheck
+.PHONY: test demo bench bench-load soak fuzz lint vulncheck
 
 test:
 	./scripts/test.sh
@@ -10,6 +10,13 @@ demo:
 # Benchmarks quick profile (about 5-10 minutes): writes benchmarks/RESULTS.md and overhead.png.
 bench:
 	./scripts/bench.sh
+
+# Load over real sockets (about 3 minutes, after make bench): payments services on
+# Gin and Fiber, idem vs each peer per store, vegeta at LOAD_LEVELS workers (8,64)
+# for LOAD_DURATION each (2s), LOAD_COUNT rounds (3, medians); generator and
+# servers pinned to one CPU each.
+bench-load:
+	./scripts/bench.sh load
 
 # Every Fuzz target of every module for FUZZTIME each (default 20s); `make test` runs their seeds.
 fuzz:

@@ -36,6 +36,9 @@ func newFiberApp(mw ...fiber.Handler) *fiber.App {
 	h := func(c *fiber.Ctx) error {
 		_ = c.Body()
 		executions.Add(1)
+		if keyCounts.Load() != nil {
+			countKey(c.Get(idem.DefaultHeader))
+		}
 		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 		if c.Method() == http.MethodGet {
 			c.Status(http.StatusOK)

@@ -30,6 +30,9 @@ func newFiberV3App(mw ...fiber.Handler) *fiber.App {
 	h := func(c fiber.Ctx) error {
 		_ = c.Body()
 		executions.Add(1)
+		if keyCounts.Load() != nil {
+			countKey(c.Get(idem.DefaultHeader))
+		}
 		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 		if c.Method() == http.MethodGet {
 			c.Status(http.StatusOK)

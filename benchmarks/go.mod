@@ -7,6 +7,7 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
+	github.com/gofiber/storage/redis/v3 v3.4.3
 	github.com/idemkit/idem/adapters/idemecho v0.1.0
 	github.com/idemkit/idem/adapters/idemechov5 v0.1.0
 	github.com/idemkit/idem/adapters/idemfiber v0.1.0
@@ -26,6 +27,7 @@ require (
 	github.com/tsenart/vegeta/v12 v12.13.0
 	github.com/valyala/fasthttp v1.69.0
 	go.mongodb.org/mongo-driver/v2 v2.10.0
+	go.uber.org/goleak v1.3.0
 	gonum.org/v1/plot v0.17.0
 )
 

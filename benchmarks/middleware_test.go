@@ -42,6 +42,9 @@ var frameworks = []framework{
 func handleHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	executions.Add(1)
+	if keyCounts.Load() != nil {
+		countKey(r.Header.Get(idem.DefaultHeader))
+	}
 	w.Header().Set("Content-Type", "application/json")
 	if r.Method == http.MethodGet {
 		w.WriteHeader(http.StatusOK)
@@ -68,18 +71,22 @@ func buildGin(e *idem.Engine) driver {
 	if e != nil {
 		r.Use(idemgin.New(e, idemgin.WithScope(func(*gin.Context) string { return principal })))
 	}
-	h := func(c *gin.Context) {
-		_, _ = io.Copy(io.Discard, c.Request.Body)
-		executions.Add(1)
-		status := http.StatusCreated
-		if c.Request.Method == http.MethodGet {
-			status = http.StatusOK
-		}
-		c.Data(status, "application/json", respBody)
-	}
-	r.POST(route, h)
-	r.GET(route, h)
+	r.POST(route, ginHandler)
+	r.GET(route, ginHandler)
 	return newHTTPDriver(r)
+}
+
+func ginHandler(c *gin.Context) {
+	_, _ = io.Copy(io.Discard, c.Request.Body)
+	executions.Add(1)
+	if keyCounts.Load() != nil {
+		countKey(c.GetHeader(idem.DefaultHeader))
+	}
+	status := http.StatusCreated
+	if c.Request.Method == http.MethodGet {
+		status = http.StatusOK
+	}
+	c.Data(status, "application/json", respBody)
 }
 
 // httpDriver drives an http.Handler with reused requests and a fresh

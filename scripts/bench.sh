@@ -3,6 +3,12 @@
 # 2 cores) against the Redis and FerretDB test server of services.sh, then
 # writes benchmarks/RESULTS.md and benchmarks/overhead.png with
 # benchmarks/cmd/report. Raw output: benchmarks/results/.
+# `make bench-load` (`scripts/bench.sh load`): only the load benchmark over
+# real sockets (benchmarks/cmd/load, 2-3 minutes), then RESULTS.md again
+# from the last bench.txt and this load.txt.
+# `scripts/bench.sh peers`: only the paired peer benchmarks (-count 6, with
+# benchstat) and TestPeersExecutions, then RESULTS.md again (sections 2 and
+# 2b from this run, the rest from the last bench.txt).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -19,6 +25,53 @@ cd benchmarks
 OUT=results
 mkdir -p "$OUT"
 RAW=$OUT/bench.txt
+EXEC=$OUT/executions.txt
+LOAD=$OUT/load.txt
+PEERS=$OUT/peers.txt
+
+report() { # RESULTS.md, overhead.png and load.png from every result file there is
+  local in=$RAW stat=$OUT/benchstat.txt
+  for f in "$PEERS" "$EXEC" "$LOAD"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
+  if [ -f "$OUT/peers-benchstat.txt" ]; then stat="$stat,$OUT/peers-benchstat.txt"; fi
+  go run ./cmd/report -in "$in" -benchstat "$stat" -notes notes.md -md RESULTS.md -png overhead.png -loadpng load.png
+  echo "bench: wrote benchmarks/RESULTS.md, overhead.png and load.png"
+}
+
+executions() {
+  echo "bench: executions under concurrent duplicates (TestPeersExecutions)"
+  rm -f "$EXEC"
+  go test -count=1 -run '^TestPeersExecutions$' . -peers.out "$EXEC" >/dev/null || { echo "bench: TestPeersExecutions failed" >&2; exit 1; }
+}
+
+if [ "${1:-}" = peers ]; then
+  [ -f "$RAW" ] || { echo "bench peers: run make bench first ($ROOT/benchmarks/$RAW is missing)" >&2; exit 1; }
+  {
+    echo "peers-date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "peers-load-start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  } >"$PEERS"
+  echo "bench: paired peers, -count 6"
+  go test -run '^$' -bench '^(BenchmarkFiberPeer|BenchmarkFiberV3Peer|BenchmarkNetHTTPPeer|BenchmarkGinPeer)$' -benchtime=50000x -count=6 . | tee -a "$PEERS" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
+  go test -run '^$' -bench '^(BenchmarkFiberRedisPeer|BenchmarkFiberV3RedisPeer)$' -benchtime=10000x -count=6 . | tee -a "$PEERS" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
+  echo "peers-load-end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$PEERS"
+  if grep -qE '^(--- FAIL|FAIL|panic)' "$PEERS"; then echo "bench: a benchmark failed; see $ROOT/benchmarks/$PEERS" >&2; exit 1; fi
+  "$BENCHSTAT" "$PEERS" >"$OUT/peers-benchstat.txt"
+  executions
+  report
+  exit 0
+fi
+
+if [ "${1:-}" = load ]; then
+  [ -f "$RAW" ] || { echo "bench-load: run make bench first ($ROOT/benchmarks/$RAW is missing)" >&2; exit 1; }
+  BIN=$ROOT/.tmp/bin/idem-load
+  mkdir -p "$(dirname "$BIN")"
+  go build -o "$BIN" ./cmd/load
+  # The generator re-executes itself on CPU 1 and starts each server on CPU 0 (taskset).
+  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}"
+  report
+  exit 0
+fi
+
+rm -f "$PEERS" "$OUT/peers-benchstat.txt" # this run measures the peers itself
 {
   echo "machine: $(uname -srm), $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM"
   echo "go: $(go version | awk '{print $3}')"
@@ -33,7 +86,9 @@ run() { # run <label> <go test args...>: appends to $RAW, shows progress
   go test -run '^$' "$@" . | tee -a "$RAW" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
 }
 run "middleware per framework and Fiber's built-in (fixed op count: fresh records accumulate equally)" \
-  -bench '^(BenchmarkMiddleware|BenchmarkFiberBuiltin|BenchmarkFiberPeer|BenchmarkFiberV3Builtin|BenchmarkFiberV3Peer)$' -benchtime=100000x -count=5 -benchmem
+  -bench '^(BenchmarkMiddleware|BenchmarkFiberBuiltin|BenchmarkFiberPeer|BenchmarkFiberV3Builtin|BenchmarkFiberV3Peer|BenchmarkNetHTTPPeer|BenchmarkGinPeer)$' -benchtime=100000x -count=5 -benchmem
+run "idem with Redis paired with Fiber's built-in on gofiber/storage/redis" \
+  -bench '^(BenchmarkFiberRedisPeer|BenchmarkFiberV3RedisPeer)$' -benchtime=20000x -count=5 -benchmem
 run "stores, engine round trips, Redis floor" \
   -bench '^(BenchmarkStore|BenchmarkEngine|BenchmarkRedisFloor|BenchmarkPostgresFloor|BenchmarkMySQLFloor)$' -benchtime=1s -count=3 -benchmem
 run "memstore scale (10^3, 10^5, 10^6 records)" \
@@ -47,11 +102,11 @@ run "end to end over loopback (examples/gin, examples/fiber)" \
 run "instances sharing one Redis (1, 2, 4, 8)" \
   -bench '^BenchmarkInstances$' -benchtime=3000x -count=3
 echo "load-end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW"
+executions
 
 if grep -qE '^(--- FAIL|FAIL|panic)' "$RAW"; then
   echo "bench: a benchmark failed; see $ROOT/benchmarks/$RAW" >&2
   exit 1
 fi
 "$BENCHSTAT" "$RAW" >"$OUT/benchstat.txt"
-go run ./cmd/report -in "$RAW" -benchstat "$OUT/benchstat.txt" -notes notes.md -md RESULTS.md -png overhead.png
-echo "bench: wrote benchmarks/RESULTS.md and benchmarks/overhead.png"
+report

@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -22,29 +24,41 @@ import (
 )
 
 func main() {
-	in := flag.String("in", "bench.txt", "go test -bench output")
-	bstat := flag.String("benchstat", "", "benchstat output to include")
+	in := flag.String("in", "bench.txt", "go test -bench output; several files separated by commas (TestPeersExecutions' -peers.out, cmd/load's output)")
+	bstat := flag.String("benchstat", "", "benchstat output to include; several files separated by commas")
 	notes := flag.String("notes", "", "markdown appended as the analysis section")
 	md := flag.String("md", "RESULTS.md", "markdown file to write")
 	png := flag.String("png", "overhead.png", "chart to write")
+	loadPNG := flag.String("loadpng", "load.png", "chart of the load benchmark to write, if its results are in -in")
 	flag.Parse()
 
-	f, err := os.Open(*in)
-	if err != nil {
-		log.Fatal(err)
-	}
-	r, err := parse(f)
-	f.Close()
-	if err != nil {
-		log.Fatal(err)
-	}
-	var stat, note []byte
-	if *bstat != "" {
-		if stat, err = os.ReadFile(*bstat); err != nil {
+	var r *results
+	for _, name := range strings.Split(*in, ",") {
+		f, err := os.Open(name)
+		if err != nil {
 			log.Fatal(err)
 		}
+		fr, err := parse(f)
+		f.Close()
+		if err != nil {
+			log.Fatal(err)
+		}
+		r = r.merge(fr)
+	}
+	loadChartName = filepath.Base(*loadPNG)
+	var stat, note []byte
+	for _, name := range strings.Split(*bstat, ",") {
+		if name == "" {
+			continue
+		}
+		b, err := os.ReadFile(name)
+		if err != nil {
+			log.Fatal(err)
+		}
+		stat = append(append(stat, b...), '\n')
 	}
 	if *notes != "" {
+		var err error
 		if note, err = os.ReadFile(*notes); err != nil {
 			log.Fatal(err)
 		}
@@ -64,7 +78,13 @@ func main() {
 	if err := chart(r, *png); err != nil {
 		log.Fatal(err)
 	}
+	if err := loadChart(r, *loadPNG); err != nil {
+		log.Fatal(err)
+	}
 }
+
+// loadChartName is the load chart's file name as RESULTS.md links it.
+var loadChartName string
 
 // results holds every sample of a benchmark run.
 type results struct {
@@ -108,6 +128,23 @@ func parse(rd io.Reader) (*results, error) {
 		}
 	}
 	return r, sc.Err()
+}
+
+// merge adds o's configuration and benchmarks to r (nil: o itself); a
+// benchmark o has replaces r's samples of it, so that a later run of some
+// benchmarks (scripts/bench.sh peers) is never mixed with an earlier one.
+func (r *results) merge(o *results) *results {
+	if r == nil {
+		return o
+	}
+	for _, k := range o.keys {
+		if _, ok := r.config[k]; !ok {
+			r.keys = append(r.keys, k)
+		}
+		r.config[k] = o.config[k]
+	}
+	maps.Copy(r.by, o.by)
+	return r
 }
 
 // get returns the median of name's samples in unit.
@@ -186,6 +223,9 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	p("Targets are reported as met or missed with the measured value, never asserted.\n\n")
 	p("## Machine\n\n| | |\n|---|---|\n")
 	for _, k := range r.keys {
+		if strings.HasPrefix(k, "loadrun-") || strings.HasPrefix(k, "peers-") { // sections 9 and 2b say theirs
+			continue
+		}
 		p("| %s | %s |\n", k, r.config[k])
 	}
 	p("\nThe machine is shared: other processes (tests, fuzzers of the same repository) may run at the same time; the load averages above bracket the run. Absolute numbers move with that load, ratios much less.\n\n")
@@ -266,6 +306,8 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 			targets = append(targets, target{what: fmt.Sprintf("%s: idem ÷ %s's built-in middleware ≤ %.1f (paired)", path, pe.label, limit), measured: fmt.Sprintf("%.2f×", ratio), met: ratio <= limit, known: true})
 		}
 	}
+
+	writePeers(w, r)
 
 	// 3. Stores
 	p("\n## 3. Stores\n\n")
@@ -477,6 +519,8 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 		}
 	}
 
+	writeLoad(w, r, loadChartName)
+
 	// Targets
 	p("\n## Targets\n\n| target | measured | |\n|---|---|---|\n")
 	for _, t := range targets {
@@ -497,6 +541,8 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 
 	p("\n## How to reproduce\n\n")
 	p("```sh\nmake bench            # starts Redis and the FerretDB test server if needed; about 5–10 minutes on 2 cores\n")
+	p("make bench-load       # section 9 only (2–3 minutes), after make bench\n")
+	p("./scripts/bench.sh peers  # sections 2 and 2b's pairs (-count 6, benchstat) and the execution counts only\n")
 	p("# or one part, e.g.:\ncd benchmarks && go test -run '^$' -bench 'Middleware|Fiber.*Builtin|Fiber.*Peer' -benchtime=100000x -count=5 .\n")
 	p("go test -run '^$' -bench 'Middleware/fw=gin/path=fresh' -benchtime=100000x -cpuprofile cpu.out -memprofile mem.out . && go tool pprof -top cpu.out\n```\n\n")
 	p("`make test` compiles every benchmark and runs each once (`-benchtime=1x`, without `-bench.full`: no 10^6 preload, no end-to-end processes). Raw output: `benchmarks/results/bench.txt`.\n")

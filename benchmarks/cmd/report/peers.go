@@ -1,0 +1,277 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// floorPeers are the paired benchmarks of idem against internal/floor.
+var floorPeers = []struct{ fw, label, bench string }{
+	{"nethttp", "net/http", "BenchmarkNetHTTPPeer"},
+	{"gin", "Gin", "BenchmarkGinPeer"},
+}
+
+// writePeers writes the Go peers' section: what each cannot do, the paired
+// floor on Gin and net/http, and the execution counts under concurrent
+// duplicates.
+func writePeers(w io.Writer, r *results) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	p("\n## 2b. Go peers on Gin and net/http\n\n")
+	if d := r.config["peers-date"]; d != "" {
+		p("The paired ratios of sections 2 and 2b and the execution counts come from a later run of the peers alone (`scripts/bench.sh peers`: every pair -count 6, benchstat below), %s, machine load %s at the start and %s at the end; the separate medians of section 2 and the other sections from the run in the Machine table.\n\n", d, r.config["peers-load-start"], r.config["peers-load-end"])
+	}
+	p("The Go libraries a Gin or net/http team would otherwise pick are **not measured**: the Go module proxy this repository builds from refuses every version of `github.com/fco-gt/gopotency`, `github.com/bright-room/idem` and `github.com/repenguin22/idemlease` (403 \"not available\"), so none of them can be a dependency of this module. What each cannot do, from its own README and code (configured as close to idem as it allows):\n\n")
+	p("| | idem | fco-gt/gopotency | bright-room/idem | repenguin22/idemlease | Fiber v2/v3 built-in |\n|---|---|---|---|---|---|\n")
+	p("| scope (principal, route) | principal + method + route, required | none (a custom `KeyStrategy` could add one) | none | principal (`KeyScope`), not route | none |\n")
+	p("| fingerprint → 422 | method, path, query, media type, body | body hash only | none: a different payload is replayed | method, path, query, body | none: replayed |\n")
+	p("| concurrent duplicate | 409 (or bounded wait) | 409, but it reads the record before it takes the lock: a duplicate that read before the first request locked and locks after it finished runs again | lock (`Locker`), 409 | 409 + Retry-After | waits on a process-local lock |\n")
+	p("| lease separate from retention, renewed | yes | lock timeout 5 min, no renewal | lock TTL | lease 30 s, no renewal | no stored lock |\n")
+	p("| multi-instance lock | every shared store | Redis, SQL | Redis | Redis | no (lock is in-process) |\n")
+	p("| stores | memory, Redis, PostgreSQL, MongoDB | memory, Redis, SQL, GORM | memory, Redis | memory, Redis (PostgreSQL planned) | any `fiber.Storage` |\n")
+	p("| frameworks | net/http, Gin, Echo v4/v5, Fiber v2/v3 | net/http, Gin, Echo, Fiber | net/http (Gin, Echo by wrapping) | net/http, Echo by wrapping, no Gin adapter, no Fiber | Fiber only |\n\n")
+	p("In their place, idem on Gin and net/http is paired with **the floor** (`benchmarks/internal/floor`): the least work a correct in-process middleware does — the raw key looked up in a sharded map, 409 while the first request runs, status, Content-Type and body stored and replayed; no scope, no fingerprint, no lease, no key syntax check, no retention. No configuration of any peer above does less, so idem ÷ floor bounds what any of them could win. Same app, same 36-character keys, chunks of 500 requests alternating (as for Fiber in section 2).\n\n")
+	p("| framework | path | paired: idem / floor per request | **idem ÷ floor** |\n|---|---|---|---|\n")
+	for _, fp := range floorPeers {
+		for _, path := range []string{"fresh", "replay"} {
+			n := fp.bench + "/path=" + path
+			ratio, ok := r.get(n, "idem/builtin")
+			if !ok {
+				continue
+			}
+			pi, _ := r.get(n, "idem-ns/op")
+			pb, _ := r.get(n, "builtin-ns/op")
+			p("| %s | %s | %s / %s | **%.2f** |\n", fp.label, path, dur(pi), dur(pb), ratio)
+		}
+	}
+	redisPeers := []struct{ label, bench string }{
+		{"Fiber v2", "BenchmarkFiberRedisPeer"},
+		{"Fiber v3", "BenchmarkFiberV3RedisPeer"},
+	}
+	if _, ok := r.get(redisPeers[0].bench+"/path=fresh", "idem/builtin"); ok {
+		p("\nWith Redis (the only peers with a Redis store here): idem with redisstore against Fiber's built-in middleware with `gofiber/storage/redis` (its lock stays process-local), each its own client of the same Redis, paired the same way. The built-in sends three commands on a fresh request (`GET`, `GET` under its lock, `SET`), idem two; one each on a replay.\n\n")
+		p("| framework | path | paired: idem / built-in per request | **idem ÷ built-in** |\n|---|---|---|---|\n")
+		for _, rp := range redisPeers {
+			for _, path := range []string{"fresh", "replay"} {
+				n := rp.bench + "/path=" + path
+				ratio, ok := r.get(n, "idem/builtin")
+				if !ok {
+					continue
+				}
+				pi, _ := r.get(n, "idem-ns/op")
+				pb, _ := r.get(n, "builtin-ns/op")
+				p("| %s | %s | %s / %s | **%.2f** |\n", rp.label, path, dur(pi), dur(pb), ratio)
+			}
+		}
+	}
+	writeExecutions(w, r)
+}
+
+// writeExecutions writes the table of TestPeersExecutions' counts.
+func writeExecutions(w io.Writer, r *results) {
+	var names []string
+	for n := range r.by {
+		if strings.HasPrefix(n, "BenchmarkExecutions/") {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	rank := func(n string) string { // idem first, then the peers; frameworks in the sections' order
+		f := fields(n)
+		lib := "1" + f["lib"]
+		if f["lib"] == "idem" {
+			lib = "0"
+		}
+		return lib + strconv.Itoa(slices.Index(frameworks, f["fw"])+1) + f["store"] + f["instances"]
+	}
+	sort.Slice(names, func(i, j int) bool { return rank(names[i]) < rank(names[j]) })
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	p("\n### Executions under concurrent duplicates\n\n")
+	p("`TestPeersExecutions`: 50 fresh keys, each sent by 20 goroutines released together (1,000 requests), in process; each execution lasts 2 ms so that duplicates overlap it. With a Redis store the 20 copies are also spread over two instances (two apps, two engines or middlewares) sharing that Redis, as two replicas behind a load balancer would. The test fails if idem executes a key twice or answers anything but 201 or 409; the peers' counts are recorded, not asserted. A library that runs a key twice has charged twice: read its speed with this column.\n\n")
+	p("| library | framework | store | instances | executions (50 keys) | keys executed twice | answers |\n|---|---|---|---|---|---|---|\n")
+	for _, n := range names {
+		f := fields(n)
+		ex, _ := r.get(n, "executions")
+		twice, _ := r.get(n, "keys-executed-twice")
+		var codes []int
+		for unit := range r.by[n] {
+			if code, err := strconv.Atoi(strings.TrimPrefix(unit, "status-")); err == nil {
+				codes = append(codes, code)
+			}
+		}
+		slices.Sort(codes)
+		var answers []string
+		for _, code := range codes {
+			v, _ := r.get(n, "status-"+strconv.Itoa(code))
+			answers = append(answers, fmt.Sprintf("%s × %d", num(v), code))
+		}
+		twiceCell := num(twice)
+		if twice > 0 {
+			twiceCell = "**" + twiceCell + "**"
+		}
+		p("| %s | %s | %s | %s | %s | %s | %s |\n", f["lib"], f["fw"], f["store"], f["instances"], num(ex), twiceCell, strings.Join(answers, ", "))
+	}
+}
+
+// fields splits a benchmark name's key=value parts.
+func fields(name string) map[string]string {
+	m := map[string]string{}
+	for _, part := range strings.Split(name, "/") {
+		if k, v, ok := strings.Cut(part, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// loadCases returns the load benchmark's services in run order and its
+// levels, ascending.
+func loadCases(r *results) (services []string, levels []int) {
+	var names []string
+	for n := range r.by {
+		if strings.HasPrefix(n, "BenchmarkLoad/") {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	seen := map[string]bool{}
+	for _, n := range names {
+		i := strings.LastIndex(n, "/c=")
+		svc := strings.TrimPrefix(n[:i], "BenchmarkLoad/")
+		c, _ := strconv.Atoi(n[i+3:])
+		if !seen[svc] {
+			seen[svc] = true
+			services = append(services, svc)
+		}
+		if !slices.Contains(levels, c) {
+			levels = append(levels, c)
+		}
+	}
+	order := func(svc string) string { // bare, peers, then idem by store
+		f := fields(svc)
+		rank := map[string]string{"none": "0", "floor": "1", "builtin": "1", "idem": "2"}[f["lib"]]
+		st := map[string]string{"memory": "0", "redis": "1", "postgres": "2"}[f["store"]]
+		fw := map[string]string{"gin": "0", "fiber": "1"}[f["fw"]]
+		return fw + rank + st
+	}
+	sort.SliceStable(services, func(i, j int) bool { return order(services[i]) < order(services[j]) })
+	slices.Sort(levels)
+	return services, levels
+}
+
+// writeLoad writes the load benchmark's section (cmd/load).
+func writeLoad(w io.Writer, r *results, png string) {
+	services, levels := loadCases(r)
+	if len(services) == 0 {
+		return
+	}
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	p("\n## 9. Load over real sockets (`make bench-load`)\n\n")
+	p("`benchmarks/cmd/load`: a payments service as in `examples/` (POST /v1/payments `{\"amount\": N}` with `Idempotency-Key` and `X-User-Id`, 201 with the payment and a `Location`; the handler counts its executions per key) on Gin and on Fiber v2, as its own process, one process per row: no idempotency (*none*), idem on each store, and each peer this module can build (Fiber's built-in middleware with its memory storage and with `gofiber/storage/redis`; on Gin the floor of section 2b). vegeta (as a library, keep-alive, one connection per worker) runs closed loop: each of the *workers* keeps one request outstanding, for the same time per row; every row is the median of the rounds, each round going over every row in turn. Traffic: %s.\n\n", r.config["loadrun-mix"])
+	p("**Keeping the generator and the server apart on 2 cores**: %s. Redis and PostgreSQL are shared servers of this machine, not pinned: their CPU comes out of both halves, so the Redis and PostgreSQL rows also measure how much of the server's CPU the store takes. Closed loop means the generator never queues work the server has not answered. The generator has one core too, so the highest rows may be bounded by vegeta rather than by the server. *none* executes every request, duplicates and replays included, so it is no upper bound: a stored answer can be cheaper than running the handler again. Run %s: %s; machine load %s at the start, %s at the end.\n\n", r.config["loadrun-pinning"], r.config["loadrun-date"], r.config["loadrun-levels"], r.config["loadrun-start"], r.config["loadrun-end"])
+	p("*errors*: transport errors and answers other than 201 or 409; *409*: duplicates answered in progress; *keys executed twice*: keys the handler ran more than once (duplicates and replays re-executed).\n\n")
+	p("| framework | library | store | workers | requests/s | p50 | p99 | errors | 409 | keys executed twice |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, svc := range services {
+		f := fields(svc)
+		for _, c := range levels {
+			n := "BenchmarkLoad/" + svc + "/c=" + strconv.Itoa(c)
+			rps, ok := r.get(n, "req/s")
+			if !ok {
+				continue
+			}
+			p50, _ := r.get(n, "p50-ns")
+			p99, _ := r.get(n, "p99-ns")
+			errs, _ := r.get(n, "errors")
+			conf, _ := r.get(n, "conflicts")
+			twice, _ := r.get(n, "keys-executed-twice")
+			p("| %s | %s | %s | %d | %.0f | %s | %s | %s | %s | %s |\n", f["fw"], f["lib"], f["store"], c, rps, dur(p50), dur(p99), num(errs), num(conf), num(twice))
+		}
+	}
+	if png != "" {
+		p("\n![load: throughput and p99 per library](%s)\n", png)
+	}
+}
+
+// loadChart draws the load benchmark: requests/s and p99 per service, one
+// bar per concurrency level.
+func loadChart(r *results, path string) error {
+	services, levels := loadCases(r)
+	if len(services) == 0 {
+		return nil
+	}
+	labels := make([]string, len(services))
+	for i, svc := range services {
+		f := fields(svc)
+		labels[i] = f["fw"] + "\n" + f["lib"] + "\n" + f["store"]
+	}
+	panel := func(title, ylabel, unit string, scale float64) (*plot.Plot, error) {
+		p := plot.New()
+		p.Title.Text = title
+		p.Y.Label.Text = ylabel
+		p.Legend.Top = true
+		width := vg.Points(9)
+		maxv := 0.0
+		for i, c := range levels {
+			vals := make(plotter.Values, len(services))
+			for j, svc := range services {
+				if v, ok := r.get("BenchmarkLoad/"+svc+"/c="+strconv.Itoa(c), unit); ok {
+					vals[j] = v / scale
+					maxv = max(maxv, vals[j])
+				}
+			}
+			bars, err := plotter.NewBarChart(vals, width)
+			if err != nil {
+				return nil, err
+			}
+			bars.Color = palette[i%len(palette)]
+			bars.LineStyle.Width = 0
+			bars.Offset = vg.Length(float64(i)-float64(len(levels)-1)/2) * width
+			p.Add(bars)
+			p.Legend.Add(strconv.Itoa(c)+" workers", bars)
+		}
+		p.NominalX(labels...)
+		p.X.Min, p.X.Max = -0.6, float64(len(services))-0.4
+		p.Y.Min = 0
+		if maxv > 0 {
+			p.Y.Max = maxv * 1.25
+		}
+		p.Add(plotter.NewGrid())
+		return p, nil
+	}
+	top, err := panel("load over loopback: throughput", "requests/s", "req/s", 1)
+	if err != nil {
+		return err
+	}
+	bottom, err := panel("load over loopback: p99 latency", "p99 (ms)", "p99-ns", 1e6)
+	if err != nil {
+		return err
+	}
+	const wd, ht = 36 * vg.Centimeter, 22 * vg.Centimeter
+	img := vgimg.NewWith(vgimg.UseWH(wd, ht), vgimg.UseDPI(110))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 2, Cols: 1, PadY: vg.Centimeter, PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 3}
+	canvases := plot.Align([][]*plot.Plot{{top}, {bottom}}, tiles, dc)
+	top.Draw(canvases[0][0])
+	bottom.Draw(canvases[1][0])
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,129 @@
+package benchmarks
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	idempotencyv2 "github.com/gofiber/fiber/v2/middleware/idempotency"
+	idempotencyv3 "github.com/gofiber/fiber/v3/middleware/idempotency"
+	redisstorage "github.com/gofiber/storage/redis/v3"
+
+	"github.com/idemkit/idem/benchmarks/internal/floor"
+)
+
+// The Go libraries named in issue #27 (github.com/fco-gt/gopotency,
+// github.com/bright-room/idem, github.com/repenguin22/idemlease) are not
+// served by the module proxy this repository builds from (every version:
+// 403 "not available"), so they cannot be measured here. On Gin and
+// net/http idem is paired instead with internal/floor, the least work a
+// correct in-process idempotency middleware does (its doc says what it
+// skips).
+
+// newNetHTTPFloor and newGinFloor are the apps of BenchmarkMiddleware on
+// net/http and Gin with the floor instead of idem.
+func newNetHTTPFloor() driver {
+	h := floor.HTTP(floor.New())(http.HandlerFunc(handleHTTP))
+	mux := http.NewServeMux()
+	mux.Handle("POST "+route, h)
+	mux.Handle("GET "+route, h)
+	return newHTTPDriver(mux)
+}
+
+func newGinFloor() driver {
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.Use(floor.Gin(floor.New()))
+	r.POST(route, ginHandler)
+	r.GET(route, ginHandler)
+	return newHTTPDriver(r)
+}
+
+// BenchmarkNetHTTPPeer pairs idem on net/http (memory store) with the
+// floor middleware, fresh and replay, in alternating chunks of 500 requests
+// as BenchmarkFiberPeer does: the ratio idem/builtin is idem ÷ floor.
+func BenchmarkNetHTTPPeer(b *testing.B) { benchPeer(b, "nethttp", newNetHTTPFloor) }
+
+// BenchmarkGinPeer pairs idem on Gin (memory store) with the floor, as
+// BenchmarkNetHTTPPeer does on net/http.
+func BenchmarkGinPeer(b *testing.B) { benchPeer(b, "gin", newGinFloor) }
+
+// keyCounts, when set, counts the handlers' executions per idempotency key
+// (TestPeersExecutions); execDelay makes each counted execution last long
+// enough for concurrent duplicates to overlap it.
+var (
+	keyCounts atomic.Pointer[sync.Map] // key -> *atomic.Int64
+	execDelay = 2 * time.Millisecond
+)
+
+// countKey records one execution of key when keyCounts is set.
+func countKey(key string) {
+	m := keyCounts.Load()
+	if m == nil {
+		return
+	}
+	v, ok := m.Load(key)
+	if !ok { // fasthttp's strings alias its buffers: the map keeps a copy
+		v, _ = m.LoadOrStore(strings.Clone(key), new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Add(1)
+	time.Sleep(execDelay)
+}
+
+// BenchmarkFiberRedisPeer pairs idem on Fiber v2 with redisstore and Fiber
+// v2's built-in middleware with gofiber/storage/redis on the same Redis
+// (the built-in keeps its process-local lock), fresh and replay.
+func BenchmarkFiberRedisPeer(b *testing.B) {
+	benchRedisPeer(b, "fiber", func(s *redisstorage.Storage) driver {
+		return newFiberDriver(newFiberApp(idempotencyv2.New(idempotencyv2.Config{KeyHeader: floor.Header, Lifetime: 10 * time.Minute, Storage: s})))
+	})
+}
+
+// BenchmarkFiberV3RedisPeer is BenchmarkFiberRedisPeer on Fiber v3.
+func BenchmarkFiberV3RedisPeer(b *testing.B) {
+	benchRedisPeer(b, "fiberv3", func(s *redisstorage.Storage) driver {
+		return newFasthttpDriver(newFiberV3App(idempotencyv3.New(idempotencyv3.Config{KeyHeader: floor.Header, Lifetime: 10 * time.Minute, Storage: s})).Handler())
+	})
+}
+
+// benchRedisPeer runs idem with redisstore on framework fwName paired with
+// a peer on a Redis storage of its own client, as benchPeer does with
+// memory stores.
+func benchRedisPeer(b *testing.B, fwName string, peer func(*redisstorage.Storage) driver) {
+	var idemFW framework
+	for _, fw := range frameworks {
+		if fw.name == fwName {
+			idemFW = fw
+		}
+	}
+	for _, path := range []string{"fresh", "replay"} {
+		b.Run("path="+path, func(b *testing.B) {
+			s, _ := openRedis(b)
+			c, _, _ := newRedisClient(b)
+			ours, theirs := idemFW.build(newEngine(b, s)), peer(redisstorage.NewFromConnection(c))
+			key := newKey()
+			for _, d := range []driver{ours, theirs} {
+				if code := d.do(http.MethodPost, key); code != http.StatusCreated {
+					b.Fatalf("first: %s", statusText(code))
+				}
+			}
+			op := func(d driver) func() error {
+				return func() error {
+					k := key
+					if path == "fresh" {
+						k = newKey()
+					}
+					if code := d.do(http.MethodPost, k); code != http.StatusCreated {
+						b.Fatalf("%s: %s", path, statusText(code))
+					}
+					return nil
+				}
+			}
+			paired(b, "idem", "builtin", 0, op(ours), op(theirs))
+		})
+	}
+}
