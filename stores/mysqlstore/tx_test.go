@@ -10,11 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-	gormmysql "gorm.io/driver/mysql"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
-
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/mysqlstore"
 )
@@ -228,65 +223,5 @@ func TestTransactionalHandlerCommits(t *testing.T) {
 	}
 	if _, resp := e.Begin(ctxT(t), request("self", `{"amount":1}`)); resp == nil || !resp.IsReplay() {
 		t.Fatalf("retry = %+v; want a replay", resp)
-	}
-}
-
-// TestTransactionalSQLXAndGORM: handlers on sqlx or GORM write through
-// the execution's *sql.Tx: a sqlx.Tx literal wraps it, and GORM takes it as its
-// connection pool (gorm.io/driver/mysql Config.Conn). Both writes commit
-// with the record; a 5xx rolls both back.
-func TestTransactionalSQLXAndGORM(t *testing.T) {
-	t.Parallel()
-	db := newDB(t)
-	s, table := newStore(t, db)
-	payments := createPayments(t, db, table)
-	xdb := sqlx.NewDb(db, "mysql") // the service's sqlx handle on the store's *sql.DB
-	e, err := idem.New(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type payment struct {
-		ID      int64
-		IdemKey string
-		Amount  int
-	}
-	run := func(key string, status int) {
-		t.Helper()
-		x, _ := e.Begin(ctxT(t), request(key, `{"amount":1}`))
-		ctx := x.WithInfo(ctxT(t))
-		tx, err := mysqlstore.Tx(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// sqlx: wrap the transaction with the mapper of the service's
-		// *sqlx.DB (no driver name: sqlx keeps MySQL's ? placeholders).
-		xtx := &sqlx.Tx{Tx: tx, Mapper: xdb.Mapper}
-		if _, err := xtx.NamedExecContext(ctx, "INSERT INTO `"+payments+"` (idem_key, amount) VALUES (:idem_key, :amount)",
-			map[string]any{"idem_key": key, "amount": 1}); err != nil {
-			t.Fatal(err)
-		}
-		// GORM: the transaction is the connection pool of a session.
-		g, err := gorm.Open(gormmysql.New(gormmysql.Config{Conn: tx, SkipInitializeWithVersion: true}),
-			&gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := g.WithContext(ctx).Table(payments).Create(&payment{IdemKey: key, Amount: 2}).Error; err != nil {
-			t.Fatal(err)
-		}
-		var n int
-		if err := xtx.GetContext(ctx, &n, "SELECT count(*) FROM `"+payments+"` WHERE idem_key = ?", key); err != nil || n != 2 {
-			t.Fatalf("inside the transaction: %d rows, %v; want sqlx's and GORM's", n, err)
-		}
-		x.Write([]byte("ok"))
-		x.Finish(status, nil)
-	}
-	run("stored", 201)
-	run("released", 500)
-	if n := countRows(t, db, payments, "stored"); n != 2 {
-		t.Fatalf("%d rows for the stored execution; want 2", n)
-	}
-	if n := countRows(t, db, payments, "released"); n != 0 {
-		t.Fatalf("%d rows for the released execution; want 0", n)
 	}
 }
