@@ -14,7 +14,7 @@ import (
 )
 
 func main() {
-	store := memstore.New()        // one process; redisstore, mongostore or pgstore for several
+	store := memstore.New()        // one process; redisstore, mongostore, pgstore or mysqlstore for several
 	engine, err := idem.New(store) // POST and PATCH need a key; 24h retention, 30s lease
 	if err != nil {
 		log.Fatal(err)
