@@ -53,7 +53,8 @@ type config struct {
 
 	replayCheck       func(context.Context, ReplayInfo) error // WithReplayCheck; nil: none
 	fingerprint       Fingerprinter                           // WithFingerprint; zero: bytes
-	routeFingerprints map[routeKey]*Fingerprinter             // WithRouteFingerprint
+	routes            map[routeKey]*routePolicy               // WithRoute
+	policy            routePolicy                             // every other route's, built by validate
 	knownFingerprints []Fingerprinter                         // WithKnownFingerprints
 	fingerprints      map[string]Fingerprinter                // every one above by ID, built by validate
 }
@@ -99,6 +100,9 @@ func (c *config) validate() error {
 		return fmt.Errorf("idem: header name must not be empty")
 	case len(c.badMethods) > 0:
 		return fmt.Errorf("idem: WithMethods(%q): not an HTTP method token", c.badMethods[0])
+	}
+	if err := c.validateRoutes(); err != nil {
+		return err
 	}
 	return c.indexFingerprints()
 }
