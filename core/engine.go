@@ -198,7 +198,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		}
 		ev.Kind = EventConflict
 		e.emit(ctx, ev)
-		return nil, e.problems.inProgress
+		return nil, e.problems.inProgressFor(e.conflictRetryAfter(pol.lease, rec.LeaseLeft))
 	case errors.Is(err, errMismatch):
 		ev.Kind = EventMismatch
 		resp := e.problems.mismatch
@@ -285,6 +285,29 @@ func (e *Engine) begin(ctx context.Context, ev *Event, pol *routePolicy, fp, tok
 		}
 	}
 }
+
+// conflictRetryAfter returns the Retry-After, in whole seconds, of a 409
+// for an in-progress record of a route with the given lease, whose store
+// reported left on it ([Record.LeaseLeft]; 0: unknown). A holder that
+// renews writes a full lease every lease/3, so its lease never has less
+// than lease - lease/3 - 2 × the store timeout left (the acquire's reply
+// and a renewal's round trip); with more left than that the holder may
+// still be running and may answer any moment: the short [WithRetryAfter]
+// delay. With less, it has stopped renewing (crashed, or its process
+// stalls), and nothing can happen before the lease lapses: the time left,
+// rounded up, at least the short delay and at most the lease. Stores that
+// cannot renew or that die with the process ([LocalStore]) always get the
+// short delay.
+func (e *Engine) conflictRetryAfter(lease, left time.Duration) int64 {
+	short := ceilSeconds(e.cfg.retryAfter)
+	if left <= 0 || e.extender == nil || e.local || left > lease-lease/3-2*e.cfg.storeTimeout {
+		return short
+	}
+	return max(short, min(ceilSeconds(left), ceilSeconds(lease)))
+}
+
+// ceilSeconds returns d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
 // executing reports whether ctx belongs to a handler that an execution of
 // e already runs: the same engine mounted twice on one request (app-wide

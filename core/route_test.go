@@ -13,13 +13,13 @@ import (
 // clockStore is a Store and Extender whose records expire by a clock the
 // test moves, and which records the durations it is given.
 type clockStore struct {
-	mu       sync.Mutex
-	now      time.Time
-	recs     map[string]clockRecord
-	leases   map[string][]time.Duration   // by key: Acquire's lease, then each Extend's
-	kept     map[string]time.Duration     // by key: Complete's retention
-	extended map[string]int               // by key: Extend calls
-	onExtend func(key string, n int) bool // optional; false: the renewal is not written
+	mu        sync.Mutex
+	now       time.Time
+	recs      map[string]clockRecord
+	leaseLeft bool                       // Acquire reports Record.LeaseLeft
+	leases    map[string][]time.Duration // by key: Acquire's lease, then each Extend's
+	kept      map[string]time.Duration   // by key: Complete's retention
+	extended  map[string]int             // by key: Extend calls
 }
 
 type clockRecord struct {
@@ -48,7 +48,11 @@ func (s *clockStore) Acquire(_ context.Context, key, token, fp string, lease tim
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r, ok := s.live(key); ok {
-		return r.Record, false, nil
+		rec := r.Record
+		if s.leaseLeft && rec.State == StateInProgress {
+			rec.LeaseLeft = r.expires.Sub(s.now)
+		}
+		return rec, false, nil
 	}
 	s.recs[key] = clockRecord{Record{State: StateInProgress, Fingerprint: fp, Token: token}, s.now.Add(lease)}
 	s.leases[key] = append(s.leases[key], lease)
@@ -90,9 +94,6 @@ func (s *clockStore) Extend(_ context.Context, key, token string, lease time.Dur
 		return ErrNotOwner
 	}
 	s.extended[key]++
-	if s.onExtend != nil && !s.onExtend(key, s.extended[key]) {
-		return nil
-	}
 	s.leases[key] = append(s.leases[key], lease)
 	r.expires = s.now.Add(lease)
 	s.recs[key] = r
