@@ -75,11 +75,11 @@ type Record struct {
 	// LeaseLeft is, for an in-progress record, the time left on its lease
 	// by the store's clock when the store read it, or 0 when the store does
 	// not tell (always 0 for completed records). Optional: a store fills it
-	// only when it costs nothing more than the same round trip (Acquire's
-	// in particular, where the [Engine] reads it to tell a holder that
-	// renews its lease from one that stopped, for the 409's Retry-After).
-	// When filled it is > 0 and at most the lease last given by Acquire or
-	// [Extender.Extend].
+	// in Acquire when that is cheap (in the same round trip, or one more
+	// call on the in-progress path only, never on a fresh request's); the
+	// [Engine] reads it there to tell a holder that renews its lease from
+	// one that stopped, for the 409's Retry-After. When filled it is > 0
+	// and at most the lease last given by Acquire or [Extender.Extend].
 	LeaseLeft time.Duration
 }
 
