@@ -143,7 +143,7 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 // 413 body above the limit; 422 key reused with another fingerprint
 // ("key-reused"), or with a record fingerprinted by a function this engine
 // does not know ("fingerprint-changed", see [WithKnownFingerprints]); 409
-// request with this key in progress; 403 the [WithReplayCheck] function
+// request with this key in progress (its Retry-After: see [WithWait]); 403 the [WithReplayCheck] function
 // refused the replay, 409 or 422; 503 store unavailable; 500 the key's
 // stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
 func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response) {
