@@ -163,35 +163,46 @@ func TestRouteRetention(t *testing.T) {
 }
 
 // TestRouteLease: each route's lease is taken and renewed with its own
-// duration: the engine's short lease is renewed (every lease/3) while a
-// route with a long lease, started first, has not needed a renewal yet.
+// duration, every lease/3: a route with a short lease is renewed while a
+// route with a long one, started first, has not needed a renewal yet, both
+// when the engine's lease is the short one and when it is the long one.
 func TestRouteLease(t *testing.T) {
-	store := newClockStore()
-	e, err := New(store, WithStoreTimeout(10*time.Millisecond), WithLease(60*time.Millisecond),
-		WithRoute("POST", "/long", RouteLease(time.Hour)), WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	long, _ := e.Begin(ctx, postTo("/long", "k"))
-	short, _ := e.Begin(ctx, postTo("/short", "k"))
-	if long == nil || short == nil {
-		t.Fatal("no execution")
-	}
-	shortKey, longKey := ScopedKey("p", "POST", "/short", "k"), ScopedKey("p", "POST", "/long", "k")
-	waitFor(t, "three renewals of the engine's lease", func() bool { n, _ := store.count(shortKey); return n >= 3 })
-	short.Fail()
-	long.Fail()
-	n, leases := store.count(longKey)
-	if n != 0 || len(leases) != 1 || leases[0] != time.Hour {
-		t.Errorf("route lease: %d renewals, leases %v; want 0 renewals and one lease of 1h", n, leases)
-	}
-	_, leases = store.count(shortKey)
-	for _, l := range leases {
-		if l != 60*time.Millisecond {
-			t.Errorf("engine lease: leases %v, want 60ms each", leases)
-			break
-		}
+	for _, tc := range []struct {
+		name   string
+		lease  time.Duration // the engine's
+		routes Option
+	}{
+		{"long route", 60 * time.Millisecond, WithRoute("POST", "/long", RouteLease(time.Hour))},
+		{"short route", time.Hour, WithRoute("POST", "/short", RouteLease(60*time.Millisecond))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := newClockStore()
+			e, err := New(store, WithStoreTimeout(10*time.Millisecond), WithLease(tc.lease), tc.routes, WithLogger(slog.New(slog.DiscardHandler)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			long, _ := e.Begin(ctx, postTo("/long", "k"))
+			short, _ := e.Begin(ctx, postTo("/short", "k"))
+			if long == nil || short == nil {
+				t.Fatal("no execution")
+			}
+			shortKey, longKey := ScopedKey("p", "POST", "/short", "k"), ScopedKey("p", "POST", "/long", "k")
+			waitFor(t, "three renewals of the short lease", func() bool { n, _ := store.count(shortKey); return n >= 3 })
+			short.Fail()
+			long.Fail()
+			n, leases := store.count(longKey)
+			if n != 0 || len(leases) != 1 || leases[0] != time.Hour {
+				t.Errorf("long lease: %d renewals, leases %v; want 0 renewals and one lease of 1h", n, leases)
+			}
+			_, leases = store.count(shortKey)
+			for _, l := range leases {
+				if l != 60*time.Millisecond {
+					t.Errorf("short lease: leases %v, want 60ms each", leases)
+					break
+				}
+			}
+		})
 	}
 }
 
