@@ -204,7 +204,7 @@ func Do[T any](ctx context.Context, e *Engine, op Operation, fn func(ctx context
 	}
 	fp := Fingerprint(doMethod, op.Name, "", "", op.Payload)
 	token := e.tokenPrefix + strconv.FormatUint(e.tokens.Add(1), 36) // as ids makes them
-	x, rec, err := e.begin(ctx, &ev, fp, token, nil)
+	x, rec, err := e.begin(ctx, &ev, &e.cfg.policy, fp, token, nil)
 	switch {
 	case x != nil:
 		return run(ctx, x, codec, fn)

@@ -39,7 +39,8 @@
 //     [WithStorePolicy], [WithStoredHeaders], [WithUnstoredHeaders],
 //     [WithFailOpen], [WithGlobalScope], [WithKeyOptional],
 //     [WithKeyValidator], [WithProblemRenderer], [WithLogger],
-//     [WithEventHook].
+//     [WithEventHook]; per route, [WithRoute] with [RouteLease],
+//     [RouteRetention] and [RouteFingerprint].
 //   - In a handler: [InfoFromContext] and [Info] (the scoped key, fit to
 //     forward as a payment provider's idempotency key; whether the answer is
 //     a replay, for middleware outside idem).
@@ -76,7 +77,8 @@
 // A store keeps records for the engine; applications only construct one.
 // It implements [Store] (records: [Record], [State]; errors:
 // [ErrNotOwner], [ErrInvalidDuration], [ErrTooLarge], [ErrNotDurable],
-// [ErrCorrupt]) and, where it can, the optional [Extender] (lease renewal),
+// [ErrCorrupt]), filling the optional [Record.LeaseLeft] where it is
+// cheap, and, where it can, the optional [Extender] (lease renewal),
 // [Transactional] with [Unit] (completion inside the store's transaction;
 // handlers reach it through [UnitFromContext]), [Inspector] with
 // [RecordInfo] and [ErrRecordChanged] (cmd/idemctl), or [LocalStore]. The

@@ -143,7 +143,7 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 // 413 body above the limit; 422 key reused with another fingerprint
 // ("key-reused"), or with a record fingerprinted by a function this engine
 // does not know ("fingerprint-changed", see [WithKnownFingerprints]); 409
-// request with this key in progress; 403 the [WithReplayCheck] function
+// request with this key in progress (its Retry-After: see [WithWait]); 403 the [WithReplayCheck] function
 // refused the replay, 409 or 422; 503 store unavailable; 500 the key's
 // stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
 func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response) {
@@ -185,9 +185,10 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 	if route == "" {
 		route = req.Path
 	}
-	scoped, fp, token := e.ids(req, route, key)
+	pol := e.route(req.Method, route)
+	scoped, fp, token := e.ids(req, route, key, &pol.fingerprint)
 	ev := Event{Key: scoped, Method: req.Method, Route: req.Route} // the template only: a path may be unbounded
-	x, rec, err := e.begin(ctx, &ev, fp, token, req)
+	x, rec, err := e.begin(ctx, &ev, pol, fp, token, req)
 	switch {
 	case x != nil:
 		return x, nil
@@ -197,7 +198,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		}
 		ev.Kind = EventConflict
 		e.emit(ctx, ev)
-		return nil, e.problems.inProgress
+		return nil, e.problems.inProgressFor(e.conflictRetryAfter(pol.lease, rec.LeaseLeft))
 	case errors.Is(err, errMismatch):
 		ev.Kind = EventMismatch
 		resp := e.problems.mismatch
@@ -237,7 +238,7 @@ var (
 	errMismatch   = errors.New("idem: fingerprint mismatch")
 )
 
-// begin takes the lease on ev.Key for fingerprint fp and token, waiting
+// begin takes the lease on ev.Key, under the route policy pol, for fingerprint fp and token, waiting
 // ([WithWait]) while another execution holds it. It returns the execution
 // (lease taken, renewal started), or the key's completed record (Response
 // or Encoded set, undecoded; the caller reports the replay), or an error
@@ -248,14 +249,14 @@ var (
 // [Do]) is the same request under the fingerprint function that made it.
 // It emits acquired and store-error events; ev carries the key, method and
 // route, and gets the last acquire's Op and StoreDuration.
-func (e *Engine) begin(ctx context.Context, ev *Event, fp, token string, req *Request) (*Execution, Record, error) {
+func (e *Engine) begin(ctx context.Context, ev *Event, pol *routePolicy, fp, token string, req *Request) (*Execution, Record, error) {
 	var deadline time.Time
 	if e.cfg.wait > 0 {
 		deadline = time.Now().Add(e.cfg.wait)
 	}
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
 		start := e.clock()
-		rec, acquired, err := e.acquire(ctx, ev.Key, token, fp)
+		rec, acquired, err := e.acquire(ctx, ev.Key, token, fp, pol.lease)
 		now := e.clock()
 		ev.Op, ev.StoreDuration = OpAcquire, now.Sub(start)
 		switch {
@@ -264,10 +265,10 @@ func (e *Engine) begin(ctx context.Context, ev *Event, fp, token string, req *Re
 			return nil, Record{}, err
 		case err != nil:
 			e.emitErr(ctx, *ev, EventStoreError, err, "idem: acquire failed")
-			e.releaseLater(ctx, *ev, token) // the acquire may still land: don't leave a lease nobody owns
+			e.releaseLater(ctx, *ev, token, pol.lease) // the acquire may still land: don't leave a lease nobody owns
 			return nil, Record{}, err
 		case acquired:
-			x := &Execution{e: e, token: token, fp: fp, ev: *ev, started: now}
+			x := &Execution{e: e, pol: pol, token: token, fp: fp, ev: *ev, started: now}
 			x.detached.parent = ctx
 			x.ctx = &x.detached
 			e.emit(ctx, x.event(EventAcquired))
@@ -284,6 +285,29 @@ func (e *Engine) begin(ctx context.Context, ev *Event, fp, token string, req *Re
 		}
 	}
 }
+
+// conflictRetryAfter returns the Retry-After, in whole seconds, of a 409
+// for an in-progress record of a route with the given lease, whose store
+// reported left on it ([Record.LeaseLeft]; 0: unknown). A holder that
+// renews writes a full lease every lease/3, so its lease never has less
+// than lease - lease/3 - 2 × the store timeout left (the acquire's reply
+// and a renewal's round trip); with more left than that the holder may
+// still be running and may answer any moment: the short [WithRetryAfter]
+// delay. With less, it has stopped renewing (crashed, or its process
+// stalls), and nothing can happen before the lease lapses: the time left,
+// rounded up, at least the short delay and at most the lease. Stores that
+// cannot renew or that die with the process ([LocalStore]) always get the
+// short delay.
+func (e *Engine) conflictRetryAfter(lease, left time.Duration) int64 {
+	short := ceilSeconds(e.cfg.retryAfter)
+	if left <= 0 || e.extender == nil || e.local || left > lease-lease/3-2*e.cfg.storeTimeout {
+		return short
+	}
+	return max(short, min(ceilSeconds(left), ceilSeconds(lease)))
+}
+
+// ceilSeconds returns d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
 // executing reports whether ctx belongs to a handler that an execution of
 // e already runs: the same engine mounted twice on one request (app-wide
@@ -322,15 +346,15 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 	e.emit(ctx, ev)
 }
 
-// ids returns the scoped key ([ScopedKey]), the fingerprint ([Fingerprint])
-// and a new lease token for req, sliced from one string (one allocation).
+// ids returns the scoped key ([ScopedKey]), the fingerprint by f
+// ([Fingerprint] for the default) and a new lease token for req, sliced from one string (one allocation).
 // The token is one no other execution of any engine uses: a random
 // per-engine prefix and a counter (tokens identify lease owners; they are
 // never shown to clients, so they need to be unique, not secret).
-func (e *Engine) ids(req *Request, route, key string) (scoped, fp, token string) {
+func (e *Engine) ids(req *Request, route, key string, f *Fingerprinter) (scoped, fp, token string) {
 	var stack [256]byte
 	b := appendHex(stack[:0], scopedSum(req.Principal, req.Method, route, key))
-	if f := e.fingerprinter(req.Method, route); f.id == "" { // the default: byte-exact, no ID
+	if f.id == "" { // the default: byte-exact, no ID
 		b = appendHex(b, fingerprintSum(req.Method, req.Path, req.RawQuery, req.ContentType, req.Body))
 	} else {
 		b = f.appendFingerprint(b, req.Method, req.Path, req.RawQuery, req.ContentType, req.Body)
@@ -363,10 +387,10 @@ const maxReleasers = 256
 // failed release. It tries at storeTimeout, then twice as late each time,
 // until the store answers (released, or ErrNotOwner: no lease of token's is
 // left, because the failed call never landed or did its work) or a lease
-// has passed, so a stalled store leaves no key stuck at 409 for a whole
+// (of the given duration) has passed, so a stalled store leaves no key stuck at 409 for a whole
 // lease. Tokens are unique, so releasing a lease that never existed is
 // harmless. Close makes it try once at once, then stop.
-func (e *Engine) releaseLater(ctx context.Context, ev Event, token string) {
+func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease time.Duration) {
 	if e.local || e.releasers.Add(1) > maxReleasers {
 		e.releasers.Add(-1)
 		return
@@ -383,7 +407,7 @@ func (e *Engine) releaseLater(ctx context.Context, ev Event, token string) {
 		defer e.wg.Done()
 		defer e.releasers.Add(-1)
 		waited := time.Duration(0)
-		for pause := e.cfg.storeTimeout; waited < e.cfg.lease; pause *= 2 {
+		for pause := e.cfg.storeTimeout; waited < lease; pause *= 2 {
 			t := time.NewTimer(pause)
 			last := false
 			select {
@@ -444,8 +468,7 @@ func storable(status int) bool {
 	return status >= 200 && status < 500
 }
 
-func (e *Engine) acquire(ctx context.Context, key, token, fp string) (Record, bool, error) {
-	lease := e.cfg.lease
+func (e *Engine) acquire(ctx context.Context, key, token, fp string, lease time.Duration) (Record, bool, error) {
 	if e.local {
 		if e.extender != nil {
 			lease = localLease

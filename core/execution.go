@@ -17,6 +17,7 @@ import (
 // done, or given up; an Execution is not reused afterwards.
 type Execution struct {
 	e        *Engine
+	pol      *routePolicy    // the route's lease, retention and fingerprint function
 	ctx      context.Context // &detached: completion survives a client hang-up
 	detached detached
 	infoCtx  infoCtx // what WithInfo returns
@@ -242,9 +243,9 @@ func (x *Execution) complete(enc []byte) error {
 // storeComplete completes through x's Unit when it has one, else the Store.
 func (x *Execution) storeComplete(ctx context.Context, enc []byte) error {
 	if x.unit != nil {
-		return x.unit.Complete(ctx, enc, x.e.cfg.retention)
+		return x.unit.Complete(ctx, enc, x.pol.retention)
 	}
-	return x.e.store.Complete(ctx, x.ev.Key, x.token, enc, x.e.cfg.retention)
+	return x.e.store.Complete(ctx, x.ev.Key, x.token, enc, x.pol.retention)
 }
 
 // retryInBackground keeps renewing the lease and retries Complete with
@@ -343,7 +344,7 @@ func (x *Execution) release() {
 		x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost before release")
 	case err != nil:
 		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: release failed; retrying in the background")
-		x.e.releaseLater(x.ctx, x.ev, x.token)
+		x.e.releaseLater(x.ctx, x.ev, x.token, x.pol.lease)
 	default:
 		ev.Kind = EventReleased
 		x.e.emit(x.ctx, ev)
@@ -360,16 +361,16 @@ const localLease = time.Duration(1 << 62)
 func (x *Execution) startRenewal() {
 	if x.e.extender != nil && !x.e.local {
 		x.mu.Lock()
-		x.timer = time.AfterFunc(x.e.cfg.lease/3, x.renew)
+		x.timer = time.AfterFunc(x.pol.lease/3, x.renew)
 		x.mu.Unlock()
 	}
 }
 
 func (x *Execution) renew() {
 	start := time.Now()
-	every := x.e.cfg.lease / 3
+	every := x.pol.lease / 3
 	ctx, cancel := context.WithTimeout(x.ctx, min(x.e.cfg.storeTimeout, every)) // a slow renewal must not outlast the lease
-	err := x.e.extender.Extend(ctx, x.ev.Key, x.token, x.e.cfg.lease)
+	err := x.e.extender.Extend(ctx, x.ev.Key, x.token, x.pol.lease)
 	cancel()
 	ev := x.ev
 	ev.Op, ev.StoreDuration = OpExtend, time.Since(start)

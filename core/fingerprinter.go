@@ -205,11 +205,8 @@ func appendMultipart(dst []byte, contentType string, body []byte) ([]byte, error
 	return dst, nil
 }
 
-// routeKey names a route for [WithRouteFingerprint].
-type routeKey struct{ method, route string }
-
 // WithFingerprint sets the fingerprint function of every route (those given
-// [WithRouteFingerprint] aside): [JSONFingerprint],
+// [RouteFingerprint] aside): [JSONFingerprint],
 // [JSONFingerprintExcluding], [JSONFingerprintOnly], [MultipartFingerprint],
 // [FormFingerprint] or one of [NewFingerprinter]. Optional. Default is
 // [BytesFingerprint] (byte-exact, IETF draft section 2.7).
@@ -218,26 +215,11 @@ type routeKey struct{ method, route string }
 // [WithKnownFingerprints] for a rolling deploy.
 func WithFingerprint(f Fingerprinter) Option { return func(c *config) { c.fingerprint = f } }
 
-// WithRouteFingerprint sets the fingerprint function of one route: method
-// (e.g. "POST") and route template exactly as the adapter reports it in
-// [Request.Route] (the framework's syntax, e.g. "/v1/uploads/:id" on Gin,
-// "/v1/uploads/{id}" on net/http; the path when the adapter reports no
-// template). Calls add up; a later call for the same route wins. Optional.
-// Default is the [WithFingerprint] function.
-func WithRouteFingerprint(method, route string, f Fingerprinter) Option {
-	return func(c *config) {
-		if c.routeFingerprints == nil {
-			c.routeFingerprints = map[routeKey]*Fingerprinter{}
-		}
-		c.routeFingerprints[routeKey{method, route}] = &f
-	}
-}
-
 // WithKnownFingerprints names fingerprint functions this engine does not
 // use for new records but recognises in stored ones: a request whose key
 // holds a record fingerprinted by one of them (or by [BytesFingerprint],
 // always known, or by any function set with [WithFingerprint] or
-// [WithRouteFingerprint]) is fingerprinted again with that function and
+// [RouteFingerprint]) is fingerprinted again with that function and
 // compared, so it replays (or gets 409) when that function finds it the
 // same request, and 422 "key-reused" otherwise. A record made by a
 // function the engine does not know is answered 422
@@ -262,8 +244,8 @@ func (c *config) indexFingerprints() error {
 	if err := add(c.fingerprint); err != nil {
 		return err
 	}
-	for _, f := range c.routeFingerprints {
-		if err := add(*f); err != nil {
+	for _, p := range c.routes {
+		if err := add(p.fingerprint); err != nil {
 			return err
 		}
 	}
@@ -273,16 +255,6 @@ func (c *config) indexFingerprints() error {
 		}
 	}
 	return nil
-}
-
-// fingerprinter returns the fingerprint function of a route.
-func (e *Engine) fingerprinter(method, route string) *Fingerprinter {
-	if len(e.cfg.routeFingerprints) > 0 {
-		if f, ok := e.cfg.routeFingerprints[routeKey{method, route}]; ok {
-			return f
-		}
-	}
-	return &e.cfg.fingerprint
 }
 
 // sameRequest reports whether req, whose fingerprint fp differs from the

@@ -131,7 +131,7 @@ func TestJSONFingerprintFields(t *testing.T) {
 		if _, err := New(newScriptStore(0), WithFingerprint(f)); err == nil {
 			t.Errorf("New accepted the bad fingerprint function %q", f.ID())
 		}
-		if _, err := New(newScriptStore(0), WithRouteFingerprint("POST", "/r", f)); err == nil {
+		if _, err := New(newScriptStore(0), WithRoute("POST", "/r", RouteFingerprint(f))); err == nil {
 			t.Errorf("New accepted the bad route fingerprint function %q", f.ID())
 		}
 	}
@@ -250,7 +250,7 @@ func TestFingerprintChanged(t *testing.T) {
 	bytesEngine, jsonEngine := newEngine(), newEngine(WithFingerprint(JSONFingerprint()))
 	knowing := newEngine(WithKnownFingerprints(JSONFingerprint()))
 	excluding := newEngine(WithFingerprint(JSONFingerprintExcluding("/sent_at")))
-	routed := newEngine(WithRouteFingerprint("POST", "/r", JSONFingerprint()), WithRouteFingerprint("POST", "/other", FormFingerprint()))
+	routed := newEngine(WithRoute("POST", "/r", RouteFingerprint(JSONFingerprint())), WithRoute("POST", "/other", RouteFingerprint(FormFingerprint())))
 
 	// Old records (byte-exact) under a new JSON engine: compared byte for byte.
 	run(bytesEngine, "old", `{"a":1,"b":2}`)

@@ -53,7 +53,8 @@ type config struct {
 
 	replayCheck       func(context.Context, ReplayInfo) error // WithReplayCheck; nil: none
 	fingerprint       Fingerprinter                           // WithFingerprint; zero: bytes
-	routeFingerprints map[routeKey]*Fingerprinter             // WithRouteFingerprint
+	routes            map[routeKey]*routePolicy               // WithRoute
+	policy            routePolicy                             // every other route's, built by validate
 	knownFingerprints []Fingerprinter                         // WithKnownFingerprints
 	fingerprints      map[string]Fingerprinter                // every one above by ID, built by validate
 }
@@ -99,6 +100,9 @@ func (c *config) validate() error {
 		return fmt.Errorf("idem: header name must not be empty")
 	case len(c.badMethods) > 0:
 		return fmt.Errorf("idem: WithMethods(%q): not an HTTP method token", c.badMethods[0])
+	}
+	if err := c.validateRoutes(); err != nil {
+		return err
 	}
 	return c.indexFingerprints()
 }
@@ -201,6 +205,15 @@ func WithMaxResponseBytes(n int) Option { return func(c *config) { c.maxResponse
 // progress wait up to d for it to finish and then get its replay (or execute,
 // if the first was released), instead of an immediate 409. Optional. Default
 // is 0: answer 409 at once (IETF draft section 2.7, Stripe).
+//
+// A 409's Retry-After tells what the engine knows of the holder (stores
+// that report [Record.LeaseLeft] and renew leases): while the holder
+// renews its lease, the short [WithRetryAfter] delay, since its answer may
+// come any moment; once it has stopped renewing (its lease not extended
+// for longer than a renewal period, lease/3, plus 2 store timeouts: it
+// crashed or stalls), the time left on its lease, rounded up to whole
+// seconds, at least the short delay and at most the route's lease, so
+// clients stop polling a request that can only end by its lease lapsing.
 func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
 
 // WithCompletionRetry sets how long a completion that failed on a store
@@ -212,8 +225,9 @@ func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
 // retries. Optional. Default is 1 minute.
 func WithCompletionRetry(d time.Duration) Option { return func(c *config) { c.completionRetry = d } }
 
-// WithRetryAfter sets the Retry-After value of 409 and 503 answers, rounded up
-// to whole seconds. Optional. Default is 1s.
+// WithRetryAfter sets the Retry-After value of 503 answers and of 409
+// answers while the holder renews its lease (see [WithWait] for a holder
+// that stopped), rounded up to whole seconds. Optional. Default is 1s.
 func WithRetryAfter(d time.Duration) Option { return func(c *config) { c.retryAfter = d } }
 
 // WithStoreAll stores every response the handler produced, 5xx included, as
@@ -256,8 +270,9 @@ func WithKeyValidator(fn func(key string) error) Option {
 // WithProblemRenderer renders the errors idem answers itself (400, 401,
 // 409, 410, 413, 422, 500, 503) in the app's own error format: fn returns
 // the Content-Type and body for p; status, Retry-After and Location stay
-// idem's. It is called once per fixed answer when the engine is built, and
-// per answer for refused keys and responses not stored. Optional. Default
+// idem's. It is called once per fixed answer when the engine is built,
+// and per answer for refused keys and responses not stored (the 409s'
+// Retry-After values reuse its body). Optional. Default
 // is RFC 9457 application/problem+json (Problem.Response).
 func WithProblemRenderer(fn func(p Problem) (contentType string, body []byte)) Option {
 	return func(c *config) { c.renderProblem = fn }

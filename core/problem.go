@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -40,6 +41,35 @@ type problems struct {
 	badBody, tooLarge, mismatch, inProgress, unavailable, unreadable,
 	forbidden, fingerprintChanged *Response
 	render func(Problem) (contentType string, body []byte) // WithProblemRenderer; nil: RFC 9457
+
+	// inProgressAfter holds, at index n, the 409 in-progress answer with
+	// "Retry-After: n", built on first use (inProgressFor).
+	inProgressAfter *[maxCachedRetryAfter + 1]atomic.Pointer[Response]
+}
+
+// maxCachedRetryAfter is the largest Retry-After, in seconds, whose 409 is
+// kept once built; larger ones are built per answer.
+const maxCachedRetryAfter = 300
+
+// inProgressFor returns the 409 in-progress answer with "Retry-After:
+// seconds" (>= 1), without allocating once it was built.
+func (ps *problems) inProgressFor(seconds int64) *Response {
+	if seconds <= maxCachedRetryAfter {
+		if r := ps.inProgressAfter[seconds].Load(); r != nil {
+			return r
+		}
+	}
+	base := ps.inProgress
+	h := make(http.Header, len(base.Header))
+	for k, v := range base.Header {
+		h[k] = v // shared, read-only
+	}
+	h["Retry-After"] = []string{strconv.FormatInt(seconds, 10)}
+	r := &Response{Status: base.Status, Header: h, Body: base.Body}
+	if seconds <= maxCachedRetryAfter {
+		ps.inProgressAfter[seconds].Store(r)
+	}
+	return r
 }
 
 // response returns p as the engine answers it: RFC 9457, or as rendered.
@@ -56,10 +86,11 @@ func newProblems(retryAfter time.Duration, render func(Problem) (string, []byte)
 	p := func(slug, title string, status int, detail string) *Response {
 		return ps.response(Problem{Type: ProblemTypeBase + slug, Title: title, Status: status, Detail: detail})
 	}
-	ra := strconv.FormatInt(int64((retryAfter+time.Second-1)/time.Second), 10)
+	ra := strconv.FormatInt(ceilSeconds(retryAfter), 10)
 	withRetry := func(r *Response) *Response { r.Header.Set("Retry-After", ra); return r }
-	return problems{
-		render: render,
+	ps2 := problems{
+		render:          render,
+		inProgressAfter: new([maxCachedRetryAfter + 1]atomic.Pointer[Response]),
 		missing: p("key-missing", "Idempotency key missing", http.StatusBadRequest,
 			"This operation requires an Idempotency-Key header: a unique value, e.g. a UUID, sent again unchanged with every retry."),
 		malformed: p("key-malformed", "Idempotency key malformed", http.StatusBadRequest,
@@ -87,6 +118,10 @@ func newProblems(retryAfter time.Duration, render func(Problem) (string, []byte)
 		unreadable: p("stored-result-unreadable", "Stored result unreadable", http.StatusInternalServerError,
 			"A request with this Idempotency-Key was recorded, but its stored result cannot be read, so it is neither replayed nor executed again. Retrying will not help until the service operator clears the record."),
 	}
+	if n := ceilSeconds(retryAfter); n <= maxCachedRetryAfter {
+		ps2.inProgressAfter[n].Store(ps2.inProgress)
+	}
+	return ps2
 }
 
 func (p *problems) forKeyError(err error) *Response {

@@ -72,6 +72,15 @@ type Record struct {
 	// [Store.Complete], unchanged: the [Engine]'s encoding of the response,
 	// opaque to stores ([DecodeResponse] reads it). nil while in progress.
 	Response []byte
+	// LeaseLeft is, for an in-progress record, the time left on its lease
+	// by the store's clock when the store read it, or 0 when the store does
+	// not tell (always 0 for completed records). Optional: a store fills it
+	// in Acquire when that is cheap (in the same round trip, or one more
+	// call on the in-progress path only, never on a fresh request's); the
+	// [Engine] reads it there to tell a holder that renews its lease from
+	// one that stopped, for the 409's Retry-After. When filled it is > 0
+	// and at most the lease last given by Acquire or [Extender.Extend].
+	LeaseLeft time.Duration
 }
 
 // Store keeps idempotency records; the [Engine] calls it, never

@@ -6,7 +6,8 @@
 //	}
 //
 // It checks the contract documented on [idem.Store] against the real store:
-// acquire on absent, in-progress, completed and lapsed records; exactly one
+// acquire on absent, in-progress, completed and lapsed records (and the
+// optional [idem.Record.LeaseLeft] of an in-progress one); exactly one
 // winner among racing goroutines; owner-only complete, release and extend;
 // lease and retention expiry (with real time, in tenths of a second);
 // cancelled contexts; response bytes kept exactly (any byte, 1 MiB) and
@@ -47,6 +48,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	}{
 		{"AcquireAbsent", testAcquireAbsent},
 		{"AcquireInProgress", testAcquireInProgress},
+		{"LeaseLeft", testLeaseLeft},
 		{"AcquireCompleted", testAcquireCompleted},
 		{"AcquireLapsedLease", testAcquireLapsedLease},
 		{"RacingAcquireOneWinner", testRacingAcquire},
@@ -165,6 +167,41 @@ func testAcquireInProgress(t *testing.T, s idem.Store) {
 	// The rejected request must not have disturbed the record.
 	if err := s.Complete(ctx(t), key, tok, sampleResponse(), retention); err != nil {
 		t.Fatalf("owner Complete after a rejected duplicate: %v", err)
+	}
+}
+
+// testLeaseLeft checks [idem.Record.LeaseLeft] when the store fills it:
+// the time left on an in-progress record's lease, within (0, lease],
+// following a renewal ([idem.Extender]), and 0 on a completed record. A
+// store reporting 0 on in-progress records does not fill it (optional).
+func testLeaseLeft(t *testing.T, s idem.Store) {
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	mustAcquire(t, s, key, tok, fp, longLease)
+	rec, ok, err := s.Acquire(ctx(t), key, Token(), fp, longLease)
+	if err != nil || ok {
+		t.Fatalf("second Acquire = %v, %v; want not acquired", ok, err)
+	}
+	if rec.LeaseLeft == 0 {
+		t.Log("the store does not report LeaseLeft")
+		return
+	}
+	// The record was read within seconds of the Acquire, so most of the lease is left.
+	if rec.LeaseLeft < longLease/2 || rec.LeaseLeft > longLease {
+		t.Fatalf("LeaseLeft %v right after acquiring a %v lease; want within (%v, %v]", rec.LeaseLeft, longLease, longLease/2, longLease)
+	}
+	if ext, ok := s.(idem.Extender); ok {
+		if err := ext.Extend(ctx(t), key, tok, 10*longLease); err != nil {
+			t.Fatalf("Extend: %v", err)
+		}
+		rec, _, err = s.Acquire(ctx(t), key, Token(), fp, longLease)
+		if err != nil || rec.LeaseLeft <= longLease || rec.LeaseLeft > 10*longLease {
+			t.Fatalf("LeaseLeft %v (%v) after extending to %v; want within (%v, %v]", rec.LeaseLeft, err, 10*longLease, longLease, 10*longLease)
+		}
+	}
+	mustComplete(t, s, key, tok, sampleResponse(), retention)
+	rec, _, err = s.Acquire(ctx(t), key, Token(), fp, longLease)
+	if err != nil || rec.State != idem.StateCompleted || rec.LeaseLeft != 0 {
+		t.Fatalf("Acquire on completed: state %v LeaseLeft %v (%v); want completed, 0", rec.State, rec.LeaseLeft, err)
 	}
 }
 

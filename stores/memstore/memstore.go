@@ -135,7 +135,11 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	if err != nil || acquired {
 		return idem.Record{}, acquired, err
 	}
-	return idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token, Response: live.resp}, false, nil
+	rec := idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token, Response: live.resp}
+	if live.state == idem.StateInProgress {
+		rec.LeaseLeft = max(live.expires.Sub(s.now()), 1) // live: expires is after the read
+	}
+	return rec, false, nil
 }
 
 // acquire takes the lease, or returns a copy of the live entry.

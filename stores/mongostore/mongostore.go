@@ -233,6 +233,13 @@ func (d *record) toRecord() (idem.Record, error) {
 
 func date(t time.Time) bson.DateTime { return bson.NewDateTimeFromTime(t) }
 
+// leaseLeft is [idem.Record.LeaseLeft] of a live lease ending at end, by
+// the server's clock now (taken just before the read, so it may run a
+// round trip long).
+func leaseLeft(end bson.DateTime, now time.Time) time.Duration {
+	return max(end.Time().Sub(now), time.Millisecond)
+}
+
 // owned matches the in-progress record of key whose live lease token holds.
 func owned(key, token string, now time.Time) bson.D {
 	return bson.D{
@@ -330,6 +337,9 @@ attempts:
 		}
 		if old.ExpiresAt > date(now) {
 			rec, err := old.toRecord()
+			if rec.State == idem.StateInProgress {
+				rec.LeaseLeft = leaseLeft(old.ExpiresAt, now)
+			}
 			return rec, false, err
 		}
 		// Expired: claim the version read, then rewrite exactly that version.
@@ -369,7 +379,7 @@ attempts:
 			case w == nil, w.State == stateDeleting && w.Lease > date(now):
 				continue attempts // deleted meanwhile, or being deleted: look again
 			case w.Lease > date(now):
-				return idem.Record{State: idem.StateInProgress, Token: w.Token, Fingerprint: w.Fingerprint}, false, nil
+				return idem.Record{State: idem.StateInProgress, Token: w.Token, Fingerprint: w.Fingerprint, LeaseLeft: leaseLeft(w.Lease, now)}, false, nil
 			}
 			ended = w.Gen
 		}

@@ -241,7 +241,8 @@ func toRecord(state int8, token, fp string, raw []byte) (idem.Record, error) {
 }
 
 // Acquire implements [idem.Store]: one CALL of the table's acquire
-// procedure (see [Store.SchemaSQL]), one round trip. A replay, a conflict
+// procedure (see [Store.SchemaSQL]), one round trip; an in-progress record
+// comes with its [idem.Record.LeaseLeft]. A replay, a conflict
 // or a mismatch is answered from a plain read; only a free or expired key
 // is written, by an INSERT … ON DUPLICATE KEY UPDATE whose takeover
 // condition InnoDB evaluates on the latest row version under the row's
@@ -265,8 +266,9 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 			state   int8
 			tok, fp string
 			raw     []byte
+			leftUS  int64 // the record's time left, by the server's clock
 		)
-		err := st.QueryRowContext(ctx, key, token, fingerprint, micros(lease)).Scan(&state, &tok, &fp, &raw)
+		err := st.QueryRowContext(ctx, key, token, fingerprint, micros(lease)).Scan(&state, &tok, &fp, &raw, &leftUS)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			continue // the record it saw was deleted or expired before its answer
@@ -278,6 +280,9 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 			return idem.Record{}, true, nil
 		}
 		rec, err := toRecord(state, tok, fp, raw)
+		if rec.State == idem.StateInProgress {
+			rec.LeaseLeft = max(time.Duration(leftUS)*time.Microsecond, 1) // live: expires_at was ahead
+		}
 		return rec, false, err
 	}
 	return idem.Record{}, false, ErrContention

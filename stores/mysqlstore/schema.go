@@ -17,7 +17,7 @@ const PurgeBatch = 1000
 
 // procVersion is the acquire procedure's COMMENT: EnsureSchema replaces a
 // procedure whose comment differs (one written by another version).
-const procVersion = "idem mysqlstore acquire v1"
+const procVersion = "idem mysqlstore acquire v2"
 
 // SchemaSQL returns the statements EnsureSchema runs, one per string (the
 // procedure's body holds semicolons, so they cannot be split on them), for
@@ -72,7 +72,8 @@ BEGIN
       token = IF(` + cond + `, p_token, token),
       expires_at = IF(` + cond + `, UTC_TIMESTAMP(6) + INTERVAL p_lease MICROSECOND, expires_at);
   END IF;
-  SELECT state, token, fingerprint, response FROM ` + t + " WHERE `key` = p_key AND (" + live + ` OR (state = 1 AND token = p_token));
+  SELECT state, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) AS left_us
+    FROM ` + t + " WHERE `key` = p_key AND (" + live + ` OR (state = 1 AND token = p_token));
 END`,
 	}
 }

@@ -125,7 +125,8 @@ func newQueries(t string) queries {
 		// version, so among racing takeovers exactly one wins. No row at
 		// all means a concurrent transition the snapshot did not see: retry.
 		acquire: `WITH cur AS MATERIALIZED (
-  SELECT state, token, fingerprint, response FROM ` + t + `
+  SELECT state, token, fingerprint, response,
+    (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint AS left_us FROM ` + t + `
   WHERE key = $1::text AND expires_at > clock_timestamp() AND NOT (state = 1 AND token = $2::text)
 ), ins AS (
   INSERT INTO ` + t + ` AS r (key, state, token, fingerprint, response, expires_at)
@@ -136,9 +137,9 @@ func newQueries(t string) queries {
   WHERE r.expires_at <= clock_timestamp() OR (r.state = 1 AND r.token = EXCLUDED.token)
   RETURNING 1
 )
-SELECT true, 0::smallint, ''::text, ''::text, NULL::bytea FROM ins
+SELECT true, 0::smallint, ''::text, ''::text, NULL::bytea, 0::bigint FROM ins
 UNION ALL
-SELECT false, state, token, fingerprint, response FROM cur`,
+SELECT false, state, token, fingerprint, response, left_us FROM cur`,
 		complete: `UPDATE ` + t + ` SET state = 2, response = $3, expires_at = clock_timestamp() + $4::float8 * interval '1 microsecond'
 WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
@@ -187,7 +188,9 @@ func checkSize(response []byte) error {
 }
 
 // Acquire implements [idem.Store]: one INSERT … ON CONFLICT statement that
-// creates the record, takes over an expired one, or returns the live one.
+// creates the record, takes over an expired one, or returns the live one
+// (an in-progress one with its [idem.Record.LeaseLeft], expires_at minus
+// the server's clock_timestamp()).
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	if lease <= 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
@@ -201,8 +204,9 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 			state    int16
 			tok, fp  string
 			raw      []byte
+			leftUS   int64 // the live record's time left, by the server's clock
 		)
-		err := s.pool.QueryRow(ctx, s.q.acquire, key, token, fingerprint, micros(lease)).Scan(&acquired, &state, &tok, &fp, &raw)
+		err := s.pool.QueryRow(ctx, s.q.acquire, key, token, fingerprint, micros(lease)).Scan(&acquired, &state, &tok, &fp, &raw, &leftUS)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // a concurrent transition this statement's snapshot missed
@@ -212,6 +216,9 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 			return idem.Record{}, true, nil
 		}
 		rec, err := toRecord(state, tok, fp, raw)
+		if rec.State == idem.StateInProgress {
+			rec.LeaseLeft = max(time.Duration(leftUS)*time.Microsecond, 1) // live: expires_at was ahead
+		}
 		return rec, false, err
 	}
 	return idem.Record{}, false, ErrContention

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/stores/redisstore"
 )
@@ -38,6 +39,23 @@ func BenchmarkAcquireComplete(b *testing.B) {
 		}
 		if err := s.Complete(ctx, keys[i], "tok", benchResponse, time.Minute); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkConflict: a duplicate of a request in progress, 2 round trips
+// (SET, then PTTL for Record.LeaseLeft).
+func BenchmarkConflict(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	key := storetest.Key()
+	if _, ok, err := s.Acquire(ctx, key, "tok", "fp", time.Hour); err != nil || !ok {
+		b.Fatal(ok, err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if rec, ok, err := s.Acquire(ctx, key, "other", "fp", time.Minute); err != nil || ok || rec.State != idem.StateInProgress {
+			b.Fatal(ok, err)
 		}
 	}
 }

@@ -174,7 +174,8 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 // token, same fingerprint) is this caller's own SET, sent again by the
 // client after a lost reply: it counts as acquired, and the lease runs from
 // that first SET. A completed record's Response is a view of the reply,
-// which nothing else holds.
+// which nothing else holds. A record found in progress gets its
+// [idem.Record.LeaseLeft] from one more command (PTTL).
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -196,7 +197,23 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
 	}
+	if rec.State == idem.StateInProgress {
+		rec.LeaseLeft = s.leaseLeft(ctx, set.key)
+	}
 	return rec, false, nil
+}
+
+// leaseLeft returns the PTTL of an in-progress record found by Acquire
+// ([idem.Record.LeaseLeft]), 0 when it cannot tell: the key changed or
+// vanished since the SET, or PTTL failed (the answer is a hint; Acquire's
+// decision stands). It costs a round trip on this path only, so that
+// Acquire's SET (the path of every fresh request) stays one command.
+func (s *Store) leaseLeft(ctx context.Context, key string) time.Duration {
+	left, err := s.c.PTTL(ctx, key).Result()
+	if err != nil || left <= 0 { // -1ns: no TTL, -2ns: no key
+		return 0
+	}
+	return left
 }
 
 // setNXGet sends Acquire's SET and returns the value the key held (exists)

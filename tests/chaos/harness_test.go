@@ -315,6 +315,7 @@ type answer struct {
 	status   int
 	replayed bool
 	id       string // payment id of a 201
+	retry    string // Retry-After of a 409 or 503
 	err      error  // transport error: no answer
 	at       time.Time
 	took     time.Duration
@@ -358,7 +359,7 @@ func payCtx(ctx context.Context, url, user, key string, amount int) answer {
 	if err != nil {
 		return answer{err: err, at: start, took: time.Since(start)}
 	}
-	a := answer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", at: start, took: time.Since(start)}
+	a := answer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", retry: resp.Header.Get("Retry-After"), at: start, took: time.Since(start)}
 	if a.status == http.StatusCreated {
 		var p struct {
 			ID string `json:"id"`
