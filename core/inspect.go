@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -93,4 +94,20 @@ type Lister interface {
 	// a cursor this store did not return) is an error. err is otherwise
 	// for system failures only.
 	List(ctx context.Context, q ListQuery) (ListPage, error)
+}
+
+// Check returns an error when q is not a valid query: Limit <= 0, a
+// KeyPrefix longer than 64 characters or not lowercase hex, or a State
+// other than 0, [StateInProgress] and [StateCompleted]. [Lister]
+// implementations call it first.
+func (q ListQuery) Check() error {
+	switch {
+	case q.Limit <= 0:
+		return errors.New("idem: list: limit must be > 0")
+	case len(q.KeyPrefix) > 64 || strings.Trim(q.KeyPrefix, "0123456789abcdef") != "":
+		return errors.New("idem: list: key prefix must be up to 64 lowercase hex characters")
+	case q.State != 0 && q.State != StateInProgress && q.State != StateCompleted:
+		return errors.New("idem: list: unknown state")
+	}
+	return nil
 }
