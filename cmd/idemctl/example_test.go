@@ -9,8 +9,7 @@ import (
 
 // Example shows what `idemctl show` prints for a completed record.
 func Example() {
-	key := idem.ScopedKey("acct_1", "POST", "/v1/payments", "8e03978e")
-	printRecord(os.Stdout, key, idem.RecordInfo{
+	printRecord(os.Stdout, idem.RecordInfo{
 		Record: idem.Record{
 			State:       idem.StateCompleted,
 			Fingerprint: idem.Fingerprint("POST", "/v1/payments", "", "application/json", []byte(`{"amount":1000}`)),
@@ -21,7 +20,6 @@ func Example() {
 		TTL: 23*time.Hour + 59*time.Minute + 58*time.Second,
 	}, time.Date(2026, 11, 30, 22, 0, 0, 0, time.UTC))
 	// Output:
-	// scoped key   9cd3f6d7e4695f659812b30ae2600674ff8b4bc70590cf66fd39997aa5352feb
 	// state        completed
 	// expires in   23h59m58s, at 2026-12-01T21:59:58Z (retention)
 	// fingerprint  7f374ab949fb8ed0dfc2dc784992676b26864286d09a842fa51d0d8d4380dc38
