@@ -15,7 +15,8 @@ var _ idem.Lister = (*Store)(nil)
 // through the expires_at index, or the primary key's range for a key
 // prefix (key LIKE 'prefix%'). In-progress rows whose lease lapsed are
 // listed (TTL <= 0) until purged or taken over; expired completed rows are
-// not. The cursor is the last row's expiry and key.
+// not. The cursor is the last row's expiry (2006-01-02T15:04:05.000000)
+// and key.
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
 	if err := q.Check(); err != nil {
 		return idem.ListPage{}, err
@@ -29,6 +30,7 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 		if after, afterKey, ok = strings.Cut(q.Cursor, ","); !ok {
 			return idem.ListPage{}, fmt.Errorf("mysqlstore: list: cursor %q was not returned by List", q.Cursor)
 		}
+		after = strings.Replace(after, "T", " ", 1)
 		if _, err := time.Parse("2006-01-02 15:04:05.000000", after); err != nil {
 			return idem.ListPage{}, fmt.Errorf("mysqlstore: list: cursor %q was not returned by List", q.Cursor)
 		}
@@ -62,7 +64,7 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 		return idem.ListPage{}, fmt.Errorf("mysqlstore: list: %w", err)
 	}
 	if len(page.Records) == q.Limit {
-		page.Next = last + "," + page.Records[len(page.Records)-1].Key
+		page.Next = strings.Replace(last, " ", "T", 1) + "," + page.Records[len(page.Records)-1].Key
 	}
 	return page, nil
 }
