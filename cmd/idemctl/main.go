@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -131,7 +132,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	info, found, err := b.in.Inspect(ctx, key)
 	if err != nil {
-		fmt.Fprintln(stderr, "idemctl: inspect:", err)
+		fmt.Fprintf(stderr, "idemctl: inspect %s: %v\n", b.layout, err)
 		return exitFail
 	}
 	if !found {
@@ -276,7 +277,7 @@ func resolve(ctx context.Context, b *backend, prefix string, stdout, stderr io.W
 	for {
 		page, err := b.ls.List(ctx, q)
 		if err != nil {
-			fmt.Fprintln(stderr, "idemctl: look up the key prefix:", err)
+			fmt.Fprintf(stderr, "idemctl: look the key prefix up in %s: %v\n", b.layout, err)
 			return "", exitFail
 		}
 		found = append(found, page.Records...)
@@ -306,9 +307,12 @@ func list(ctx context.Context, b *backend, q idem.ListQuery, stdout, stderr io.W
 	}
 	page, err := b.ls.List(ctx, q)
 	if err != nil {
-		fmt.Fprintln(stderr, "idemctl: list:", err)
+		fmt.Fprintf(stderr, "idemctl: list %s: %v\n", b.layout, err)
 		return exitFail
 	}
+	// Soonest expiry first: stuck leases, then the oldest records (SQL and
+	// MongoDB pages come so; Redis pages in scan order).
+	slices.SortStableFunc(page.Records, func(a, b idem.ListedRecord) int { return cmp.Compare(a.TTL, b.TTL) })
 	fmt.Fprintf(stdout, "store        %s\n", b.layout)
 	if len(page.Records) == 0 && q.Cursor == "" {
 		fmt.Fprintln(stdout, "no records")

@@ -202,7 +202,7 @@ func testStuckRecord(t *testing.T, b testStore) {
 	}
 	scope := []string{"-principal", "acct_1", "-route", "/v1/payments", "-key", "pay-7f3a"}
 	code, out := idemctl("", append([]string{"show"}, scope...)...)
-	for _, want := range []string{"scoped key   " + scoped, "state        in-progress", "lease owner  crashed-instance.17", "fingerprint  " + fp} {
+	for _, want := range []string{"scoped key   " + scoped, "store key    ", "state        in-progress", "lease owner  crashed-instance.17", "fingerprint  " + fp} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Fatalf("show = %d\n%s\nwant exit 0 and %q", code, out, want)
 		}
@@ -262,6 +262,15 @@ func TestUsage(t *testing.T) {
 		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "extra"},                             // stray argument
 		{"evict", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "-nonsense"},                        // unknown flag
 		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", strings.Repeat("k", idem.MaxKeyLength+1)}, // too long
+		{"show", "-store", "redis://127.0.0.1:1/0", "abc"},                                                            // prefix too short
+		{"show", "-store", "redis://127.0.0.1:1/0", strings.Repeat("a", 65)},                                          // too long for a scoped key
+		{"show", "-store", "redis://127.0.0.1:1/0", "-scoped-key", "20749a9e2ab7c3dd", "20749a9e2ab7c3dd"},            // key twice
+		{"show", "-store", "redis://127.0.0.1:1/0", "20749a9e2ab7c3dd", "-yes", "30749a9e2ab7c3dd"},                   // two keys
+		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "20749a9e2ab7c3dd"},                  // key and request
+		{"list", "-store", "redis://127.0.0.1:1/0", "-state", "stuck"},                                                // unknown state
+		{"list", "-store", "redis://127.0.0.1:1/0", "-limit", "0"},                                                    // empty pages
+		{"list", "-store", "postgres://127.0.0.1:1/test?sslmode=bogus"},                                               // bad URL
+		{"list", "-store", "redis://127.0.0.1:1/0", "key=zz"},                                                         // not hex
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(context.Background(), args, strings.NewReader(""), &out, &errOut); code != exitUsage || errOut.Len() == 0 {
