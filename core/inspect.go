@@ -76,7 +76,10 @@ type ListPage struct {
 	// leases and the oldest completed records come first; in scan order in
 	// Redis.
 	Records []ListedRecord
-	// Next is the cursor of the next page, "" when the listing is done.
+	// Next is the cursor of the next page, "" when the listing is done. A
+	// page may hold fewer than Limit records, even none, and a Next: a
+	// store may end a page after a bounded amount of work (Redis, after a
+	// bounded number of SCAN calls).
 	Next string
 }
 
