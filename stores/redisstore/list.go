@@ -23,9 +23,15 @@ const listHead = 1024
 // the whole keyspace in batches this large, each one a short command.
 const minScanCount = 1000
 
+// maxScanCalls bounds the SCAN calls of one List call: a page that found
+// fewer than Limit records after them ends with a cursor all the same, so
+// that no call walks a large keyspace at once.
+const maxScanCalls = 100
+
 // List implements [idem.Lister] with SCAN (never KEYS): SCAN MATCH
 // prefix+KeyPrefix* COUNT max(Limit, 1000), repeated until Limit records
-// are found or the scan ends, then GETRANGE and PTTL of each key found, in
+// are found, the scan ends or 100 SCAN calls were made (then the page
+// holds fewer than Limit records, maybe none, and a cursor), then GETRANGE and PTTL of each key found, in
 // one pipeline per batch. Every command is short, so the server is never
 // blocked; a page may hold up to one batch more than Limit (a SCAN batch
 // is returned whole), and, as SCAN guarantees, a record present for the
@@ -57,7 +63,7 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 	defer cancel()
 	match := globEscape(s.prefix) + q.KeyPrefix + "*"
 	var page idem.ListPage
-	for {
+	for calls := 1; ; calls++ {
 		keys, next, err := s.c.Scan(ctx, cursor, match, int64(max(q.Limit, minScanCount))).Result()
 		if err != nil {
 			return idem.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
@@ -71,7 +77,7 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 		if cursor == 0 {
 			return page, nil
 		}
-		if len(page.Records) >= q.Limit {
+		if len(page.Records) >= q.Limit || calls == maxScanCalls {
 			page.Next = strconv.FormatUint(cursor, 10)
 			return page, nil
 		}
