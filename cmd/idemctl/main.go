@@ -314,7 +314,10 @@ func list(ctx context.Context, b *backend, q idem.ListQuery, stdout, stderr io.W
 	// MongoDB pages come so; Redis pages in scan order).
 	slices.SortStableFunc(page.Records, func(a, b idem.ListedRecord) int { return cmp.Compare(a.TTL, b.TTL) })
 	fmt.Fprintf(stdout, "store        %s\n", b.layout)
-	if len(page.Records) == 0 && q.Cursor == "" {
+	switch {
+	case len(page.Records) == 0 && page.Next != "":
+		fmt.Fprintln(stdout, "none in this part of the store")
+	case len(page.Records) == 0 && q.Cursor == "":
 		fmt.Fprintln(stdout, "no records")
 		fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
 	}

@@ -30,17 +30,18 @@ const maxScanCalls = 100
 
 // List implements [idem.Lister] with SCAN (never KEYS): SCAN MATCH
 // prefix+KeyPrefix* COUNT max(Limit, 1000), repeated until Limit records
-// are found, the scan ends or 100 SCAN calls were made (then the page
-// holds fewer than Limit records, maybe none, and a cursor), then GETRANGE and PTTL of each key found, in
-// one pipeline per batch. Every command is short, so the server is never
-// blocked; a page may hold up to one batch more than Limit (a SCAN batch
-// is returned whole), and, as SCAN guarantees, a record present for the
-// whole listing is listed at least once across its pages. Records come in
-// scan order; an in-progress record whose lease lapsed is gone from Redis
-// (the key expires with its lease), so every TTL is > 0. Keys under the
-// prefix that are not records are skipped. The cursor is SCAN's. It needs
-// a client that talks to one server (a *redis.Client, standalone or
-// Sentinel): on a Cluster it returns an error.
+// are found, the scan ends, or 100 SCAN calls were made (then the page
+// holds fewer records, maybe none, and a cursor), and GETRANGE and PTTL of
+// each key found, in one pipeline per batch. Every command is short, so
+// the server is never blocked; a page may hold up to one batch more than
+// Limit (a SCAN batch is returned whole), and, as SCAN guarantees, a
+// record present for the whole listing is listed at least once across its
+// pages. Records come in scan order; an in-progress record whose lease
+// lapsed is gone from Redis (the key expires with its lease), so every TTL
+// is > 0. Keys under the prefix that are not records are skipped. The
+// cursor is SCAN's. It needs a client that talks to one server (a
+// *redis.Client, standalone or Sentinel): on a Cluster it returns an
+// error.
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
 	if err := q.Check(); err != nil {
 		return idem.ListPage{}, err
