@@ -35,10 +35,7 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 			return idem.ListPage{}, fmt.Errorf("mysqlstore: list: cursor %q was not returned by List", q.Cursor)
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, "SELECT `key`, state, token, fingerprint, DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), "+
-		"TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM "+s.table+
-		" WHERE `key` LIKE ? AND (? = 0 OR state = ?) AND (state = 1 OR "+live+")"+
-		" AND (expires_at > ? OR (expires_at = ? AND `key` > ?)) ORDER BY expires_at, `key` LIMIT ?",
+	rows, err := s.db.QueryContext(ctx, s.q.list,
 		q.KeyPrefix+"%", int8(q.State), int8(q.State), after, after, afterKey, q.Limit)
 	if err != nil {
 		return idem.ListPage{}, fmt.Errorf("mysqlstore: list: %w", err)
