@@ -2,10 +2,11 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,12 +37,12 @@ const maxScanCalls = 100
 // the server is never blocked; a page may hold up to one batch more than
 // Limit (a SCAN batch is returned whole), and, as SCAN guarantees, a
 // record present for the whole listing is listed at least once across its
-// pages. Records come in scan order; an in-progress record whose lease
-// lapsed is gone from Redis (the key expires with its lease), so every TTL
-// is > 0. Keys under the prefix that are not records are skipped. The
-// cursor is SCAN's. It needs a client that talks to one server (a
-// *redis.Client, standalone or Sentinel): on a Cluster it returns an
-// error.
+// pages. On a Cluster it scans each master in turn (ordered by address; a
+// failover between pages may skip or repeat a node). Records come in scan
+// order; an in-progress record whose lease lapsed is gone from Redis (the
+// key expires with its lease), so every TTL is > 0. Keys under the prefix
+// that are not records are skipped. The cursor is the node's index and
+// SCAN's cursor.
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
 	if err := q.Check(); err != nil {
 		return idem.ListPage{}, err
@@ -49,23 +50,30 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 	if err := ctx.Err(); err != nil {
 		return idem.ListPage{}, err
 	}
-	if _, ok := s.c.(*redis.ClusterClient); ok {
-		return idem.ListPage{}, errors.New("redisstore: list: not supported on a Redis Cluster client (SCAN reads one node)")
-	}
+	var node int
 	var cursor uint64
 	if q.Cursor != "" {
-		c, err := strconv.ParseUint(q.Cursor, 10, 64)
-		if err != nil {
+		n, c, ok := strings.Cut(q.Cursor, ":")
+		var err1, err2 error
+		node, err1 = strconv.Atoi(n)
+		cursor, err2 = strconv.ParseUint(c, 10, 64)
+		if !ok || err1 != nil || err2 != nil || node < 0 {
 			return idem.ListPage{}, fmt.Errorf("redisstore: list: cursor %q was not returned by List", q.Cursor)
 		}
-		cursor = c
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
+	nodes, err := s.nodes(ctx)
+	if err != nil {
+		return idem.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
+	}
+	if node >= len(nodes) {
+		return idem.ListPage{}, fmt.Errorf("redisstore: list: cursor %q names a node the store does not have", q.Cursor)
+	}
 	match := globEscape(s.prefix) + q.KeyPrefix + "*"
 	var page idem.ListPage
 	for calls := 1; ; calls++ {
-		keys, next, err := s.c.Scan(ctx, cursor, match, int64(max(q.Limit, minScanCount))).Result()
+		keys, next, err := nodes[node].Scan(ctx, cursor, match, int64(max(q.Limit, minScanCount))).Result()
 		if err != nil {
 			return idem.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
 		}
@@ -76,13 +84,48 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 		page.Records = append(page.Records, recs...)
 		cursor = next
 		if cursor == 0 {
-			return page, nil
+			if node++; node == len(nodes) {
+				return page, nil
+			}
 		}
 		if len(page.Records) >= q.Limit || calls == maxScanCalls {
-			page.Next = strconv.FormatUint(cursor, 10)
+			page.Next = strconv.Itoa(node) + ":" + strconv.FormatUint(cursor, 10)
 			return page, nil
 		}
 	}
+}
+
+// scanner is what List scans: one server.
+type scanner interface {
+	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+}
+
+// nodes returns the servers List scans: the client's one server, or a
+// Cluster's masters ordered by address.
+func (s *Store) nodes(ctx context.Context) ([]scanner, error) {
+	cc, ok := s.c.(*redis.ClusterClient)
+	if !ok {
+		return []scanner{s.c}, nil
+	}
+	var (
+		mu      sync.Mutex
+		masters []*redis.Client
+	)
+	err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		masters = append(masters, c)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(masters, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
+	nodes := make([]scanner, len(masters))
+	for i, m := range masters {
+		nodes[i] = m
+	}
+	return nodes, nil
 }
 
 // heads reads the state, token, fingerprint and TTL of the records at
