@@ -37,11 +37,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // testStore is one store under test: the URL and flags idemctl is given,
 // the same store for the engine, and whether it keeps in-progress records
 // whose lease lapsed until they are purged (SQL, MongoDB; Redis expires
-// them with the lease).
+// them with the lease), and whether its pages are SCAN batches.
 type testStore struct {
 	store      idem.Store
 	args       []string
 	keepsLapse bool
+	scans      bool // pages are whole SCAN batches (Redis), not exactly -limit records
 }
 
 func redisBackend(t *testing.T) testStore {
@@ -67,7 +68,7 @@ func redisBackend(t *testing.T) testStore {
 			client.Del(ctx, iter.Val())
 		}
 	})
-	return testStore{store: redisstore.New(client, redisstore.WithPrefix(prefix)), args: []string{"-store", u, "-prefix", prefix}}
+	return testStore{store: redisstore.New(client, redisstore.WithPrefix(prefix)), args: []string{"-store", u, "-prefix", prefix}, scans: true}
 }
 
 func mongoBackend(t *testing.T) testStore {
