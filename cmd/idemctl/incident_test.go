@@ -190,7 +190,7 @@ func testIncident(t *testing.T, b testStore) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if code, out, _ := ctl(ctx, t, b, "", "show", lapsed[:16]); code != exitFail || !strings.Contains(out, "no live record") {
+	if code, out, _ := ctl(ctx, t, b, "", "show", lapsed[:16]); code != exitFail || !strings.Contains(out, "no live record") || !strings.Contains(out, "lease lapsed") {
 		t.Fatalf("show of a lapsed lease = %d\n%s\nwant no live record (a request with it executes)", code, out)
 	}
 }

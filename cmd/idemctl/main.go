@@ -124,7 +124,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if cmd == "list" {
 		return list(ctx, b, query, stdout, stderr)
 	}
-	if key == "" {
+	listed := key == "" // the store listed the key: it holds a record, maybe a lapsed lease
+	if listed {
 		var code int
 		if key, code = resolve(ctx, b, query.KeyPrefix, stdout, stderr); key == "" {
 			return code
@@ -137,7 +138,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if !found {
 		fmt.Fprintf(stdout, "scoped key   %s\nstore key    %s\nno live record: the key is absent or expired (a request with it executes)\n", key, b.storeKey(key))
-		fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
+		if listed {
+			fmt.Fprintln(stdout, "the store still keeps it: an in-progress record whose lease lapsed (its holder stopped renewing), until it is purged or taken over")
+		} else {
+			fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
+		}
 		return exitFail
 	}
 	view := stdout
