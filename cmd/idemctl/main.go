@@ -341,9 +341,9 @@ func printList(w io.Writer, recs []idem.ListedRecord) {
 		ttl := roundTTL(r.TTL)
 		switch {
 		case r.State == idem.StateInProgress && r.TTL > 0:
-			fmt.Fprintf(w, "%s  in-progress  lease held, %v left (retries get 409), owner %s\n", r.Key, ttl, r.Token)
+			fmt.Fprintf(w, "%s  in-progress  lease held, %v left: retries get 409 (stuck if its holder no longer runs), owner %s\n", r.Key, ttl, r.Token)
 		case r.State == idem.StateInProgress:
-			fmt.Fprintf(w, "%s  in-progress  lease lapsed %v ago: stuck, its holder stopped renewing (the next request executes), owner %s\n", r.Key, -ttl, r.Token)
+			fmt.Fprintf(w, "%s  in-progress  lease lapsed %v ago: its holder stopped renewing, the next request executes, owner %s\n", r.Key, -ttl, r.Token)
 		default:
 			fmt.Fprintf(w, "%s  %s    expires in %v\n", r.Key, r.State, ttl)
 		}
