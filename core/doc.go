@@ -81,7 +81,8 @@
 // cheap, and, where it can, the optional [Extender] (lease renewal),
 // [Transactional] with [Unit] (completion inside the store's transaction;
 // handlers reach it through [UnitFromContext]), [Inspector] with
-// [RecordInfo] and [ErrRecordChanged] (cmd/idemctl), or [LocalStore]. The
+// [RecordInfo] and [ErrRecordChanged] and [Lister] with [ListQuery] and
+// [ListPage] (cmd/idemctl), or [LocalStore]. The
 // suite core/storetest checks a store against its real server, including
 // an outage (storetest.RunOutage).
 //

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -40,4 +41,76 @@ type Inspector interface {
 	// renewed lease means it still runs), and a completed one only when the
 	// client must be able to repeat the request.
 	Evict(ctx context.Context, key string, seen Record) error
+}
+
+// ListQuery selects the records a [Lister] returns.
+type ListQuery struct {
+	// KeyPrefix keeps the records whose scoped key starts with it: lowercase
+	// hex, e.g. the 16 characters idem's log lines carry as key=. Empty
+	// keeps every key.
+	KeyPrefix string
+	// State keeps the records in that state; 0 keeps both.
+	State State
+	// Limit bounds the page: > 0. A store may return a few more records
+	// than Limit when it cannot stop within a batch (Redis SCAN).
+	Limit int
+	// Cursor is "" for the first page, else the Next of the previous page.
+	Cursor string
+}
+
+// ListedRecord is one record of a [ListPage].
+type ListedRecord struct {
+	// Key is the record's scoped key (64 hex characters).
+	Key string
+	// RecordInfo is the record without its Response (nil; Inspect reads
+	// it). A TTL <= 0 is an in-progress record whose lease lapsed and that
+	// the store keeps until it is purged or taken over: its holder stopped
+	// renewing it (crashed), and the next request with the key executes.
+	RecordInfo
+}
+
+// ListPage is one page of a [Lister]'s answer.
+type ListPage struct {
+	// Records are the records found, in the store's order: by expiry,
+	// soonest first, in stores that index it (SQL, MongoDB), so stuck
+	// leases and the oldest completed records come first; in scan order in
+	// Redis.
+	Records []ListedRecord
+	// Next is the cursor of the next page, "" when the listing is done. A
+	// page may hold fewer than Limit records, even none, and a Next: a
+	// store may end a page after a bounded amount of work (Redis, after a
+	// bounded number of SCAN calls).
+	Next string
+}
+
+// Lister, for store authors, is implemented by stores that let an operator
+// find records without knowing their full scoped key: by the key prefix of
+// a log line, or all in-progress and oldest records in an incident
+// (cmd/idemctl list). It is optional: the [Engine] never calls it. Each
+// call is bounded by its Limit and never blocks the store: an indexed range
+// scan in SQL and MongoDB, SCAN with COUNT in Redis (never KEYS). Completed
+// records that expired are never listed; uncertain records will be listed
+// as their own state once stores keep them.
+type Lister interface {
+	// List returns one page of the records matching q, and the cursor of
+	// the next. An invalid query (Limit <= 0, KeyPrefix not lowercase hex,
+	// a cursor this store did not return) is an error. err is otherwise
+	// for system failures only.
+	List(ctx context.Context, q ListQuery) (ListPage, error)
+}
+
+// Check returns an error when q is not a valid query: Limit <= 0, a
+// KeyPrefix longer than 64 characters or not lowercase hex, or a State
+// other than 0, [StateInProgress] and [StateCompleted]. [Lister]
+// implementations call it first.
+func (q ListQuery) Check() error {
+	switch {
+	case q.Limit <= 0:
+		return errors.New("idem: list: limit must be > 0")
+	case len(q.KeyPrefix) > 64 || strings.Trim(q.KeyPrefix, "0123456789abcdef") != "":
+		return errors.New("idem: list: key prefix must be up to 64 lowercase hex characters")
+	case q.State != 0 && q.State != StateInProgress && q.State != StateCompleted:
+		return errors.New("idem: list: unknown state")
+	}
+	return nil
 }

@@ -7,7 +7,9 @@ require (
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
 	github.com/idemkit/idem/stores/mysqlstore v0.1.0
+	github.com/idemkit/idem/stores/pgstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.mongodb.org/mongo-driver/v2 v2.10.0
 	go.uber.org/goleak v1.3.0
@@ -16,6 +18,9 @@ require (
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/xdg-go/scram v1.4.0 // indirect
 	github.com/xdg-go/stringprep v1.0.4 // indirect
@@ -31,5 +36,6 @@ replace (
 	github.com/idemkit/idem/core => ../../core
 	github.com/idemkit/idem/stores/mongostore => ../../stores/mongostore
 	github.com/idemkit/idem/stores/mysqlstore => ../../stores/mysqlstore
+	github.com/idemkit/idem/stores/pgstore => ../../stores/pgstore
 	github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
 )

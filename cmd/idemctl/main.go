@@ -2,35 +2,36 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	"github.com/redis/go-redis/v9"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/stores/mongostore"
 	"github.com/idemkit/idem/stores/mysqlstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-const usage = `usage: idemctl show|evict -store URL [flags]
+const usage = `usage: idemctl show|evict|list -store URL [flags] [KEY]
 
-Shows the idempotency record of one request, or evicts it after a
-confirmation. The record is named by the scope and key of the request
-(-principal, -method, -route, -key) or by its scoped key (-scoped-key, as
-traces carry it in idem.scoped_key).
+show   prints the idempotency record of one key (-body: its stored response
+       body, raw, on stdout; the record on stderr);
+evict  deletes it after a confirmation, so that a retry executes again;
+list   prints in-progress and oldest records, -limit at a time (-cursor
+       for the next page), and for in-progress ones whether the lease is
+       held or has lapsed.
+
+KEY (or -scoped-key) is the scoped key in any form idem prints: the 64 hex
+characters of a trace's idem.scoped_key, or a prefix of them, such as the 16
+of a log line's key= (pasted as is, "key=" included, if you like). Or name the
+request: -principal, -method, -route and -key. With list, KEY keeps the
+records whose scoped key starts with it.
 
 Flags:
 `
@@ -38,9 +39,12 @@ Flags:
 // Exit codes.
 const (
 	exitOK    = 0
-	exitFail  = 1 // no record, not evicted, or a store error
+	exitFail  = 1 // no record, an ambiguous prefix, not evicted, or a store error
 	exitUsage = 2
 )
+
+// minPrefix is the shortest scoped-key prefix show and evict accept.
+const minPrefix = 8
 
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -49,7 +53,9 @@ func main() {
 type cmdFlags struct {
 	store, prefix, collection, table   string
 	principal, method, route, key, hex string
-	yes                                bool
+	state, cursor                      string
+	limit                              int
+	yes, body                          bool
 	timeout                            time.Duration
 }
 
@@ -63,31 +69,44 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fs.PrintDefaults()
 	}
 	var o cmdFlags
-	fs.StringVar(&o.store, "store", "", "store URL: redis://[user:password@]host:port/db (rediss:// for TLS), mongodb://host/ (mongodb+srv:// too) or mysql://[user:password@]host[:port]/database")
+	fs.StringVar(&o.store, "store", "", "store URL: redis://[user:password@]host:port/db (rediss:// for TLS), mongodb://host/ (mongodb+srv:// too), postgres://[user:password@]host[:port]/database (postgresql:// too) or mysql://[user:password@]host[:port]/database")
 	fs.StringVar(&o.prefix, "prefix", redisstore.DefaultPrefix, "Redis key prefix of the store (redisstore.WithPrefix)")
-	fs.StringVar(&o.collection, "collection", "idem.idempotency", "MongoDB database.collection of the store")
-	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "MySQL table of the store, table or database.table (mysqlstore.WithTable)")
+	fs.StringVar(&o.collection, "collection", defaultCollection, "MongoDB database.collection of the store (the collection given to mongostore.New)")
+	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "SQL table of the store, table or schema.table (pgstore.WithTable, mysqlstore.WithTable)")
 	fs.StringVar(&o.principal, "principal", "", "principal the adapter's scope function returned (empty with idem.WithGlobalScope)")
 	fs.StringVar(&o.method, "method", "POST", "HTTP method")
 	fs.StringVar(&o.route, "route", "", "route template as the adapter reports it, e.g. /v1/payments/:id (the request path if it reports none)")
 	fs.StringVar(&o.key, "key", "", "Idempotency-Key header value as the client sent it")
-	fs.StringVar(&o.hex, "scoped-key", "", "scoped key (64 hex characters) instead of -principal, -method, -route and -key")
+	fs.StringVar(&o.hex, "scoped-key", "", "scoped key, 64 hex characters or a prefix of them (a log line's key=), instead of -principal, -method, -route and -key")
 	fs.BoolVar(&o.yes, "yes", false, "evict without asking for confirmation")
+	fs.BoolVar(&o.body, "body", false, "show: write the stored response body, raw, to stdout, and the record to stderr")
+	fs.StringVar(&o.state, "state", "all", "list: in-progress, completed or all")
+	fs.IntVar(&o.limit, "limit", 20, "list: records per page")
+	fs.StringVar(&o.cursor, "cursor", "", "list: the cursor the previous page printed")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound on the whole command")
-	if len(args) == 0 || (args[0] != "show" && args[0] != "evict") {
+	if len(args) == 0 || !slices.Contains([]string{"show", "evict", "list"}, args[0]) {
 		fs.Usage()
 		return exitUsage
 	}
 	cmd := args[0]
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parse(fs, args[1:], &o); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "idemctl:", err)
+		}
 		return exitUsage
 	}
-	key, err := o.scopedKey()
+	var (
+		key   string // full scoped key, or "" when prefix names it
+		query idem.ListQuery
+		err   error
+	)
+	if cmd == "list" {
+		query, err = o.listQuery()
+	} else {
+		key, query.KeyPrefix, err = o.scopedKey()
+	}
 	if err == nil && o.store == "" {
 		err = errors.New("-store is required")
-	}
-	if err == nil && fs.NArg() > 0 {
-		err = fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "idemctl:", err)
@@ -95,31 +114,54 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	in, closeStore, err := open(ctx, o)
+	b, err := open(ctx, o)
 	if err != nil {
 		fmt.Fprintln(stderr, "idemctl:", err)
 		return exitUsage
 	}
-	defer closeStore()
+	defer b.close()
 
-	info, found, err := in.Inspect(ctx, key)
+	if cmd == "list" {
+		return list(ctx, b, query, stdout, stderr)
+	}
+	listed := key == "" // the store listed the key: it holds a record, maybe a lapsed lease
+	if listed {
+		var code int
+		if key, code = resolve(ctx, b, query.KeyPrefix, stdout, stderr); key == "" {
+			return code
+		}
+	}
+	info, found, err := b.in.Inspect(ctx, key)
 	if err != nil {
-		fmt.Fprintln(stderr, "idemctl: inspect:", err)
+		fmt.Fprintf(stderr, "idemctl: inspect %s: %v\n", b.layout, err)
 		return exitFail
 	}
 	if !found {
-		fmt.Fprintf(stdout, "scoped key   %s\nno live record: the key is absent or expired (a request with it executes)\n", key)
+		fmt.Fprintf(stdout, "scoped key   %s\nstore key    %s\nno live record: the key is absent or expired (a request with it executes)\n", key, b.storeKey(key))
+		if listed {
+			fmt.Fprintln(stdout, "the store still keeps it: an in-progress record whose lease lapsed (its holder stopped renewing), until it is purged or taken over")
+		} else {
+			fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
+		}
 		return exitFail
 	}
-	printRecord(stdout, key, info, time.Now())
-	if cmd == "show" {
+	view := stdout
+	if o.body {
+		view = stderr
+	}
+	fmt.Fprintf(view, "scoped key   %s\nstore key    %s\n", key, b.storeKey(key))
+	printRecord(view, info, time.Now())
+	switch {
+	case cmd == "show" && o.body:
+		return dumpBody(info, stdout, stderr)
+	case cmd == "show":
 		return exitOK
 	}
 	if !o.yes && !confirm(stdin, stdout, info.State) {
 		fmt.Fprintln(stdout, "not evicted")
 		return exitFail
 	}
-	switch err := in.Evict(ctx, key, info.Record); {
+	switch err := b.in.Evict(ctx, key, info.Record); {
 	case errors.Is(err, idem.ErrRecordChanged):
 		fmt.Fprintln(stdout, "not evicted: the record changed since it was shown (it completed, changed owner or expired); run idemctl show again")
 		return exitFail
@@ -131,104 +173,218 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return exitOK
 }
 
-// scopedKey returns the key the store holds: -scoped-key, or the one the
-// engine computes from the scope and the idempotency key (idem.ScopedKey).
-func (o *cmdFlags) scopedKey() (string, error) {
-	if o.hex != "" {
-		if len(o.hex) != 64 || strings.Trim(strings.ToLower(o.hex), "0123456789abcdef") != "" {
-			return "", errors.New("-scoped-key must be 64 hex characters")
+// parse parses args into o, taking one positional KEY (-scoped-key)
+// wherever it stands among the flags.
+func parse(fs *flag.FlagSet, args []string, o *cmdFlags) error {
+	var keys []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
 		}
-		return strings.ToLower(o.hex), nil
+		if fs.NArg() == 0 {
+			break
+		}
+		keys = append(keys, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	switch {
+	case len(keys) > 1:
+		return fmt.Errorf("unexpected arguments %q: one KEY at most", keys)
+	case len(keys) == 1 && o.hex != "":
+		return errors.New("KEY and -scoped-key both given")
+	case len(keys) == 1:
+		o.hex = keys[0]
+	}
+	return nil
+}
+
+// hexKey returns -scoped-key (or KEY) as lowercase hex, with a pasted
+// "key=" dropped, and whether it was given.
+func (o *cmdFlags) hexKey() (string, bool, error) {
+	if o.hex == "" {
+		return "", false, nil
+	}
+	h := strings.ToLower(strings.TrimPrefix(o.hex, "key="))
+	if len(h) > 64 || strings.Trim(h, "0123456789abcdef") != "" {
+		return "", true, errors.New("the scoped key must be 64 hex characters or a prefix of them (a log line's key=)")
+	}
+	return h, true, nil
+}
+
+// scopedKey returns the key show and evict read: a full scoped key, or a
+// prefix of one to look up (the other result empty). The full key is
+// -scoped-key, or the one the engine computes from the scope and the
+// idempotency key (idem.ScopedKey).
+func (o *cmdFlags) scopedKey() (key, prefix string, err error) {
+	h, given, err := o.hexKey()
+	switch {
+	case err != nil:
+		return "", "", err
+	case given && o.key != "":
+		return "", "", errors.New("give a scoped key or -key, not both")
+	case given && len(h) == 64:
+		return h, "", nil
+	case given && len(h) < minPrefix:
+		return "", "", fmt.Errorf("a scoped-key prefix needs at least %d hex characters (log lines carry 16)", minPrefix)
+	case given:
+		return "", h, nil
 	}
 	if o.key == "" || o.route == "" {
-		return "", errors.New("-key and -route are required (or -scoped-key)")
+		return "", "", errors.New("-key and -route are required (or a scoped key)")
 	}
-	key, err := idem.ParseKey([]string{o.key}) // "abc" (sf-string) and abc name the same key
+	k, err := idem.ParseKey([]string{o.key}) // "abc" (sf-string) and abc name the same key
 	if err != nil {
-		return "", fmt.Errorf("-key: %w", err)
+		return "", "", fmt.Errorf("-key: %w", err)
 	}
-	return idem.ScopedKey(o.principal, strings.ToUpper(o.method), o.route, key), nil
+	return idem.ScopedKey(o.principal, strings.ToUpper(o.method), o.route, k), "", nil
 }
 
-// open returns the store named by o.store as an Inspector, and a function
-// releasing its client.
-func open(ctx context.Context, o cmdFlags) (idem.Inspector, func(), error) {
-	u, err := url.Parse(o.store)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-store: %w", err)
+// listQuery returns list's query: its state, -limit, -cursor and the key
+// prefix (a request's full key when -key is given).
+func (o *cmdFlags) listQuery() (idem.ListQuery, error) {
+	q := idem.ListQuery{Limit: o.limit, Cursor: o.cursor}
+	switch o.state {
+	case "in-progress":
+		q.State = idem.StateInProgress
+	case "completed":
+		q.State = idem.StateCompleted
+	case "all":
+	default:
+		return q, fmt.Errorf("-state %q: want in-progress, completed or all", o.state)
 	}
-	switch u.Scheme {
-	case "redis", "rediss":
-		opts, err := redis.ParseURL(o.store)
-		if err != nil {
-			return nil, nil, fmt.Errorf("-store: %w", err)
-		}
-		client := redis.NewClient(opts)
-		return redisstore.New(client, redisstore.WithPrefix(o.prefix)), func() { _ = client.Close() }, nil
-	case "mongodb", "mongodb+srv":
-		db, coll, ok := strings.Cut(o.collection, ".")
-		if !ok || db == "" || coll == "" {
-			return nil, nil, fmt.Errorf("-collection %q: want database.collection", o.collection)
-		}
-		client, err := mongo.Connect(options.Client().ApplyURI(o.store))
-		if err != nil {
-			return nil, nil, fmt.Errorf("-store: %w", err)
-		}
-		s := mongostore.New(client.Database(db).Collection(coll))
-		return s, func() {
-			_ = s.Close()
-			_ = client.Disconnect(context.WithoutCancel(ctx))
-		}, nil
-	case "mysql":
-		cfg, err := mysqlConfig(u)
-		if err != nil {
-			return nil, nil, fmt.Errorf("-store: %w", err)
-		}
-		conn, err := mysql.NewConnector(cfg)
-		if err != nil {
-			return nil, nil, fmt.Errorf("-store: %w", err)
-		}
-		db := sql.OpenDB(conn)
-		s := mysqlstore.New(db, mysqlstore.WithTable(o.table))
-		return s, func() { _ = s.Close(); _ = db.Close() }, nil
+	if o.limit <= 0 {
+		return q, errors.New("-limit must be > 0")
 	}
-	return nil, nil, fmt.Errorf("-store %q: want a redis://, rediss://, mongodb://, mongodb+srv:// or mysql:// URL", o.store)
+	if o.key != "" || o.hex != "" {
+		key, prefix, err := o.scopedKey()
+		if err != nil {
+			return q, err
+		}
+		q.KeyPrefix = key + prefix
+	}
+	return q, nil
 }
 
-// mysqlConfig turns mysql://[user[:password]@]host[:port]/database into
-// the driver's configuration (TCP, port 3306 by default); query parameters
-// are the driver's DSN parameters (e.g. tls=true).
-func mysqlConfig(u *url.URL) (*mysql.Config, error) {
-	db := strings.TrimPrefix(u.Path, "/")
-	if u.Host == "" || db == "" || strings.Contains(db, "/") {
-		return nil, errors.New("want mysql://[user[:password]@]host[:port]/database")
+// maxMatches is how many records a prefix lookup lists when the prefix is
+// ambiguous.
+const maxMatches = 10
+
+// resolve looks up the one record whose scoped key starts with prefix. It
+// returns "" and the exit code when there is none or more than one (then
+// listed).
+func resolve(ctx context.Context, b *backend, prefix string, stdout, stderr io.Writer) (string, int) {
+	if b.ls == nil {
+		fmt.Fprintf(stderr, "idemctl: %s cannot look a key prefix up; give the 64-hex scoped key or the request\n", b.layout)
+		return "", exitUsage
 	}
-	dsn := u.User.Username()
-	if p, ok := u.User.Password(); ok {
-		dsn += ":" + p
+	var found []idem.ListedRecord
+	q := idem.ListQuery{KeyPrefix: prefix, Limit: maxMatches}
+	for {
+		page, err := b.ls.List(ctx, q)
+		if err != nil {
+			fmt.Fprintf(stderr, "idemctl: look the key prefix up in %s: %v\n", b.layout, err)
+			return "", exitFail
+		}
+		found = append(found, page.Records...)
+		if page.Next == "" || len(found) > 1 {
+			break
+		}
+		q.Cursor = page.Next
 	}
-	host := u.Host
-	if u.Port() == "" {
-		host += ":3306"
+	switch len(found) {
+	case 0:
+		fmt.Fprintf(stdout, "key prefix   %s\nno record's scoped key starts with it\n", prefix)
+		fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
+		return "", exitFail
+	case 1:
+		return found[0].Key, exitOK
 	}
-	dsn += "@tcp(" + host + ")/" + db
-	if u.RawQuery != "" {
-		dsn += "?" + u.RawQuery
+	fmt.Fprintf(stdout, "key prefix   %s is ambiguous; give more of the scoped key. Records found:\n", prefix)
+	printList(stdout, found[:min(len(found), maxMatches)])
+	return "", exitFail
+}
+
+// list prints one page of records and how to ask for the next.
+func list(ctx context.Context, b *backend, q idem.ListQuery, stdout, stderr io.Writer) int {
+	if b.ls == nil {
+		fmt.Fprintf(stderr, "idemctl: %s cannot list records\n", b.layout)
+		return exitUsage
 	}
-	return mysql.ParseDSN(dsn)
+	page, err := b.ls.List(ctx, q)
+	if err != nil {
+		fmt.Fprintf(stderr, "idemctl: list %s: %v\n", b.layout, err)
+		return exitFail
+	}
+	// Soonest expiry first: stuck leases, then the oldest records (SQL and
+	// MongoDB pages come so; Redis pages in scan order).
+	slices.SortStableFunc(page.Records, func(a, b idem.ListedRecord) int { return cmp.Compare(a.TTL, b.TTL) })
+	fmt.Fprintf(stdout, "store        %s\n", b.layout)
+	switch {
+	case len(page.Records) == 0 && page.Next != "":
+		fmt.Fprintln(stdout, "none in this part of the store")
+	case len(page.Records) == 0 && q.Cursor == "":
+		fmt.Fprintln(stdout, "no records")
+		fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
+	}
+	printList(stdout, page.Records)
+	if page.Next != "" {
+		fmt.Fprintf(stdout, "more: run again with -cursor %s\n", page.Next)
+	}
+	return exitOK
+}
+
+// printList writes one line per record: scoped key, state, and the time
+// left on its lease (held, or lapsed: its holder stopped) or retention.
+// Uncertain records, once stores keep them, get their own state here.
+func printList(w io.Writer, recs []idem.ListedRecord) {
+	for _, r := range recs {
+		ttl := roundTTL(r.TTL)
+		switch {
+		case r.State == idem.StateInProgress && r.TTL > 0:
+			fmt.Fprintf(w, "%s  in-progress  lease held, %v left: retries get 409 (stuck if its holder no longer runs), owner %s\n", r.Key, ttl, r.Token)
+		case r.State == idem.StateInProgress:
+			fmt.Fprintf(w, "%s  in-progress  lease lapsed %v ago: its holder stopped renewing, the next request executes, owner %s\n", r.Key, -ttl, r.Token)
+		default:
+			fmt.Fprintf(w, "%s  %s    expires in %v\n", r.Key, r.State, ttl)
+		}
+	}
+}
+
+// roundTTL rounds a time to live for display.
+func roundTTL(d time.Duration) time.Duration {
+	d = d.Round(time.Millisecond)
+	if d >= time.Minute || d <= -time.Minute {
+		d = d.Round(time.Second)
+	}
+	return d
+}
+
+// dumpBody writes a completed record's stored response body, byte for
+// byte, to stdout.
+func dumpBody(info idem.RecordInfo, stdout, stderr io.Writer) int {
+	if info.State != idem.StateCompleted {
+		fmt.Fprintln(stderr, "idemctl: no body: the record is in progress")
+		return exitFail
+	}
+	r, err := idem.DecodeResponse(info.Response)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemctl: the stored response does not decode:", err)
+		return exitFail
+	}
+	if _, err := stdout.Write(r.Body); err != nil {
+		fmt.Fprintln(stderr, "idemctl: write the body:", err)
+		return exitFail
+	}
+	return exitOK
 }
 
 // printRecord writes the operator's view of a record: state, time to live
 // (and the expiry it gives from now), lease owner, fingerprint, and for
 // completed records the stored status, header lines (sorted by name) and
 // body size, decoded from the record's response ([idem.DecodeResponse]).
-func printRecord(w io.Writer, key string, info idem.RecordInfo, now time.Time) {
-	fmt.Fprintf(w, "scoped key   %s\n", key)
+func printRecord(w io.Writer, info idem.RecordInfo, now time.Time) {
 	fmt.Fprintf(w, "state        %s\n", info.State)
-	ttl := info.TTL.Round(time.Millisecond)
-	if ttl >= time.Minute {
-		ttl = ttl.Round(time.Second)
-	}
+	ttl := roundTTL(info.TTL)
 	at := now.Add(info.TTL).UTC().Format(time.RFC3339)
 	switch info.State {
 	case idem.StateInProgress:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -20,33 +21,31 @@ import (
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/mongostore"
 	"github.com/idemkit/idem/stores/mysqlstore"
+	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
 // The tests talk to the Redis at IDEM_REDIS_URL (default
-// redis://127.0.0.1:6379/0) and the MongoDB-wire server at IDEM_MONGO_URI
-// (FerretDB under `make test`), and the MySQL/MariaDB at IDEM_MYSQL_DSN
-// (default root@tcp(127.0.0.1:3306)/test). A missing server fails the test when
-// CI=true and skips it otherwise.
+// redis://127.0.0.1:6379/0), the MongoDB-wire server at IDEM_MONGO_URI
+// (FerretDB under `make test`), the PostgreSQL at IDEM_POSTGRES_URL
+// (default postgres://postgres@127.0.0.1:5432/test) and the MySQL/MariaDB
+// at IDEM_MYSQL_DSN (default root@tcp(127.0.0.1:3306)/test). A missing
+// server fails the test.
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format+" (CI=true: failing instead of skipping)", args...)
-	}
-	t.Skipf(format+"; skipping (set CI=true to fail instead)", args...)
+// testStore is one store under test: the URL and flags idemctl is given,
+// the same store for the engine, and whether it keeps in-progress records
+// whose lease lapsed until they are purged (SQL, MongoDB; Redis expires
+// them with the lease), and whether its pages are SCAN batches.
+type testStore struct {
+	store      idem.Store
+	args       []string
+	keepsLapse bool
+	scans      bool // pages are whole SCAN batches (Redis), not exactly -limit records
 }
 
-// backend is one store under test: the URL and flags idemctl is given, and
-// the same store for the engine.
-type backend struct {
-	store idem.Store
-	args  []string
-}
-
-func redisBackend(t *testing.T) backend {
+func redisBackend(t *testing.T) testStore {
 	u := os.Getenv("IDEM_REDIS_URL")
 	if u == "" {
 		u = "redis://127.0.0.1:6379/0"
@@ -58,16 +57,24 @@ func redisBackend(t *testing.T) backend {
 	client := redis.NewClient(opts)
 	t.Cleanup(func() { _ = client.Close() })
 	if err := client.Ping(context.Background()).Err(); err != nil {
-		unavailable(t, "Redis at %s: %v", u, err)
+		t.Fatalf("Redis at %s (IDEM_REDIS_URL): %v", u, err)
 	}
 	prefix := "idemctl-test:" + rand.Text() + ":"
-	return backend{store: redisstore.New(client, redisstore.WithPrefix(prefix)), args: []string{"-store", u, "-prefix", prefix}}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			client.Del(ctx, iter.Val())
+		}
+	})
+	return testStore{store: redisstore.New(client, redisstore.WithPrefix(prefix)), args: []string{"-store", u, "-prefix", prefix}, scans: true}
 }
 
-func mongoBackend(t *testing.T) backend {
+func mongoBackend(t *testing.T) testStore {
 	u := os.Getenv("IDEM_MONGO_URI")
 	if u == "" {
-		unavailable(t, "IDEM_MONGO_URI is not set")
+		t.Fatal("IDEM_MONGO_URI is not set (source scripts/services.sh)")
 	}
 	client, err := mongo.Connect(options.Client().ApplyURI(u))
 	if err != nil {
@@ -82,10 +89,36 @@ func mongoBackend(t *testing.T) backend {
 	})
 	s := mongostore.New(coll)
 	t.Cleanup(func() { _ = s.Close() })
-	return backend{store: s, args: []string{"-store", u, "-collection", "idemctl_test." + coll.Name()}}
+	return testStore{store: s, args: []string{"-store", u, "-collection", "idemctl_test." + coll.Name()}, keepsLapse: true}
 }
 
-func mysqlBackend(t *testing.T) backend {
+func postgresBackend(t *testing.T) testStore {
+	u := os.Getenv("IDEM_POSTGRES_URL")
+	if u == "" {
+		u = "postgres://postgres@127.0.0.1:5432/test"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := "idemctl_t_" + strings.ToLower(rand.Text()[:12])
+	s := pgstore.New(pool, pgstore.WithTable(table))
+	t.Cleanup(func() {
+		_ = s.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+		pool.Close()
+	})
+	if err := s.EnsureSchema(ctx); err != nil {
+		t.Fatalf("PostgreSQL at %s (IDEM_POSTGRES_URL): %v", u, err)
+	}
+	return testStore{store: s, args: []string{"-store", u, "-table", table}, keepsLapse: true}
+}
+
+func mysqlBackend(t *testing.T) testStore {
 	dsn := os.Getenv("IDEM_MYSQL_DSN")
 	if dsn == "" {
 		dsn = "root@tcp(127.0.0.1:3306)/test"
@@ -118,7 +151,11 @@ func mysqlBackend(t *testing.T) backend {
 	if cfg.Passwd != "" {
 		u += ":" + cfg.Passwd
 	}
-	return backend{store: s, args: []string{"-store", u + "@" + cfg.Addr + "/" + cfg.DBName, "-table", table}}
+	return testStore{store: s, args: []string{"-store", u + "@" + cfg.Addr + "/" + cfg.DBName, "-table", table}, keepsLapse: true}
+}
+
+var backends = map[string]func(*testing.T) testStore{
+	"redis": redisBackend, "mongo": mongoBackend, "postgres": postgresBackend, "mysql": mysqlBackend,
 }
 
 // TestStuckRecord is the operator's story on Redis, FerretDB and MariaDB: a
@@ -126,12 +163,12 @@ func mysqlBackend(t *testing.T) backend {
 // record and its owner, a "no" keeps it, -yes evicts it, and the retry
 // executes; the completed record shows its status, headers and body size.
 func TestStuckRecord(t *testing.T) {
-	for name, newBackend := range map[string]func(*testing.T) backend{"redis": redisBackend, "mongo": mongoBackend, "mysql": mysqlBackend} {
+	for name, newBackend := range backends {
 		t.Run(name, func(t *testing.T) { testStuckRecord(t, newBackend(t)) })
 	}
 }
 
-func testStuckRecord(t *testing.T, b backend) {
+func testStuckRecord(t *testing.T, b testStore) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	engine, err := idem.New(b.store)
@@ -166,7 +203,7 @@ func testStuckRecord(t *testing.T, b backend) {
 	}
 	scope := []string{"-principal", "acct_1", "-route", "/v1/payments", "-key", "pay-7f3a"}
 	code, out := idemctl("", append([]string{"show"}, scope...)...)
-	for _, want := range []string{"scoped key   " + scoped, "state        in-progress", "lease owner  crashed-instance.17", "fingerprint  " + fp} {
+	for _, want := range []string{"scoped key   " + scoped, "store key    ", "state        in-progress", "lease owner  crashed-instance.17", "fingerprint  " + fp} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Fatalf("show = %d\n%s\nwant exit 0 and %q", code, out, want)
 		}
@@ -226,6 +263,15 @@ func TestUsage(t *testing.T) {
 		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "extra"},                             // stray argument
 		{"evict", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "-nonsense"},                        // unknown flag
 		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", strings.Repeat("k", idem.MaxKeyLength+1)}, // too long
+		{"show", "-store", "redis://127.0.0.1:1/0", "abc"},                                                            // prefix too short
+		{"show", "-store", "redis://127.0.0.1:1/0", strings.Repeat("a", 65)},                                          // too long for a scoped key
+		{"show", "-store", "redis://127.0.0.1:1/0", "-scoped-key", "20749a9e2ab7c3dd", "20749a9e2ab7c3dd"},            // key twice
+		{"show", "-store", "redis://127.0.0.1:1/0", "20749a9e2ab7c3dd", "-yes", "30749a9e2ab7c3dd"},                   // two keys
+		{"show", "-store", "redis://127.0.0.1:1/0", "-route", "/p", "-key", "k", "20749a9e2ab7c3dd"},                  // key and request
+		{"list", "-store", "redis://127.0.0.1:1/0", "-state", "stuck"},                                                // unknown state
+		{"list", "-store", "redis://127.0.0.1:1/0", "-limit", "0"},                                                    // empty pages
+		{"list", "-store", "postgres://127.0.0.1:1/test?sslmode=bogus"},                                               // bad URL
+		{"list", "-store", "redis://127.0.0.1:1/0", "key=zz"},                                                         // not hex
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(context.Background(), args, strings.NewReader(""), &out, &errOut); code != exitUsage || errOut.Len() == 0 {
@@ -249,7 +295,7 @@ func withoutTTL(out string) string {
 // size and the decoding error, never hidden.
 func TestPrintRecordUndecodable(t *testing.T) {
 	var b strings.Builder
-	printRecord(&b, "k", idem.RecordInfo{Record: idem.Record{State: idem.StateCompleted, Fingerprint: "fp", Response: []byte{9, 9, 9}}}, time.Now())
+	printRecord(&b, idem.RecordInfo{Record: idem.Record{State: idem.StateCompleted, Fingerprint: "fp", Response: []byte{9, 9, 9}}}, time.Now())
 	if out := b.String(); !strings.Contains(out, "response     3 bytes that do not decode") || strings.Contains(out, "status") {
 		t.Fatalf("printRecord of an undecodable response:\n%s", out)
 	}

@@ -66,6 +66,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"DefensiveCopies", testDefensiveCopies},
 		{"AcquiredBytesUnchanged", testAcquiredBytesUnchanged},
 		{"Inspector", testInspector},
+		{"Lister", testLister},
 		{"CompleteThroughEngine", testCompleteThroughEngine},
 		{"FingerprintWithID", testFingerprintWithID},
 	}

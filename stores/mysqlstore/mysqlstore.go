@@ -152,7 +152,7 @@ func New(db *sql.DB, opts ...Option) *Store {
 // completion at the end of a long transaction judges its lease by the time
 // it runs). Durations are passed in microseconds.
 type queries struct {
-	acquire, complete, release, extend, get, completedBy, inspect, evict, purgeSelect, purgeDelete string
+	acquire, complete, release, extend, get, completedBy, inspect, evict, list, purgeSelect, purgeDelete string
 }
 
 // live is the condition on a live row.
@@ -171,6 +171,12 @@ func newQueries(t, proc string) queries {
 		inspect: `SELECT state, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM ` +
 			t + " WHERE `key` = ? AND " + live,
 		evict: `DELETE FROM ` + t + " WHERE `key` = ? AND state = ? AND token = ? AND fingerprint = ? AND " + live,
+		// List's page: key prefix (LIKE 'hex%'), state (0: any), the
+		// cursor's expiry (twice) and key, the limit.
+		list: "SELECT `key`, state, token, fingerprint, DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), " +
+			"TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM " + t +
+			" WHERE `key` LIKE ? AND (? = 0 OR state = ?) AND (state = 1 OR " + live + ")" +
+			" AND (expires_at > ? OR (expires_at = ? AND `key` > ?)) ORDER BY expires_at, `key` LIMIT ?",
 		// A plain (non-locking) read through the expires_at index: the
 		// DELETE that follows locks only the rows it deletes, by primary
 		// key, so purging takes no gap locks on the index under
