@@ -52,9 +52,10 @@
 // New in v3, c.End() writes the response to the connection and closes it
 // before the chain returns: idemfiberv3 records that response, and a retry
 // gets it replayed (a retry that overtakes the recording gets 409 first).
-// End leaves no trace idemfiberv3 can read, so a panic after c.End()
-// releases the key although the client has the response, and a retry runs
-// again: do nothing that can panic after End. c.Drop() closes the connection without a response, and
+// A panic after c.End() (the client has the response) records the key as
+// executed but not replayable: retries get 410 "response-not-stored",
+// never a second execution (idemfiberv3 sees End as the connection it
+// closed). c.Drop() closes the connection without a response, and
 // neither the chain's result nor the response tells idemfiberv3 so: it
 // records the response as it stands (an empty 200) and replays it, so drop
 // requests (abuse, blocked clients) in middleware mounted before

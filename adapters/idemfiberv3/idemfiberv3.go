@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/gofiber/fiber/v3"
 	"github.com/gofiber/utils/v2"
@@ -101,7 +102,11 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		x.OuterHeader(outerHeader(c))
 		defer func() {
 			if p := recover(); p != nil {
-				x.Fail()
+				if ended(c) { // the answer went out: executed, not replayable
+					x.Abort(c.Response().StatusCode(), nil)
+				} else {
+					x.Fail()
+				}
 				panic(p)
 			}
 		}()
@@ -246,4 +251,13 @@ func newRouteIndex(app *fiber.App) *routeIndex {
 		}
 	}
 	return idx
+}
+
+// ended reports whether the handler called c.End(), which writes the
+// response to the connection and closes it: setting a deadline fails only
+// on a closed connection (and clearing the write deadline is harmless on an
+// open one, which fasthttp sets again before it writes).
+func ended(c fiber.Ctx) bool {
+	conn := c.RequestCtx().Conn()
+	return conn != nil && conn.SetWriteDeadline(time.Time{}) != nil
 }

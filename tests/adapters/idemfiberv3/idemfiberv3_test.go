@@ -143,9 +143,8 @@ func native(t *testing.T, m adaptertest.NativeMount) string {
 		h = func(fiber.Ctx) error { panic("boom") }
 	case adaptertest.PanicAfterWrite:
 		h = func(c fiber.Ctx) error {
-			// Written, not yet sent: with c.End() before the panic the client
-			// gets the 201 and the retry runs again (idemfiberv3 cannot see
-			// End; its package doc says so).
+			// Written, not yet sent (a panic after c.End(), once sent, is
+			// TestPanicAfterEnd).
 			_ = c.Status(201).SendString("written")
 			panic("boom")
 		}
