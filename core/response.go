@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"maps"
 	"net/http"
 	"strconv"
 )
@@ -38,7 +37,7 @@ func (resp *Response) IsReplay() bool {
 func (resp *Response) Send(w http.ResponseWriter) {
 	h := w.Header()
 	if resp.wire != nil && resp.Header == nil {
-		maps.Copy(h, resp.header()) // a new map: its value slices are h's to keep
+		resp.wire.fill(h) // straight into the writer's header, no map in between
 	} else {
 		for k, v := range resp.Header {
 			h[k] = append([]string(nil), v...)
@@ -117,8 +116,17 @@ func (resp *Response) header() http.Header {
 	if resp.Header != nil || resp.wire == nil {
 		return resp.Header
 	}
+	h := make(http.Header, resp.wire.names+1)
+	resp.wire.fill(h)
+	return h
+}
+
+// fill sets w's header lines in h, each name replacing any lines of that
+// name h had, and the "Idempotent-Replayed: true" line of a replay. The
+// value slices share one array, capped so that an append copies.
+func (w *wire) fill(h http.Header) {
 	n := 1 // values, counted first: one array for all
-	for d, i := (strDecoder{s: resp.wire.lines}), int32(0); i < resp.wire.names; i++ {
+	for d, i := (strDecoder{s: w.lines}), int32(0); i < w.names; i++ {
 		d.string()
 		nv := d.uvarint()
 		n += int(nv)
@@ -126,13 +134,11 @@ func (resp *Response) header() http.Header {
 			d.string()
 		}
 	}
-	h := make(http.Header, resp.wire.names+1)
 	values := make([]string, n)
-	d := strDecoder{s: resp.wire.lines}
-	values = fillHeader(&d, int(resp.wire.names), h, values)
-	if resp.wire.replayed {
+	d := strDecoder{s: w.lines}
+	values = fillHeader(&d, int(w.names), h, values)
+	if w.replayed {
 		values[0] = "true"
 		h[ReplayedHeader] = values[:1:1]
 	}
-	return h
 }
