@@ -143,6 +143,7 @@ type StoredError struct {
 	Message string
 }
 
+// Error returns the stored message.
 func (s *StoredError) Error() string { return s.Message }
 
 // Is reports whether target is [ErrPermanent] or a *StoredError with the same Message.

@@ -27,6 +27,7 @@ const (
 	Retry
 )
 
+// String returns the decision's name, for logs.
 func (d Decision) String() string {
 	if d == Retry {
 		return "retry"

@@ -46,6 +46,7 @@ type GaveUpError struct {
 	Reason error
 }
 
+// Error names the key, the attempts and the last outcome.
 func (e *GaveUpError) Error() string {
 	last := fmt.Sprintf("status %d", e.StatusCode)
 	if e.Err != nil {
