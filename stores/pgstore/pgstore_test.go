@@ -403,96 +403,59 @@ func TestOutage(t *testing.T) {
 	})
 }
 
-// TestTransactional checks what the engine does with the execution's
-// transaction: committed with a stored response, rolled back when the
-// key is released (5xx, handler error, panic before a response) or the
-// lease was lost, and closed to the handler once the execution ended.
+// TestTransactional runs storetest.RunTransactional, the handler writing
+// one payment row through Tx.
 func TestTransactional(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	s, table := newStore(t, pool)
-	payments := createPayments(t, pool, table)
-	// Long enough for a loaded machine: it is never renewed here.
-	const lease = 2 * time.Second
-	noRenewal := struct { // no Extender: the lease is never renewed
-		idem.Store
-		idem.Transactional
-	}{s, s}
-	e, err := idem.New(noRenewal, idem.WithLease(lease), idem.WithStoreTimeout(lease/4))
+	storetest.RunTransactional(t, func(t *testing.T) (idem.Store, storetest.TxHooks) {
+		s, table := newStore(t, pool)
+		payments := createPayments(t, pool, table)
+		return s, storetest.TxHooks{
+			Write: func(ctx context.Context, tag string) error {
+				tx, err := pgstore.Tx(ctx)
+				if err == nil {
+					_, err = tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ($1, 1)`, tag)
+				}
+				return err
+			},
+			Rows:        func(t *testing.T, tag string) int { return countRows(t, pool, payments, tag) },
+			Held:        func() int { return int(pool.Stat().AcquiredConns()) },
+			NoExecution: pgstore.ErrNoExecution,
+			Ended:       pgstore.ErrExecutionEnded,
+		}
+	})
+}
+
+// TestTxHandlerCannotEnd: Tx returns the same transaction to every call of
+// one execution, and refuses the handler's Commit and Rollback (the
+// engine ends it).
+func TestTxHandlerCannotEnd(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s, _ := newStore(t, pool)
+	e, err := idem.New(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// run executes key, inserting one payment row through Tx, then ends
-	// with end; it returns the handler's transaction.
-	run := func(key string, end func(*idem.Execution)) pgx.Tx {
-		t.Helper()
-		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
-		if x == nil {
-			t.Fatalf("Begin(%s) = %+v; want an execution", key, resp)
-		}
-		ctx := x.WithInfo(ctxT(t))
-		tx, err := pgstore.Tx(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if again, err := pgstore.Tx(ctx); err != nil || again.Conn() != tx.Conn() {
-			t.Fatalf("second Tx = %v, %v; want the same transaction", again, err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ($1, 1)`, key); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
-			t.Fatalf("handler's Commit = %v; want ErrEngineEnds", err)
-		}
-		if err := tx.Rollback(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
-			t.Fatalf("handler's Rollback = %v; want ErrEngineEnds", err)
-		}
-		if n := countRows(t, pool, payments, key); n != 0 {
-			t.Fatalf("%s: the uncommitted row is visible outside the transaction (%d)", key, n)
-		}
-		end(x)
-		if _, err := pgstore.Tx(ctx); !errors.Is(err, pgstore.ErrExecutionEnded) {
-			t.Fatalf("Tx after the execution ended = %v; want ErrExecutionEnded", err)
-		}
-		return tx
+	x, resp := e.Begin(ctxT(t), request("k", `{"amount":1}`))
+	if x == nil {
+		t.Fatalf("Begin = %+v; want an execution", resp)
 	}
-	finish := func(status int) func(*idem.Execution) {
-		return func(x *idem.Execution) { x.Write([]byte("done")); x.Finish(status, nil) }
+	defer x.Fail()
+	ctx := x.WithInfo(ctxT(t))
+	tx, err := pgstore.Tx(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	run("stored", finish(201))
-	run("client-error", finish(400))
-	run("server-error", finish(503))
-	run("handler-error", (*idem.Execution).Fail)
-	run("panic", func(x *idem.Execution) { x.Abort(0, nil) })
-	run("lease-lost", func(x *idem.Execution) {
-		time.Sleep(lease + 100*time.Millisecond)
-		// Another instance takes the lapsed lease over and completes.
-		if _, ok, err := s.Acquire(ctxT(t), idem.ScopedKey("alice", "POST", "/v1/payments", "lease-lost"), "takeover",
-			idem.Fingerprint("POST", "/v1/payments", "", "application/json", []byte(`{"amount":1}`)), time.Minute); err != nil || !ok {
-			t.Fatalf("takeover = %v, %v", ok, err)
-		}
-		x.Finish(201, nil)
-	})
-	for key, want := range map[string]int{"stored": 1, "client-error": 1, "server-error": 0, "handler-error": 0, "panic": 0, "lease-lost": 0} {
-		if n := countRows(t, pool, payments, key); n != want {
-			t.Errorf("%s: %d payment rows; want %d", key, n, want)
-		}
+	if again, err := pgstore.Tx(ctx); err != nil || again.Conn() != tx.Conn() {
+		t.Fatalf("second Tx = %v, %v; want the same transaction", again, err)
 	}
-	if _, resp := e.Begin(ctxT(t), request("stored", `{"amount":1}`)); resp == nil || !resp.IsReplay() || string(resp.Body) != "done" {
-		t.Fatalf("retry of the stored execution = %+v; want its replay", resp)
+	if err := tx.Commit(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
+		t.Fatalf("handler's Commit = %v; want ErrEngineEnds", err)
 	}
-	for _, k := range []string{"server-error", "handler-error", "panic"} {
-		if x, resp := e.Begin(ctxT(t), request(k, `{"amount":1}`)); x == nil {
-			t.Errorf("retry of %s = %+v; want an execution (the key was released)", k, resp)
-		} else {
-			x.Fail()
-		}
-	}
-	if _, err := pgstore.Tx(ctxT(t)); !errors.Is(err, pgstore.ErrNoExecution) {
-		t.Fatalf("Tx outside an execution = %v; want ErrNoExecution", err)
-	}
-	if st := pool.Stat(); st.AcquiredConns() != 0 {
-		t.Fatalf("%d pool connections still held after every execution ended", st.AcquiredConns())
+	if err := tx.Rollback(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
+		t.Fatalf("handler's Rollback = %v; want ErrEngineEnds", err)
 	}
 }
 
