@@ -145,13 +145,19 @@ func txRequest(k string) *idem.Request {
 // begin starts an execution of k and returns it with its handler's
 // context, after the handler wrote two rows tagged k through its
 // transaction (the second through the same transaction, asked again).
-func begin(t *testing.T, e *idem.Engine, h TxHooks, k string) (*idem.Execution, context.Context) {
+func begin(t *testing.T, e *idem.Engine, p *txProbe, h TxHooks, k string) (*idem.Execution, context.Context) {
 	t.Helper()
 	x, resp := e.Begin(ctx(t), txRequest(k))
 	if x == nil {
 		t.Fatalf("Begin(%s) = %+v; want an execution", k, resp)
 	}
 	c := x.WithInfo(ctx(t))
+	u := p.unit(t, k)
+	t.Cleanup(func() {
+		if t.Failed() { // a check stopped the test mid-execution: end its transaction, which holds a connection
+			_ = u.Release(context.Background())
+		}
+	})
 	for range 2 {
 		if err := h.Write(c, k); err != nil {
 			t.Fatalf("%s: the handler's write: %v", k, err)
@@ -184,7 +190,7 @@ func testTxCommit(t *testing.T, p *txProbe, h TxHooks) {
 		k      string
 		status int
 	}{{"created", http.StatusCreated}, {"client-error", http.StatusBadRequest}} {
-		x, hc := begin(t, e, h, c.k)
+		x, hc := begin(t, e, p, h, c.k)
 		_, _ = x.Write([]byte("done"))
 		x.Finish(c.status, nil)
 		ended(hc, t, h, c.k)
@@ -212,7 +218,7 @@ func testTxRollbackOnRelease(t *testing.T, p *txProbe, h TxHooks) {
 		"handler-error": (*idem.Execution).Fail,
 		"panic":         func(x *idem.Execution) { x.Abort(0, nil) }, // a panic before any response
 	} {
-		x, hc := begin(t, e, h, k)
+		x, hc := begin(t, e, p, h, k)
 		end(x)
 		ended(hc, t, h, k)
 		if n := h.Rows(t, k); n != 0 {
@@ -229,7 +235,7 @@ func testTxRollbackOnRelease(t *testing.T, p *txProbe, h TxHooks) {
 func testTxLostLease(t *testing.T, p *txProbe, h TxHooks) {
 	e := doEngine(t, p)
 	const k = "lease-lost"
-	x, hc := begin(t, e, h, k)
+	x, hc := begin(t, e, p, h, k)
 	// Another execution holds the key now, as after a takeover of a lapsed
 	// lease.
 	key := scoped(k)
@@ -262,7 +268,7 @@ func testTxLostLease(t *testing.T, p *txProbe, h TxHooks) {
 func testTxInvalidRetention(t *testing.T, p *txProbe, h TxHooks) {
 	e := doEngine(t, p)
 	const k = "invalid-retention"
-	x, hc := begin(t, e, h, k)
+	x, hc := begin(t, e, p, h, k)
 	if err := p.unit(t, k).Complete(ctx(t), sampleResponse(), 0); !errors.Is(err, idem.ErrInvalidDuration) {
 		t.Fatalf("Unit.Complete with retention 0 = %v; want ErrInvalidDuration", err)
 	}
