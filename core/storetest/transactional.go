@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +38,11 @@ type TxHooks struct {
 	// Ended is the helper's error once the execution ended (e.g.
 	// pgstore.ErrExecutionEnded).
 	Ended error
+	// KillConnection, if set, kills from another session the server
+	// connection of the transaction of the execution whose handler ctx
+	// belongs to (pg_terminate_backend, KILL CONNECTION), and returns once
+	// it is gone. Optional: without it the ConnectionLost subtest is not run.
+	KillConnection func(t *testing.T, ctx context.Context)
 }
 
 // RunTransactional checks the [idem.Transactional] contract (core/store.go,
@@ -54,6 +60,10 @@ type TxHooks struct {
 //     Unit.Complete still returns [idem.ErrNotOwner];
 //   - Unit.Complete with an invalid retention returns
 //     [idem.ErrInvalidDuration] and leaves the transaction open;
+//   - when the transaction's connection dies before the completion, the
+//     writes are gone, the response is not stored (a lease-lost event, no
+//     completed one) and the key is released so a retry executes at once
+//     (with [TxHooks.KillConnection]);
 //   - a handler that never asks for its transaction completes as on a
 //     plain store;
 //   - the transaction is closed to the handler once its execution ended,
@@ -74,6 +84,7 @@ func RunTransactional(t *testing.T, newStore func(t *testing.T) (idem.Store, TxH
 		{"RollbackOnLostLease", testTxLostLease},
 		{"InvalidRetentionKeepsTransaction", testTxInvalidRetention},
 		{"TransactionUnused", testTxUnused},
+		{"ConnectionLost", testTxConnectionLost},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -298,4 +309,36 @@ func testTxUnused(t *testing.T, p *txProbe, h TxHooks) {
 	if n := h.Rows(t, k); n != 0 {
 		t.Fatalf("%d rows for an execution that wrote none", n)
 	}
+}
+
+func testTxConnectionLost(t *testing.T, p *txProbe, h TxHooks) {
+	if h.KillConnection == nil {
+		return
+	}
+	var mu sync.Mutex
+	var events []idem.EventKind
+	e := doEngine(t, p, idem.WithEventHook(func(_ context.Context, ev idem.Event) {
+		mu.Lock()
+		events = append(events, ev.Kind)
+		mu.Unlock()
+	}))
+	const k = "connection-lost"
+	x, hc := begin(t, e, p, h, k)
+	h.KillConnection(t, hc)
+	_, _ = x.Write([]byte("done"))
+	x.Finish(http.StatusCreated, nil)
+	if n := h.Rows(t, k); n != 0 {
+		t.Fatalf("%d rows committed; want 0 (rolled back with the connection)", n)
+	}
+	mu.Lock()
+	got := slices.Clone(events)
+	mu.Unlock()
+	if !slices.Contains(got, idem.EventLeaseLost) || slices.Contains(got, idem.EventCompleted) {
+		t.Fatalf("events %v; want lease-lost and no completed", got)
+	}
+	x, resp := e.Begin(ctx(t), txRequest(k))
+	if x == nil {
+		t.Fatalf("retry = %+v; want an execution at once (the key was released)", resp)
+	}
+	x.Fail()
 }

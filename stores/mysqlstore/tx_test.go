@@ -2,8 +2,6 @@ package mysqlstore_test
 
 import (
 	"context"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -36,6 +34,20 @@ func TestTransactional(t *testing.T) {
 					Held:        func() int { return db.Stats().InUse },
 					NoExecution: mysqlstore.ErrNoExecution,
 					Ended:       mysqlstore.ErrExecutionEnded,
+					KillConnection: func(t *testing.T, ctx context.Context) {
+						tx, err := mysqlstore.Tx(ctx)
+						if err != nil {
+							t.Fatal(err)
+						}
+						var id int64
+						if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {
+							t.Fatal(err)
+						}
+						// KILL returns once the connection is marked killed.
+						if _, err := db.ExecContext(ctxT(t), `KILL CONNECTION ?`, id); err != nil {
+							t.Fatal(err)
+						}
+					},
 				}
 			})
 		})
@@ -64,64 +76,6 @@ func TestTransactionalUnused(t *testing.T) {
 	if got := n.Load(); got != 2 {
 		t.Fatalf("%d round trips for an execution that never used Tx; want 2", got)
 	}
-}
-
-// TestTransactionalConnectionLost: the execution's connection dies before
-// its completion (KILL from another session): the completion fails, the
-// handler's writes are gone with the transaction, the engine does not
-// store the response (lease-lost event), and the key is released so a
-// retry executes at once.
-func TestTransactionalConnectionLost(t *testing.T) {
-	t.Parallel()
-	db := newDB(t)
-	s, table := newStore(t, db)
-	payments := createPayments(t, db, table)
-	var mu sync.Mutex
-	var events []idem.EventKind
-	e, err := idem.New(s, idem.WithEventHook(func(_ context.Context, ev idem.Event) {
-		mu.Lock()
-		events = append(events, ev.Kind)
-		mu.Unlock()
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, _ := e.Begin(ctxT(t), request("lost", `{"amount":1}`))
-	if x == nil {
-		t.Fatal("Begin: no execution")
-	}
-	ctx := x.WithInfo(ctxT(t))
-	tx, err := mysqlstore.Tx(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := insertPayment(ctx, tx, payments, "lost"); err != nil {
-		t.Fatal(err)
-	}
-	var id int64
-	if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctxT(t), `KILL CONNECTION ?`, id); err != nil {
-		t.Fatal(err)
-	}
-	x.Write([]byte("ok"))
-	x.Finish(201, nil)
-
-	if n := countRows(t, db, payments, "lost"); n != 0 {
-		t.Fatalf("%d payment rows; want 0 (rolled back with the connection)", n)
-	}
-	mu.Lock()
-	got := slices.Clone(events)
-	mu.Unlock()
-	if !slices.Contains(got, idem.EventLeaseLost) || slices.Contains(got, idem.EventCompleted) {
-		t.Fatalf("events %v; want lease-lost and no completed", got)
-	}
-	x2, resp := e.Begin(ctxT(t), request("lost", `{"amount":1}`))
-	if x2 == nil {
-		t.Fatalf("retry = %+v; want an execution at once (the key was released)", resp)
-	}
-	x2.Fail()
 }
 
 // TestTransactionalHandlerCommits: a handler that commits the execution's

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -423,6 +422,31 @@ func TestTransactional(t *testing.T) {
 			Held:        func() int { return int(pool.Stat().AcquiredConns()) },
 			NoExecution: pgstore.ErrNoExecution,
 			Ended:       pgstore.ErrExecutionEnded,
+			KillConnection: func(t *testing.T, ctx context.Context) {
+				tx, err := pgstore.Tx(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var pid int32
+				if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := pool.Exec(ctxT(t), `SELECT pg_terminate_backend($1)`, pid); err != nil {
+					t.Fatal(err)
+				}
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					var alive bool
+					if err := pool.QueryRow(ctxT(t), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive); err != nil {
+						t.Fatal(err)
+					}
+					if !alive {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("the terminated backend is still there after 10s")
+					}
+				}
+			},
 		}
 	})
 }
@@ -599,74 +623,4 @@ func TestEnsureSchemaConcurrent(t *testing.T) {
 	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire on the ensured table = %v, %v", ok, err)
 	}
-}
-
-// TestTransactionalConnectionLost: the execution's connection dies before
-// its completion (the server terminated it): the completion fails, the
-// handler's writes are gone with the transaction, the engine does not
-// store the response (lease-lost event, no retry of the completion), and
-// the key is released so a retry executes at once.
-func TestTransactionalConnectionLost(t *testing.T) {
-	t.Parallel()
-	pool := newPool(t)
-	s, table := newStore(t, pool)
-	payments := createPayments(t, pool, table)
-	var mu sync.Mutex
-	var events []idem.EventKind
-	e, err := idem.New(s, idem.WithEventHook(func(_ context.Context, ev idem.Event) {
-		mu.Lock()
-		events = append(events, ev.Kind)
-		mu.Unlock()
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, _ := e.Begin(ctxT(t), request("lost", `{"amount":1}`))
-	if x == nil {
-		t.Fatal("Begin: no execution")
-	}
-	ctx := x.WithInfo(ctxT(t))
-	tx, err := pgstore.Tx(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ('lost', 1)`); err != nil {
-		t.Fatal(err)
-	}
-	var pid int32
-	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctxT(t), `SELECT pg_terminate_backend($1)`, pid); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var alive bool
-		if err := pool.QueryRow(ctxT(t), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive); err != nil {
-			t.Fatal(err)
-		}
-		if !alive {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the terminated backend is still there after 10s")
-		}
-	}
-	x.Write([]byte("ok"))
-	x.Finish(201, nil)
-
-	if n := countRows(t, pool, payments, "lost"); n != 0 {
-		t.Fatalf("%d payment rows; want 0 (rolled back with the connection)", n)
-	}
-	mu.Lock()
-	got := slices.Clone(events)
-	mu.Unlock()
-	if !slices.Contains(got, idem.EventLeaseLost) || slices.Contains(got, idem.EventCompleted) {
-		t.Fatalf("events %v; want lease-lost and no completed", got)
-	}
-	x2, resp := e.Begin(ctxT(t), request("lost", `{"amount":1}`))
-	if x2 == nil {
-		t.Fatalf("retry = %+v; want an execution at once (the key was released)", resp)
-	}
-	x2.Fail()
 }
