@@ -303,83 +303,6 @@ func TestMultiInstance(t *testing.T) {
 	t.Logf("%d duplicates: 1 execution, 1 payment row, %d replays, %d conflicts", n, replays, conflicts)
 }
 
-// proxy forwards TCP connections to PostgreSQL until cut, which closes
-// every connection and stops listening; restore listens again on the same
-// address.
-type proxy struct {
-	t        *testing.T
-	upstream string
-	addr     string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-func newProxy(t *testing.T, upstream string) *proxy {
-	p := &proxy{t: t, upstream: upstream, conns: map[net.Conn]bool{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *proxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", p.upstream)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[u] = true, true
-			p.mu.Unlock()
-			for _, pair := range [][2]net.Conn{{c, u}, {u, c}} {
-				p.wg.Go(func() {
-					_, _ = io.Copy(pair[0], pair[1])
-					pair[0].Close()
-					pair[1].Close()
-				})
-			}
-		}
-	})
-}
-
-func (p *proxy) cut() {
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *proxy) restore() {
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatalf("listen again on %s: %v", p.addr, err)
-	}
-	p.serve(ln)
-}
-
 // TestOutage cuts every connection to PostgreSQL through a proxy and lets
 // them through again (storetest.RunOutage).
 func TestOutage(t *testing.T) {
@@ -391,14 +314,18 @@ func TestOutage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port)))
+		p := storetest.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port)))
 		pool := newPool(t, func(c *pgxpool.Config) {
 			c.ConnConfig.Host = "127.0.0.1"
-			c.ConnConfig.Port = uint16(p.ln.Addr().(*net.TCPAddr).Port)
+			a, err := net.ResolveTCPAddr("tcp", p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.ConnConfig.Port = uint16(a.Port)
 			c.ConnConfig.Fallbacks = nil
 			c.ConnConfig.ConnectTimeout = 500 * time.Millisecond
 		})
-		return storetest.Outage{Store: pgstore.New(pool, pgstore.WithTable(table)), Cut: p.cut, Restore: p.restore}
+		return storetest.Outage{Store: pgstore.New(pool, pgstore.WithTable(table)), Cut: p.Cut, Restore: p.Restore}
 	})
 }
 
