@@ -15,9 +15,8 @@ import (
 // Outage is a store whose server a test can make unreachable and reachable
 // again, for [RunOutage]. The store's test builds it however its server
 // allows: stopping a private server and starting it again on the same
-// address, or cutting a TCP proxy in front of a shared one (a toxiproxy, a
-// net.Listener that closes its connections). storetest itself starts
-// nothing.
+// address, or cutting a TCP proxy in front of a shared one (a toxiproxy,
+// or [Proxy]).
 type Outage struct {
 	// Store is the store under test, connected to the server Cut stops. Its
 	// client must give up on a dial within about a second (a connect or

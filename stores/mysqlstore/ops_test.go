@@ -2,12 +2,10 @@ package mysqlstore_test
 
 import (
 	"bytes"
-	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -400,149 +398,20 @@ func TestMultiInstance(t *testing.T) {
 	t.Logf("%d duplicates: 1 execution, 1 payment row, %d replays, %d conflicts", n, replays, conflicts)
 }
 
-// proxy forwards TCP connections to the server until cut, which closes
-// every connection and stops listening; restore listens again on the same
-// address.
-type proxy struct {
-	t        *testing.T
-	upstream string
-	addr     string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-func newProxy(t *testing.T, upstream string) *proxy {
-	p := &proxy{t: t, upstream: upstream, conns: map[net.Conn]bool{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *proxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", p.upstream)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[u] = true, true
-			p.mu.Unlock()
-			for _, pair := range [][2]net.Conn{{c, u}, {u, c}} {
-				p.wg.Go(func() {
-					_, _ = io.Copy(pair[0], pair[1])
-					pair[0].Close()
-					pair[1].Close()
-				})
-			}
-		}
-	})
-}
-
-func (p *proxy) cut() {
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *proxy) restore() {
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatalf("listen again on %s: %v", p.addr, err)
-	}
-	p.serve(ln)
-}
-
-// TestOutage cuts every connection to the server under a running engine:
-// Begin answers 503 and runs nothing; once the server is reachable again,
-// the same engine and *sql.DB execute again, with no restart.
+// TestOutage cuts every connection to the server through a proxy and lets
+// them through again (storetest.RunOutage).
 func TestOutage(t *testing.T) {
 	t.Parallel()
-	direct := newDB(t)
-	_, table := newStore(t, direct)
-	p := newProxy(t, config(t).Addr)
-	db := newDB(t, func(c *mysql.Config) {
-		c.Net, c.Addr = "tcp", p.addr
-		c.Timeout = 500 * time.Millisecond
+	storetest.RunOutage(t, func(t *testing.T) storetest.Outage {
+		direct := newDB(t)
+		_, table := newStore(t, direct)
+		p := storetest.NewProxy(t, config(t).Addr)
+		db := newDB(t, func(c *mysql.Config) {
+			c.Net, c.Addr = "tcp", p.Addr()
+			c.Timeout = 500 * time.Millisecond
+		})
+		return storetest.Outage{Store: mysqlstore.New(db, mysqlstore.WithTable(table)), Cut: p.Cut, Restore: p.Restore}
 	})
-	e, err := idem.New(mysqlstore.New(db, mysqlstore.WithTable(table)), idem.WithStoreTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { // stop the background releases of acquires that failed during the outage
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		defer cancel()
-		_ = e.Close(ctx)
-	})
-	executions := 0
-	run := func(key string) *idem.Response {
-		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
-		if x != nil {
-			executions++
-			x.Write([]byte("ok"))
-			x.Finish(201, nil)
-			return &idem.Response{Status: 201}
-		}
-		return resp
-	}
-	if resp := run("before"); resp.Status != 201 {
-		t.Fatalf("before the outage: %d; want 201", resp.Status)
-	}
-
-	p.cut()
-	start := time.Now()
-	resp := run("during")
-	if resp.Status != 503 || resp.Header.Get("Retry-After") == "" || !bytes.Contains(resp.Body, []byte("store-unavailable")) {
-		t.Fatalf("during the outage: %d %s; want 503 store-unavailable problem with Retry-After", resp.Status, resp.Body)
-	}
-	if executions != 1 {
-		t.Fatalf("%d executions; the request during the outage must not execute", executions)
-	}
-	t.Logf("503 after %v", time.Since(start).Round(time.Millisecond))
-
-	p.restore()
-	start = time.Now()
-	for {
-		resp := run("after")
-		if resp.Status == 201 {
-			break
-		}
-		if resp.Status != 503 || time.Since(start) > 10*time.Second {
-			t.Fatalf("after the server came back: %d %s; want 201 within 10s", resp.Status, resp.Body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Logf("201 again %v after the server came back", time.Since(start).Round(time.Millisecond))
-	if executions != 2 {
-		t.Fatalf("%d executions; want 2 (before, after)", executions)
-	}
-	if resp := run("after"); resp.Status != 201 || !resp.IsReplay() {
-		t.Fatalf("retry after recovery: %d; want 201 replay", resp.Status)
-	}
 }
 
 // TestHappyPathUnderLoad runs many transactional executions at once on

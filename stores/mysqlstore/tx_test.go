@@ -2,110 +2,55 @@ package mysqlstore_test
 
 import (
 	"context"
-	"database/sql"
-	"errors"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/stores/mysqlstore"
 )
 
-// TestTransactional checks what the engine does with the execution's
-// transaction: committed with a stored response, rolled back when the
-// key is released (5xx, handler error, panic before a response) or the
-// lease was lost, and closed to the handler once the execution ended. It
-// runs at the default isolation level and at READ COMMITTED.
+// TestTransactional runs storetest.RunTransactional, the handler writing
+// one payment row through Tx, at the default isolation level and at READ
+// COMMITTED.
 func TestTransactional(t *testing.T) {
 	t.Parallel()
 	for _, level := range []string{"", "READ-COMMITTED"} {
 		t.Run("isolation="+cmpOr(level, "default"), func(t *testing.T) {
 			t.Parallel()
-			testTransactional(t, newDB(t, isolation(t, level)))
+			db := newDB(t, isolation(t, level))
+			storetest.RunTransactional(t, func(t *testing.T) (idem.Store, storetest.TxHooks) {
+				s, table := newStore(t, db)
+				payments := createPayments(t, db, table)
+				return s, storetest.TxHooks{
+					Write: func(ctx context.Context, tag string) error {
+						tx, err := mysqlstore.Tx(ctx)
+						if err == nil {
+							err = insertPayment(ctx, tx, payments, tag)
+						}
+						return err
+					},
+					Rows:        func(t *testing.T, tag string) int { return countRows(t, db, payments, tag) },
+					Held:        func() int { return db.Stats().InUse },
+					NoExecution: mysqlstore.ErrNoExecution,
+					Ended:       mysqlstore.ErrExecutionEnded,
+					KillConnection: func(t *testing.T, ctx context.Context) {
+						tx, err := mysqlstore.Tx(ctx)
+						if err != nil {
+							t.Fatal(err)
+						}
+						var id int64
+						if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {
+							t.Fatal(err)
+						}
+						// KILL returns once the connection is marked killed.
+						if _, err := db.ExecContext(ctxT(t), `KILL CONNECTION ?`, id); err != nil {
+							t.Fatal(err)
+						}
+					},
+				}
+			})
 		})
-	}
-}
-
-func testTransactional(t *testing.T, db *sql.DB) {
-	s, table := newStore(t, db)
-	payments := createPayments(t, db, table)
-	// Long enough for a loaded machine: it is never renewed here.
-	const lease = 3 * time.Second
-	noRenewal := struct { // no Extender: the lease is never renewed
-		idem.Store
-		idem.Transactional
-	}{s, s}
-	e, err := idem.New(noRenewal, idem.WithLease(lease), idem.WithStoreTimeout(lease/4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// run executes key, inserting one payment row through Tx, then ends
-	// with end.
-	run := func(key string, end func(*idem.Execution)) {
-		t.Helper()
-		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
-		if x == nil {
-			t.Fatalf("Begin(%s) = %+v; want an execution", key, resp)
-		}
-		ctx := x.WithInfo(ctxT(t))
-		tx, err := mysqlstore.Tx(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if again, err := mysqlstore.Tx(ctx); err != nil || again != tx {
-			t.Fatalf("second Tx = %v, %v; want the same transaction", again, err)
-		}
-		if err := insertPayment(ctx, tx, payments, key); err != nil {
-			t.Fatal(err)
-		}
-		if n := countRows(t, db, payments, key); n != 0 {
-			t.Fatalf("%s: the uncommitted row is visible outside the transaction (%d)", key, n)
-		}
-		end(x)
-		if _, err := mysqlstore.Tx(ctx); !errors.Is(err, mysqlstore.ErrExecutionEnded) {
-			t.Fatalf("Tx after the execution ended = %v; want ErrExecutionEnded", err)
-		}
-	}
-	finish := func(status int) func(*idem.Execution) {
-		return func(x *idem.Execution) { x.Write([]byte("done")); x.Finish(status, nil) }
-	}
-	run("stored", finish(201))
-	run("client-error", finish(400))
-	run("server-error", finish(503))
-	run("handler-error", (*idem.Execution).Fail)
-	run("panic", func(x *idem.Execution) { x.Abort(0, nil) })
-	run("lease-lost", func(x *idem.Execution) {
-		time.Sleep(lease + 100*time.Millisecond)
-		// Another instance takes the lapsed lease over and completes.
-		if _, ok, err := s.Acquire(ctxT(t), idem.ScopedKey("alice", "POST", "/v1/payments", "lease-lost"), "takeover",
-			idem.Fingerprint("POST", "/v1/payments", "", "application/json", []byte(`{"amount":1}`)), time.Minute); err != nil || !ok {
-			t.Fatalf("takeover = %v, %v", ok, err)
-		}
-		x.Finish(201, nil)
-	})
-	for key, want := range map[string]int{"stored": 1, "client-error": 1, "server-error": 0, "handler-error": 0, "panic": 0, "lease-lost": 0} {
-		if n := countRows(t, db, payments, key); n != want {
-			t.Errorf("%s: %d payment rows; want %d", key, n, want)
-		}
-	}
-	if _, resp := e.Begin(ctxT(t), request("stored", `{"amount":1}`)); resp == nil || !resp.IsReplay() || string(resp.Body) != "done" {
-		t.Fatalf("retry of the stored execution = %+v; want its replay", resp)
-	}
-	for _, k := range []string{"server-error", "handler-error", "panic"} {
-		if x, resp := e.Begin(ctxT(t), request(k, `{"amount":1}`)); x == nil {
-			t.Errorf("retry of %s = %+v; want an execution (the key was released)", k, resp)
-		} else {
-			x.Fail()
-		}
-	}
-	if _, err := mysqlstore.Tx(ctxT(t)); !errors.Is(err, mysqlstore.ErrNoExecution) {
-		t.Fatalf("Tx outside an execution = %v; want ErrNoExecution", err)
-	}
-	if st := db.Stats(); st.InUse != 0 {
-		t.Fatalf("%d connections still in use after every execution ended", st.InUse)
 	}
 }
 
@@ -131,64 +76,6 @@ func TestTransactionalUnused(t *testing.T) {
 	if got := n.Load(); got != 2 {
 		t.Fatalf("%d round trips for an execution that never used Tx; want 2", got)
 	}
-}
-
-// TestTransactionalConnectionLost: the execution's connection dies before
-// its completion (KILL from another session): the completion fails, the
-// handler's writes are gone with the transaction, the engine does not
-// store the response (lease-lost event), and the key is released so a
-// retry executes at once.
-func TestTransactionalConnectionLost(t *testing.T) {
-	t.Parallel()
-	db := newDB(t)
-	s, table := newStore(t, db)
-	payments := createPayments(t, db, table)
-	var mu sync.Mutex
-	var events []idem.EventKind
-	e, err := idem.New(s, idem.WithEventHook(func(_ context.Context, ev idem.Event) {
-		mu.Lock()
-		events = append(events, ev.Kind)
-		mu.Unlock()
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, _ := e.Begin(ctxT(t), request("lost", `{"amount":1}`))
-	if x == nil {
-		t.Fatal("Begin: no execution")
-	}
-	ctx := x.WithInfo(ctxT(t))
-	tx, err := mysqlstore.Tx(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := insertPayment(ctx, tx, payments, "lost"); err != nil {
-		t.Fatal(err)
-	}
-	var id int64
-	if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctxT(t), `KILL CONNECTION ?`, id); err != nil {
-		t.Fatal(err)
-	}
-	x.Write([]byte("ok"))
-	x.Finish(201, nil)
-
-	if n := countRows(t, db, payments, "lost"); n != 0 {
-		t.Fatalf("%d payment rows; want 0 (rolled back with the connection)", n)
-	}
-	mu.Lock()
-	got := slices.Clone(events)
-	mu.Unlock()
-	if !slices.Contains(got, idem.EventLeaseLost) || slices.Contains(got, idem.EventCompleted) {
-		t.Fatalf("events %v; want lease-lost and no completed", got)
-	}
-	x2, resp := e.Begin(ctxT(t), request("lost", `{"amount":1}`))
-	if x2 == nil {
-		t.Fatalf("retry = %+v; want an execution at once (the key was released)", resp)
-	}
-	x2.Fail()
 }
 
 // TestTransactionalHandlerCommits: a handler that commits the execution's

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -304,83 +303,6 @@ func TestMultiInstance(t *testing.T) {
 	t.Logf("%d duplicates: 1 execution, 1 payment row, %d replays, %d conflicts", n, replays, conflicts)
 }
 
-// proxy forwards TCP connections to PostgreSQL until cut, which closes
-// every connection and stops listening; restore listens again on the same
-// address.
-type proxy struct {
-	t        *testing.T
-	upstream string
-	addr     string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-func newProxy(t *testing.T, upstream string) *proxy {
-	p := &proxy{t: t, upstream: upstream, conns: map[net.Conn]bool{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *proxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", p.upstream)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[u] = true, true
-			p.mu.Unlock()
-			for _, pair := range [][2]net.Conn{{c, u}, {u, c}} {
-				p.wg.Go(func() {
-					_, _ = io.Copy(pair[0], pair[1])
-					pair[0].Close()
-					pair[1].Close()
-				})
-			}
-		}
-	})
-}
-
-func (p *proxy) cut() {
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *proxy) restore() {
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatalf("listen again on %s: %v", p.addr, err)
-	}
-	p.serve(ln)
-}
-
 // TestOutage cuts every connection to PostgreSQL through a proxy and lets
 // them through again (storetest.RunOutage).
 func TestOutage(t *testing.T) {
@@ -392,107 +314,99 @@ func TestOutage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port)))
+		p := storetest.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port)))
 		pool := newPool(t, func(c *pgxpool.Config) {
 			c.ConnConfig.Host = "127.0.0.1"
-			c.ConnConfig.Port = uint16(p.ln.Addr().(*net.TCPAddr).Port)
+			a, err := net.ResolveTCPAddr("tcp", p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.ConnConfig.Port = uint16(a.Port)
 			c.ConnConfig.Fallbacks = nil
 			c.ConnConfig.ConnectTimeout = 500 * time.Millisecond
 		})
-		return storetest.Outage{Store: pgstore.New(pool, pgstore.WithTable(table)), Cut: p.cut, Restore: p.restore}
+		return storetest.Outage{Store: pgstore.New(pool, pgstore.WithTable(table)), Cut: p.Cut, Restore: p.Restore}
 	})
 }
 
-// TestTransactional checks what the engine does with the execution's
-// transaction: committed with a stored response, rolled back when the
-// key is released (5xx, handler error, panic before a response) or the
-// lease was lost, and closed to the handler once the execution ended.
+// TestTransactional runs storetest.RunTransactional, the handler writing
+// one payment row through Tx.
 func TestTransactional(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	s, table := newStore(t, pool)
-	payments := createPayments(t, pool, table)
-	// Long enough for a loaded machine: it is never renewed here.
-	const lease = 2 * time.Second
-	noRenewal := struct { // no Extender: the lease is never renewed
-		idem.Store
-		idem.Transactional
-	}{s, s}
-	e, err := idem.New(noRenewal, idem.WithLease(lease), idem.WithStoreTimeout(lease/4))
+	storetest.RunTransactional(t, func(t *testing.T) (idem.Store, storetest.TxHooks) {
+		s, table := newStore(t, pool)
+		payments := createPayments(t, pool, table)
+		return s, storetest.TxHooks{
+			Write: func(ctx context.Context, tag string) error {
+				tx, err := pgstore.Tx(ctx)
+				if err == nil {
+					_, err = tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ($1, 1)`, tag)
+				}
+				return err
+			},
+			Rows:        func(t *testing.T, tag string) int { return countRows(t, pool, payments, tag) },
+			Held:        func() int { return int(pool.Stat().AcquiredConns()) },
+			NoExecution: pgstore.ErrNoExecution,
+			Ended:       pgstore.ErrExecutionEnded,
+			KillConnection: func(t *testing.T, ctx context.Context) {
+				tx, err := pgstore.Tx(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var pid int32
+				if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := pool.Exec(ctxT(t), `SELECT pg_terminate_backend($1)`, pid); err != nil {
+					t.Fatal(err)
+				}
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					var alive bool
+					if err := pool.QueryRow(ctxT(t), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive); err != nil {
+						t.Fatal(err)
+					}
+					if !alive {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("the terminated backend is still there after 10s")
+					}
+				}
+			},
+		}
+	})
+}
+
+// TestTxHandlerCannotEnd: Tx returns the same transaction to every call of
+// one execution, and refuses the handler's Commit and Rollback (the
+// engine ends it).
+func TestTxHandlerCannotEnd(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s, _ := newStore(t, pool)
+	e, err := idem.New(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// run executes key, inserting one payment row through Tx, then ends
-	// with end; it returns the handler's transaction.
-	run := func(key string, end func(*idem.Execution)) pgx.Tx {
-		t.Helper()
-		x, resp := e.Begin(ctxT(t), request(key, `{"amount":1}`))
-		if x == nil {
-			t.Fatalf("Begin(%s) = %+v; want an execution", key, resp)
-		}
-		ctx := x.WithInfo(ctxT(t))
-		tx, err := pgstore.Tx(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if again, err := pgstore.Tx(ctx); err != nil || again.Conn() != tx.Conn() {
-			t.Fatalf("second Tx = %v, %v; want the same transaction", again, err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ($1, 1)`, key); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
-			t.Fatalf("handler's Commit = %v; want ErrEngineEnds", err)
-		}
-		if err := tx.Rollback(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
-			t.Fatalf("handler's Rollback = %v; want ErrEngineEnds", err)
-		}
-		if n := countRows(t, pool, payments, key); n != 0 {
-			t.Fatalf("%s: the uncommitted row is visible outside the transaction (%d)", key, n)
-		}
-		end(x)
-		if _, err := pgstore.Tx(ctx); !errors.Is(err, pgstore.ErrExecutionEnded) {
-			t.Fatalf("Tx after the execution ended = %v; want ErrExecutionEnded", err)
-		}
-		return tx
+	x, resp := e.Begin(ctxT(t), request("k", `{"amount":1}`))
+	if x == nil {
+		t.Fatalf("Begin = %+v; want an execution", resp)
 	}
-	finish := func(status int) func(*idem.Execution) {
-		return func(x *idem.Execution) { x.Write([]byte("done")); x.Finish(status, nil) }
+	defer x.Fail()
+	ctx := x.WithInfo(ctxT(t))
+	tx, err := pgstore.Tx(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	run("stored", finish(201))
-	run("client-error", finish(400))
-	run("server-error", finish(503))
-	run("handler-error", (*idem.Execution).Fail)
-	run("panic", func(x *idem.Execution) { x.Abort(0, nil) })
-	run("lease-lost", func(x *idem.Execution) {
-		time.Sleep(lease + 100*time.Millisecond)
-		// Another instance takes the lapsed lease over and completes.
-		if _, ok, err := s.Acquire(ctxT(t), idem.ScopedKey("alice", "POST", "/v1/payments", "lease-lost"), "takeover",
-			idem.Fingerprint("POST", "/v1/payments", "", "application/json", []byte(`{"amount":1}`)), time.Minute); err != nil || !ok {
-			t.Fatalf("takeover = %v, %v", ok, err)
-		}
-		x.Finish(201, nil)
-	})
-	for key, want := range map[string]int{"stored": 1, "client-error": 1, "server-error": 0, "handler-error": 0, "panic": 0, "lease-lost": 0} {
-		if n := countRows(t, pool, payments, key); n != want {
-			t.Errorf("%s: %d payment rows; want %d", key, n, want)
-		}
+	if again, err := pgstore.Tx(ctx); err != nil || again.Conn() != tx.Conn() {
+		t.Fatalf("second Tx = %v, %v; want the same transaction", again, err)
 	}
-	if _, resp := e.Begin(ctxT(t), request("stored", `{"amount":1}`)); resp == nil || !resp.IsReplay() || string(resp.Body) != "done" {
-		t.Fatalf("retry of the stored execution = %+v; want its replay", resp)
+	if err := tx.Commit(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
+		t.Fatalf("handler's Commit = %v; want ErrEngineEnds", err)
 	}
-	for _, k := range []string{"server-error", "handler-error", "panic"} {
-		if x, resp := e.Begin(ctxT(t), request(k, `{"amount":1}`)); x == nil {
-			t.Errorf("retry of %s = %+v; want an execution (the key was released)", k, resp)
-		} else {
-			x.Fail()
-		}
-	}
-	if _, err := pgstore.Tx(ctxT(t)); !errors.Is(err, pgstore.ErrNoExecution) {
-		t.Fatalf("Tx outside an execution = %v; want ErrNoExecution", err)
-	}
-	if st := pool.Stat(); st.AcquiredConns() != 0 {
-		t.Fatalf("%d pool connections still held after every execution ended", st.AcquiredConns())
+	if err := tx.Rollback(ctx); !errors.Is(err, pgstore.ErrEngineEnds) {
+		t.Fatalf("handler's Rollback = %v; want ErrEngineEnds", err)
 	}
 }
 
@@ -636,74 +550,4 @@ func TestEnsureSchemaConcurrent(t *testing.T) {
 	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire on the ensured table = %v, %v", ok, err)
 	}
-}
-
-// TestTransactionalConnectionLost: the execution's connection dies before
-// its completion (the server terminated it): the completion fails, the
-// handler's writes are gone with the transaction, the engine does not
-// store the response (lease-lost event, no retry of the completion), and
-// the key is released so a retry executes at once.
-func TestTransactionalConnectionLost(t *testing.T) {
-	t.Parallel()
-	pool := newPool(t)
-	s, table := newStore(t, pool)
-	payments := createPayments(t, pool, table)
-	var mu sync.Mutex
-	var events []idem.EventKind
-	e, err := idem.New(s, idem.WithEventHook(func(_ context.Context, ev idem.Event) {
-		mu.Lock()
-		events = append(events, ev.Kind)
-		mu.Unlock()
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, _ := e.Begin(ctxT(t), request("lost", `{"amount":1}`))
-	if x == nil {
-		t.Fatal("Begin: no execution")
-	}
-	ctx := x.WithInfo(ctxT(t))
-	tx, err := pgstore.Tx(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+payments+` (idem_key, amount) VALUES ('lost', 1)`); err != nil {
-		t.Fatal(err)
-	}
-	var pid int32
-	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctxT(t), `SELECT pg_terminate_backend($1)`, pid); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var alive bool
-		if err := pool.QueryRow(ctxT(t), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive); err != nil {
-			t.Fatal(err)
-		}
-		if !alive {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the terminated backend is still there after 10s")
-		}
-	}
-	x.Write([]byte("ok"))
-	x.Finish(201, nil)
-
-	if n := countRows(t, pool, payments, "lost"); n != 0 {
-		t.Fatalf("%d payment rows; want 0 (rolled back with the connection)", n)
-	}
-	mu.Lock()
-	got := slices.Clone(events)
-	mu.Unlock()
-	if !slices.Contains(got, idem.EventLeaseLost) || slices.Contains(got, idem.EventCompleted) {
-		t.Fatalf("events %v; want lease-lost and no completed", got)
-	}
-	x2, resp := e.Begin(ctxT(t), request("lost", `{"amount":1}`))
-	if x2 == nil {
-		t.Fatalf("retry = %+v; want an execution at once (the key was released)", resp)
-	}
-	x2.Fail()
 }
