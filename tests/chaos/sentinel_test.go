@@ -95,7 +95,45 @@ type sentinelProc struct {
 	c    *redis.SentinelClient
 }
 
+// startSentinel starts a sentinel monitoring primary on a free port. A port
+// that another test's server took between freePort and the sentinel's bind
+// makes that sentinel exit at once: it is started again on another port.
 func startSentinel(t *testing.T, primary *redisServer) *sentinelProc {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		sp := tryStartSentinel(t, primary)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := sp.c.Ping(ctx).Err()
+		for err != nil && ctx.Err() == nil {
+			select {
+			case <-sp.done: // exited: its port was taken
+				cancel()
+				log, _ := os.ReadFile(sp.log)
+				if attempt == 3 {
+					t.Fatalf("sentinel exited at start three times; last log:\n%s", log)
+				}
+				t.Logf("sentinel on port %d exited at start (port taken?); starting another: %s", sp.port, log)
+				err = nil
+				sp = nil
+			case <-time.After(50 * time.Millisecond):
+				err = sp.c.Ping(ctx).Err()
+			}
+			if sp == nil {
+				break
+			}
+		}
+		cancel()
+		if sp == nil {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("sentinel on port %d does not answer: %v", sp.port, err)
+		}
+		return sp
+	}
+}
+
+func tryStartSentinel(t *testing.T, primary *redisServer) *sentinelProc {
 	t.Helper()
 	dir := t.TempDir()
 	sp := &sentinelProc{port: freePort(t), done: make(chan struct{}), log: filepath.Join(dir, "sentinel.log")}
