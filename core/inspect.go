@@ -8,8 +8,9 @@ import (
 )
 
 // ErrRecordChanged is returned by [Inspector.Evict] when the record is no
-// longer the one the operator inspected: it completed, changed owner,
-// expired or was deleted meanwhile. Nothing is deleted.
+// longer the one the operator inspected (it completed, changed owner,
+// expired or was deleted meanwhile), and by [Keeper.Resolve] when the
+// record is not uncertain. Nothing is changed.
 var ErrRecordChanged = errors.New("idem: record changed since it was inspected")
 
 // RecordInfo is an operator's view of a stored record, returned by an
@@ -17,7 +18,8 @@ var ErrRecordChanged = errors.New("idem: record changed since it was inspected")
 type RecordInfo struct {
 	Record
 	// TTL is the time left, by the store's clock, until the lease (in
-	// progress) or the retention (completed) ends and the record expires.
+	// progress), the retention (completed) or the keep (uncertain,
+	// expired: see [Keep]) ends: when the record changes state or expires.
 	TTL time.Duration
 }
 
@@ -49,7 +51,7 @@ type ListQuery struct {
 	// hex, e.g. the 16 characters idem's log lines carry as key=. Empty
 	// keeps every key.
 	KeyPrefix string
-	// State keeps the records in that state; 0 keeps both.
+	// State keeps the records in that state; 0 keeps every listed state.
 	State State
 	// Limit bounds the page: > 0. A store may return a few more records
 	// than Limit when it cannot stop within a batch (Redis SCAN).
@@ -65,7 +67,8 @@ type ListedRecord struct {
 	// RecordInfo is the record without its Response (nil; Inspect reads
 	// it). A TTL <= 0 is an in-progress record whose lease lapsed and that
 	// the store keeps until it is purged or taken over: its holder stopped
-	// renewing it (crashed), and the next request with the key executes.
+	// renewing it (crashed), and the next request with the key executes
+	// (under [Keep.Uncertain] such a record is listed as [StateUncertain]).
 	RecordInfo
 }
 
@@ -89,8 +92,8 @@ type ListPage struct {
 // (cmd/idemctl list). It is optional: the [Engine] never calls it. Each
 // call is bounded by its Limit and never blocks the store: an indexed range
 // scan in SQL and MongoDB, SCAN with COUNT in Redis (never KEYS). Completed
-// records that expired are never listed; uncertain records will be listed
-// as their own state once stores keep them.
+// records whose retention ended are never listed, tombstones included;
+// uncertain records ([StateUncertain]) are listed as their own state.
 type Lister interface {
 	// List returns one page of the records matching q, and the cursor of
 	// the next. An invalid query (Limit <= 0, KeyPrefix not lowercase hex,
@@ -101,7 +104,7 @@ type Lister interface {
 
 // Check returns an error when q is not a valid query: Limit <= 0, a
 // KeyPrefix longer than 64 characters or not lowercase hex, or a State
-// other than 0, [StateInProgress] and [StateCompleted]. [Lister]
+// other than 0, [StateInProgress], [StateCompleted] and [StateUncertain]. [Lister]
 // implementations call it first.
 func (q ListQuery) Check() error {
 	switch {
@@ -109,7 +112,7 @@ func (q ListQuery) Check() error {
 		return errors.New("idem: list: limit must be > 0")
 	case len(q.KeyPrefix) > 64 || strings.Trim(q.KeyPrefix, "0123456789abcdef") != "":
 		return errors.New("idem: list: key prefix must be up to 64 lowercase hex characters")
-	case q.State != 0 && q.State != StateInProgress && q.State != StateCompleted:
+	case q.State != 0 && q.State != StateInProgress && q.State != StateCompleted && q.State != StateUncertain:
 		return errors.New("idem: list: unknown state")
 	}
 	return nil

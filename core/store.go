@@ -36,8 +36,13 @@ var ErrCorrupt = errors.New("idem: stored record unreadable")
 var ErrInvalidDuration = errors.New("idem: lease and retention must be > 0")
 
 // State is the state of a stored record. Records move
-// absent → in-progress → completed → expired; an expired record behaves as absent,
-// so State has no value for absent or expired.
+// absent → in-progress → completed → expired. An in-progress record whose
+// lease lapsed is taken over by the next request (it behaves as absent)
+// unless it was acquired under [Keep.Uncertain]: then it stays, uncertain,
+// until an operator resolves it or its keep ends. An expired record behaves
+// as absent unless it completed under [Keep.Tombstone]: then its tombstone
+// (fingerprint, no response) stays for that long. State has no value for
+// absent.
 type State uint8
 
 const (
@@ -45,32 +50,47 @@ const (
 	StateInProgress State = iota + 1
 	// StateCompleted: the response is stored and is replayed until retention ends.
 	StateCompleted
+	// StateUncertain: the lease of an in-progress record acquired under
+	// [Keep.Uncertain] lapsed without a completion, so its handler may or
+	// may not have had its effects (the holder crashed mid-request). No
+	// request executes the key again until an operator resolves it
+	// ([Keeper.Resolve], cmd/idemctl) or the keep ends.
+	StateUncertain
+	// StateExpired: a completed record, acquired under [Keep.Tombstone],
+	// whose retention ended: its response is gone, its fingerprint stays
+	// as a tombstone, so a late retry is refused instead of executed again.
+	StateExpired
 )
 
-// String returns "in-progress", "completed" or "unknown".
+// String returns "in-progress", "completed", "uncertain", "expired" or "unknown".
 func (s State) String() string {
 	switch s {
 	case StateInProgress:
 		return "in-progress"
 	case StateCompleted:
 		return "completed"
+	case StateUncertain:
+		return "uncertain"
+	case StateExpired:
+		return "expired"
 	}
 	return "unknown"
 }
 
 // Record is what a [Store] returns for a live (non-expired) key.
 type Record struct {
-	// State is StateInProgress or StateCompleted.
+	// State is StateInProgress or StateCompleted, or, in a [Keeper] store,
+	// StateUncertain or StateExpired.
 	State State
 	// Fingerprint is the fingerprint of the request that created the record
 	// (see [Fingerprint]); it survives completion.
 	Fingerprint string
-	// Token is the owner of the in-progress lease; empty for completed records
-	// in stores that drop it.
+	// Token is the owner of the in-progress lease (and of an uncertain
+	// record); empty for completed and expired records in stores that drop it.
 	Token string
 	// Response is, for a completed record, the bytes given to
 	// [Store.Complete], unchanged: the [Engine]'s encoding of the response,
-	// opaque to stores ([DecodeResponse] reads it). nil while in progress.
+	// opaque to stores ([DecodeResponse] reads it). nil in every other state.
 	Response []byte
 	// LeaseLeft is, for an in-progress record, the time left on its lease
 	// by the store's clock when the store read it, or 0 when the store does
@@ -201,4 +221,48 @@ type Unit interface {
 	// Release is [Store.Release] for this execution, after rolling back
 	// the handler's writes (which happens even if the release fails).
 	Release(ctx context.Context) error
+}
+
+// Keep is how long a [Keeper] store keeps a record past its lease and its
+// retention. A record carries the Keep it was acquired with through its
+// later transitions ([Extender.Extend], [Store.Complete], [Unit.Complete]);
+// every call honours a stored record's state whatever Keep it is given, so
+// instances configured differently (a rolling deploy) agree on each record.
+// The zero Keep is plain [Store.Acquire]: takeover, no tombstone.
+type Keep struct {
+	// Uncertain > 0 keeps an in-progress record whose lease lapsed without a
+	// completion as [StateUncertain] for Uncertain after the lapse, instead
+	// of letting the next Acquire take it over (at-most-once recovery);
+	// then it expires. While it is uncertain its own token still owns it:
+	// a holder that was only slow may Complete, Release or Extend it.
+	Uncertain time.Duration
+	// Tombstone > 0 keeps, after a completed record's retention ends, its
+	// tombstone (fingerprint, no response) for Tombstone more, returned by
+	// Acquire as [StateExpired]; then it expires. Its store must free the
+	// response when the retention ends, not when the tombstone does.
+	Tombstone time.Duration
+}
+
+// Keeper is implemented by stores that can keep records past their lease
+// and retention ([Keep]): the [Engine] needs it for [WithUncertainAfterCrash]
+// and [WithTombstones]. Like every [Store] method, each method is one
+// atomic operation; core/storetest.RunKeeper checks implementations.
+type Keeper interface {
+	// AcquireKeep is [Store.Acquire] under keep: it creates the record as
+	// Acquire does, carrying keep, and answers a live record as Acquire
+	// does, plus two cases that are never taken over: an uncertain record
+	// (State [StateUncertain], its Fingerprint and Token) and a tombstone
+	// (State [StateExpired], its Fingerprint, no Response), both with
+	// acquired = false. Acquire(...) is AcquireKeep(..., Keep{}). Negative
+	// keep durations are [ErrInvalidDuration].
+	AcquireKeep(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep Keep) (rec Record, acquired bool, err error)
+
+	// Resolve ends an uncertain record, for an operator who learned the
+	// operation's outcome: with a nil response it deletes the record, so
+	// the next request with the key executes; otherwise it completes it
+	// with response for retention (and the record's tombstone after it),
+	// so retries replay it. A record that is not uncertain (absent,
+	// in-progress with a live lease, completed, expired) is left unchanged
+	// and [ErrRecordChanged] is returned.
+	Resolve(ctx context.Context, key string, response []byte, retention time.Duration) error
 }

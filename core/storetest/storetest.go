@@ -12,7 +12,8 @@
 // lease and retention expiry (with real time, in tenths of a second);
 // cancelled contexts; response bytes kept exactly (any byte, 1 MiB) and
 // copied in and out; responses completed through an engine; the optional
-// [idem.Extender] and [idem.Inspector] when the store has them.
+// [idem.Extender], [idem.Inspector], [idem.Lister] and [idem.Keeper]
+// (uncertain records, Resolve, tombstones) when the store has them.
 // [RunDo] checks [idem.Do] on the store the same way.
 package storetest
 
@@ -69,6 +70,12 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"Lister", testLister},
 		{"CompleteThroughEngine", testCompleteThroughEngine},
 		{"FingerprintWithID", testFingerprintWithID},
+		{"KeepUncertain", testKeepUncertain},
+		{"UncertainOwner", testUncertainOwner},
+		{"Resolve", testResolve},
+		{"Tombstone", testTombstone},
+		{"KeepTransitions", testKeepTransitions},
+		{"KeepInspector", testKeepInspector},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })

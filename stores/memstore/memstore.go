@@ -35,6 +35,7 @@ const numShards = 64
 var _ idem.Store = (*Store)(nil)
 var _ idem.Extender = (*Store)(nil)
 var _ idem.LocalStore = (*Store)(nil)
+var _ idem.Keeper = (*Store)(nil)
 
 // Store is an in-memory idem.Store, safe for concurrent use.
 type Store struct {
@@ -58,11 +59,26 @@ type shard struct {
 }
 
 type entry struct {
-	state   idem.State
+	state   idem.State // StateInProgress or StateCompleted; the others are derived from until
 	token   string
 	fp      string
-	resp    []byte    // completed: the response (a copy; few pointers for the GC to scan)
-	expires time.Time // end of the lease (in-progress) or of retention (completed)
+	resp    []byte    // completed: the response (a copy; few pointers for the GC to scan); nil once until passed
+	until   time.Time // end of the lease (in-progress) or of retention (completed)
+	expires time.Time // until plus the record's keep: when the record is gone
+	keep    idem.Keep
+}
+
+// stateAt returns the entry's state at now, for a live entry: past until,
+// an in-progress record is uncertain and a completed one expired (kept only
+// under a Keep, else expires == until).
+func (e *entry) stateAt(now time.Time) idem.State {
+	if now.Before(e.until) {
+		return e.state
+	}
+	if e.state == idem.StateInProgress {
+		return idem.StateUncertain
+	}
+	return idem.StateExpired
 }
 
 // Option configures a Store.
@@ -131,38 +147,54 @@ func (s *Store) Local() bool { return true }
 // (Complete replaces them) and, as [idem.Store] says, read-only for the
 // caller.
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
-	live, acquired, err := s.acquire(ctx, key, token, fingerprint, lease)
+	return s.AcquireKeep(ctx, key, token, fingerprint, lease, idem.Keep{})
+}
+
+// AcquireKeep implements [idem.Keeper.AcquireKeep], with Acquire's
+// Response rule.
+func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (idem.Record, bool, error) {
+	live, state, now, acquired, err := s.acquire(ctx, key, token, fingerprint, lease, keep)
 	if err != nil || acquired {
 		return idem.Record{}, acquired, err
 	}
-	rec := idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token, Response: live.resp}
-	if live.state == idem.StateInProgress {
-		rec.LeaseLeft = max(live.expires.Sub(s.now()), 1) // live: expires is after the read
+	rec := idem.Record{State: state, Fingerprint: live.fp, Token: live.token}
+	switch state {
+	case idem.StateInProgress:
+		rec.LeaseLeft = max(live.until.Sub(now), 1) // live: until is after the read
+	case idem.StateCompleted:
+		rec.Response = live.resp
+	case idem.StateExpired:
+		rec.Token = ""
 	}
 	return rec, false, nil
 }
 
-// acquire takes the lease, or returns a copy of the live entry.
-func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (entry, bool, error) {
+// acquire takes the lease, or returns a copy of the live entry with its
+// state at the time of the read.
+func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (entry, idem.State, time.Time, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return entry{}, false, err
+		return entry{}, 0, time.Time{}, false, err
 	}
-	if lease <= 0 {
-		return entry{}, false, idem.ErrInvalidDuration
+	if lease <= 0 || keep.Uncertain < 0 || keep.Tombstone < 0 {
+		return entry{}, 0, time.Time{}, false, idem.ErrInvalidDuration
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
 	now := s.now()
 	e, ok := sh.m[key]
 	if ok && now.Before(e.expires) {
+		state := e.stateAt(now)
+		if state == idem.StateExpired {
+			e.resp = nil // free the response now that only the tombstone is kept
+		}
 		live := *e
 		sh.mu.Unlock()
-		return live, false, nil
+		return live, state, now, false, nil
 	}
 	defer sh.mu.Unlock()
 	if !ok {
 		if s.count.Load() >= s.max {
-			return entry{}, false, ErrFull
+			return entry{}, 0, time.Time{}, false, ErrFull
 		}
 		s.count.Add(1)
 		e = &entry{}
@@ -171,11 +203,13 @@ func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lea
 			sh.peak = len(sh.m)
 		}
 	}
-	*e = entry{state: idem.StateInProgress, token: token, fp: fingerprint, expires: now.Add(lease)}
-	return entry{}, true, nil
+	until := now.Add(lease)
+	*e = entry{state: idem.StateInProgress, token: token, fp: fingerprint, until: until, expires: until.Add(keep.Uncertain), keep: keep}
+	return entry{}, 0, time.Time{}, true, nil
 }
 
-// owned returns the entry if token holds its live lease; sh.mu must be held.
+// owned returns the entry if token holds its live lease, or owns it while
+// it is uncertain ([idem.Keep.Uncertain]); sh.mu must be held.
 func (sh *shard) owned(key, token string, now time.Time) *entry {
 	e := sh.live(key, now)
 	if e == nil || e.state != idem.StateInProgress || e.token != token {
@@ -201,7 +235,41 @@ func (s *Store) Complete(ctx context.Context, key, token string, response []byte
 	if e == nil {
 		return idem.ErrNotOwner
 	}
-	e.state, e.resp, e.expires = idem.StateCompleted, stored, now.Add(retention)
+	e.complete(stored, now, retention)
+	return nil
+}
+
+// complete marks e completed with resp for retention from now, and its
+// tombstone after it.
+func (e *entry) complete(resp []byte, now time.Time, retention time.Duration) {
+	e.state, e.resp, e.token = idem.StateCompleted, resp, ""
+	e.until = now.Add(retention)
+	e.expires = e.until.Add(e.keep.Tombstone)
+}
+
+// Resolve implements [idem.Keeper.Resolve].
+func (s *Store) Resolve(ctx context.Context, key string, response []byte, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if response != nil && retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	stored := slices.Clone(response)
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	e := sh.live(key, now)
+	if e == nil || e.stateAt(now) != idem.StateUncertain {
+		return idem.ErrRecordChanged
+	}
+	if response == nil {
+		delete(sh.m, key)
+		s.count.Add(-1)
+		return nil
+	}
+	e.complete(stored, now, retention)
 	return nil
 }
 
@@ -237,7 +305,8 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	if e == nil {
 		return idem.ErrNotOwner
 	}
-	e.expires = now.Add(lease)
+	e.until = now.Add(lease)
+	e.expires = e.until.Add(e.keep.Uncertain)
 	return nil
 }
 
@@ -248,17 +317,23 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
-	e := sh.live(key, s.now())
+	now := s.now()
+	e := sh.live(key, now)
 	if e == nil {
 		sh.mu.Unlock()
 		return idem.Record{}, false, nil
 	}
-	live := *e
+	live, state := *e, e.stateAt(now)
 	sh.mu.Unlock()
-	return idem.Record{State: live.state, Fingerprint: live.fp, Token: live.token, Response: slices.Clone(live.resp)}, true, nil
+	rec := idem.Record{State: state, Fingerprint: live.fp, Token: live.token}
+	if state == idem.StateCompleted {
+		rec.Response = slices.Clone(live.resp)
+	}
+	return rec, true, nil
 }
 
-// Cleanup deletes expired records now and shrinks maps that fell below a
+// Cleanup deletes expired records now, frees the responses of tombstones
+// ([idem.Keep.Tombstone]), and shrinks maps that fell below a
 // quarter of their peak, returning the number deleted. The janitor calls it
 // every cleanup interval.
 func (s *Store) Cleanup() int {
@@ -268,9 +343,12 @@ func (s *Store) Cleanup() int {
 		sh.mu.Lock()
 		now := s.now()
 		for k, e := range sh.m {
-			if !now.Before(e.expires) {
+			switch {
+			case !now.Before(e.expires):
 				delete(sh.m, k)
 				deleted++
+			case e.resp != nil && !now.Before(e.until):
+				e.resp = nil // a tombstone keeps no response
 			}
 		}
 		// Go maps never give buckets back; rebuild a map that shrank a lot.
