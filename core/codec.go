@@ -100,6 +100,13 @@ func appendString(b []byte, s string) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
 }
 
+// EncodeResponse returns the engine's encoding of r, as [Store.Complete]
+// and [Keeper.Resolve] take it: status, every header line and the body,
+// readable by [DecodeResponse]. For operators' tools that complete a
+// record by hand (cmd/idemctl complete); the engine encodes its own
+// responses while capturing them.
+func EncodeResponse(r *Response) []byte { return encodeAll(r) }
+
 // DecodeResponse decodes a stored response ([Record.Response], as
 // [Store.Get], [Store.Acquire] and [Inspector.Inspect] return it) into a
 // new Response, copying out of b: all header names and values share one

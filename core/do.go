@@ -28,6 +28,15 @@ var (
 	// ErrPermanent matches every error marked with [Permanent], and the
 	// [StoredError] a duplicate gets in its place.
 	ErrPermanent = errors.New("idem: permanent failure")
+	// ErrUncertain: the key's operation started in a process that crashed
+	// before recording its outcome ([WithUncertainAfterCrash]): it may or
+	// may not have taken effect. The function did not run. Do not retry
+	// automatically; an operator resolves the record (cmd/idemctl).
+	ErrUncertain = errors.New("idem: operation with this key has an uncertain outcome")
+	// ErrKeyExpired: the key was used and its result is no longer stored,
+	// only its tombstone ([WithTombstones]); the function did not run. Do
+	// not retry with this key.
+	ErrKeyExpired = errors.New("idem: key used and its result expired")
 	// ErrResultNotStored: the operation ran once but its encoded result was
 	// larger than [WithMaxResponseBytes], so duplicates cannot have it.
 	ErrResultNotStored = errors.New("idem: operation completed but its result was too large to store")
@@ -169,6 +178,8 @@ func (s *StoredError) Is(target error) bool {
 //   - Duplicate while another execution holds the lease: [ErrInProgress]
 //     (with [WithWait], after waiting up to that long for a result).
 //   - Same key, another op.Payload: [ErrMismatch].
+//   - A crashed execution's key under [WithUncertainAfterCrash]:
+//     [ErrUncertain]; a spent key under [WithTombstones]: [ErrKeyExpired].
 //   - fn returns an error: the key is released (a retry runs fn again) and
 //     Do returns the error, unless it is marked [Permanent]: then it is
 //     stored too and duplicates get it as a [StoredError].
@@ -217,6 +228,14 @@ func Do[T any](ctx context.Context, e *Engine, op Operation, fn func(ctx context
 		ev.Kind = EventMismatch
 		e.emit(ctx, ev)
 		return zero, ErrMismatch
+	case errors.Is(err, errUncertain):
+		ev.Kind = EventUncertain
+		e.emit(ctx, ev)
+		return zero, ErrUncertain
+	case errors.Is(err, errKeyExpired):
+		ev.Kind = EventKeyExpired
+		e.emit(ctx, ev)
+		return zero, ErrKeyExpired
 	case errors.Is(err, ErrCorrupt):
 		return zero, err
 	case err != nil:

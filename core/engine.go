@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -54,6 +55,7 @@ type Engine struct {
 	store    Store
 	extender Extender
 	tx       Transactional // nil unless the store offers transactional completion
+	keeper   Keeper        // set when the engine keeps records (WithUncertainAfterCrash, WithTombstones)
 	local    bool          // the store does no I/O: no timeout contexts
 	cfg      config
 
@@ -96,6 +98,13 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
+	if cfg.keep != (Keep{}) {
+		k, ok := store.(Keeper)
+		if !ok {
+			return nil, fmt.Errorf("idem: WithUncertainAfterCrash and WithTombstones need a store that implements idem.Keeper; %T does not", store)
+		}
+		e.keeper = k
+	}
 	if l, ok := store.(LocalStore); ok {
 		e.local = l.Local()
 	}
@@ -145,7 +154,10 @@ func (e *Engine) Covers(method string) bool { return e.cfg.methods[method] }
 // does not know ("fingerprint-changed", see [WithKnownFingerprints]); 409
 // request with this key in progress (its Retry-After: see [WithWait]); 403 the [WithReplayCheck] function
 // refused the replay, 409 or 422; 503 store unavailable; 500 the key's
-// stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]).
+// stored record is unreadable ([ErrCorrupt], even under [WithFailOpen]);
+// 409 without Retry-After, "operation-uncertain", for a record whose holder
+// crashed ([WithUncertainAfterCrash]); 410 "key-expired" for the tombstone
+// of a key whose response is no longer stored ([WithTombstones]).
 func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response) {
 	if !e.cfg.methods[req.Method] || e.executing(ctx) {
 		return nil, nil
@@ -199,6 +211,17 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		ev.Kind = EventConflict
 		e.emit(ctx, ev)
 		return nil, e.problems.inProgressFor(e.conflictRetryAfter(pol.lease, rec.LeaseLeft))
+	case errors.Is(err, errUncertain), errors.Is(err, errKeyExpired):
+		resp := e.problems.uncertain
+		ev.Kind = EventUncertain
+		if rec.State == StateExpired {
+			ev.Kind, resp = EventKeyExpired, e.problems.keyExpired
+		}
+		if r := e.forbidden(ctx, req, ev, rec.State, 0, ev.Kind); r != nil {
+			return nil, r
+		}
+		e.emit(ctx, ev)
+		return nil, resp
 	case errors.Is(err, errMismatch):
 		ev.Kind = EventMismatch
 		resp := e.problems.mismatch
@@ -236,14 +259,16 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 var (
 	errInProgress = errors.New("idem: in progress")
 	errMismatch   = errors.New("idem: fingerprint mismatch")
+	errUncertain  = errors.New("idem: uncertain")
+	errKeyExpired = errors.New("idem: key expired")
 )
 
 // begin takes the lease on ev.Key, under the route policy pol, for fingerprint fp and token, waiting
 // ([WithWait]) while another execution holds it. It returns the execution
 // (lease taken, renewal started), or the key's completed record (Response
 // or Encoded set, undecoded; the caller reports the replay), or an error
-// with the key's record: errInProgress or errMismatch (the caller reports
-// them), one wrapping [ErrCorrupt] (already reported), or the store's own
+// with the key's record: errInProgress, errMismatch, errUncertain or
+// errKeyExpired (the caller reports them), one wrapping [ErrCorrupt] (already reported), or the store's own
 // error (already reported; a release of the token's lease is scheduled).
 // A stored fingerprint other than fp is a mismatch unless req (nil for
 // [Do]) is the same request under the fingerprint function that made it.
@@ -278,6 +303,10 @@ func (e *Engine) begin(ctx context.Context, ev *Event, pol *routePolicy, fp, tok
 			return nil, rec, errMismatch
 		case rec.State == StateCompleted:
 			return nil, rec, nil
+		case rec.State == StateUncertain:
+			return nil, rec, errUncertain
+		case rec.State == StateExpired:
+			return nil, rec, errKeyExpired
 		}
 		// In progress: wait for it when configured, else conflict.
 		if deadline.IsZero() || time.Now().Add(pause).After(deadline) || sleep(ctx, pause) != nil {
@@ -477,6 +506,9 @@ func (e *Engine) acquire(ctx context.Context, key, token, fp string, lease time.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.storeTimeout)
 		defer cancel()
+	}
+	if e.keeper != nil {
+		return e.keeper.AcquireKeep(ctx, key, token, fp, lease, e.cfg.keep)
 	}
 	return e.store.Acquire(ctx, key, token, fp, lease)
 }

@@ -22,10 +22,12 @@ const (
 	EventUnprotected                             // no key under WithKeyOptional: the handler ran unprotected
 	EventReplayForbidden                         // 403: the WithReplayCheck function refused; Err says why
 	EventFingerprintChanged                      // 422: the key's record was fingerprinted by a function this engine does not know
+	EventUncertain                               // 409: the key's holder crashed mid-request; an operator must resolve it (WithUncertainAfterCrash)
+	EventKeyExpired                              // 410: the key's response is no longer stored, its tombstone is (WithTombstones)
 )
 
 var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error", "unprotected",
-	"replay-forbidden", "fingerprint-changed"}
+	"replay-forbidden", "fingerprint-changed", "uncertain", "key-expired"}
 
 // String returns the event's name, e.g. "replayed".
 func (k EventKind) String() string {

@@ -57,6 +57,7 @@ type config struct {
 	policy            routePolicy                             // every other route's, built by validate
 	knownFingerprints []Fingerprinter                         // WithKnownFingerprints
 	fingerprints      map[string]Fingerprinter                // every one above by ID, built by validate
+	keep              Keep                                    // WithUncertainAfterCrash, WithTombstones
 }
 
 func defaultConfig() config {
@@ -100,6 +101,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("idem: header name must not be empty")
 	case len(c.badMethods) > 0:
 		return fmt.Errorf("idem: WithMethods(%q): not an HTTP method token", c.badMethods[0])
+	case c.keep.Uncertain < 0 || c.keep.Tombstone < 0:
+		return fmt.Errorf("idem: WithUncertainAfterCrash and WithTombstones take a duration > 0")
 	}
 	if err := c.validateRoutes(); err != nil {
 		return err
@@ -327,4 +330,43 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // metrics; fn must be fast and safe for concurrent use. Optional. Default is none.
 func WithEventHook(fn func(context.Context, Event)) Option {
 	return func(c *config) { c.onEvent = fn }
+}
+
+// WithUncertainAfterCrash chooses at-most-once recovery: a record whose
+// lease lapsed without a completion (its holder crashed, or stalled past
+// the lease without renewing) becomes uncertain ([StateUncertain]) for
+// keep, instead of being taken over by the next request. Retries get 409
+// "operation-uncertain" without Retry-After, telling the client not to
+// retry automatically, until an operator who learned the outcome resolves
+// the record (cmd/idemctl release, complete or evict) or keep ends (then
+// the key is free). Use it where a second execution after a crash is worse
+// than a stuck key: effects outside the store's transaction, such as a
+// card charged through an external API. Under a [Transactional] store's
+// unit (pgstore.Tx, mysqlstore.Tx) takeover is exactly-once already: the
+// crashed execution's writes rolled back. The store must implement
+// [Keeper], else [New] returns an error; a [LocalStore] never has a lapsed
+// lease (its leases end with the process). Optional. Default is takeover.
+func WithUncertainAfterCrash(keep time.Duration) Option {
+	return func(c *config) { c.keep.Uncertain = positive(keep) }
+}
+
+// WithTombstones keeps, after a completed record's retention ends, a
+// tombstone of it (scoped key and fingerprint, no response) for keep more:
+// a retry in that window gets 410 "key-expired" (the key was used, its
+// response is no longer stored, do not retry with it) instead of a second
+// execution, as the IETF draft's open issue on expired keys and adcp-go's
+// IDEMPOTENCY_EXPIRED suggest; another request with the key still gets
+// 422. The store must implement [Keeper], else [New] returns an error.
+// Its cost per tombstone is in each store's README. Optional. Default is
+// none: after the retention the key executes again.
+func WithTombstones(keep time.Duration) Option {
+	return func(c *config) { c.keep.Tombstone = positive(keep) }
+}
+
+// positive returns d, or -1 for d <= 0, so that validate refuses it.
+func positive(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

@@ -21,6 +21,8 @@ func TestNewValidates(t *testing.T) {
 		"body":      WithMaxBodyBytes(0),
 		"response":  WithMaxResponseBytes(0),
 		"header":    WithHeader(""),
+		"uncertain": WithUncertainAfterCrash(0),
+		"tombstone": WithTombstones(-time.Hour),
 	} {
 		if _, err := New(nopStore{}, opt); err == nil {
 			t.Errorf("New with an invalid %s succeeded", name)
@@ -62,6 +64,15 @@ func TestLeaseFloor(t *testing.T) {
 		}
 		if err != nil && !strings.Contains(err.Error(), (4*tc.timeout).String()) {
 			t.Errorf("lease %v: error %q does not name the floor %v", tc.lease, err, 4*tc.timeout)
+		}
+	}
+}
+
+// TestKeepNeedsKeeper: the keep options refuse a store that cannot keep records.
+func TestKeepNeedsKeeper(t *testing.T) {
+	for _, opt := range []Option{WithUncertainAfterCrash(time.Hour), WithTombstones(time.Hour)} {
+		if _, err := New(nopStore{}, opt); err == nil || !strings.Contains(err.Error(), "idem.Keeper") {
+			t.Errorf("New with a keep option on a store without Keeper = %v; want an error naming idem.Keeper", err)
 		}
 	}
 }

@@ -39,7 +39,7 @@ func (p Problem) Response() *Response {
 type problems struct {
 	missing, malformed, tooLong, conflictingKeys, noPrincipal,
 	badBody, tooLarge, mismatch, inProgress, unavailable, unreadable,
-	forbidden, fingerprintChanged *Response
+	forbidden, fingerprintChanged, uncertain, keyExpired *Response
 	render func(Problem) (contentType string, body []byte) // WithProblemRenderer; nil: RFC 9457
 
 	// inProgressAfter holds, at index n, the 409 in-progress answer with
@@ -111,6 +111,10 @@ func newProblems(retryAfter time.Duration, render func(Problem) (string, []byte)
 			"A request with this Idempotency-Key was recorded while this service compared requests another way (a configuration change), so it cannot tell whether this request is the same one; nothing was executed. Use a new key for a new request."),
 		forbidden: p("replay-forbidden", "Replay forbidden", http.StatusForbidden,
 			"A request with this Idempotency-Key was already made, and this caller is not allowed to see its outcome."),
+		uncertain: p("operation-uncertain", "Operation outcome uncertain", http.StatusConflict,
+			"A request with this Idempotency-Key started but its server stopped before recording the outcome, so it may or may not have taken effect. Do not retry automatically: the service operator must resolve it first."),
+		keyExpired: p("key-expired", "Idempotency key expired", http.StatusGone,
+			"This Idempotency-Key was used, and its response is no longer stored. Do not retry with it: check the outcome of the original request, and use a new key for a new request."),
 		inProgress: withRetry(p("in-progress", "Request in progress", http.StatusConflict,
 			"A request with this Idempotency-Key is still being processed. Retry after the Retry-After delay to get its result.")),
 		unavailable: withRetry(p("store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable,

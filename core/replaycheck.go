@@ -13,7 +13,8 @@ type ReplayInfo struct {
 	// adapter reported them (Route may be empty: the scope then uses Path).
 	Method, Route, Path, Principal string
 	// State is the stored record's: StateCompleted for a replay (and for a
-	// mismatch on a completed record), StateInProgress otherwise.
+	// mismatch on a completed record), StateUncertain or StateExpired for
+	// those records ([Keep]), StateInProgress otherwise.
 	State State
 	// Status is the stored response's status (for a response too large to
 	// store, 410), when State is StateCompleted and the answer is a
@@ -21,8 +22,9 @@ type ReplayInfo struct {
 	Status int
 	// Outcome is what the engine answers when the check passes:
 	// EventReplayed (the stored response), EventConflict (409),
-	// EventMismatch (422 "key-reused") or EventFingerprintChanged (422
-	// "fingerprint-changed").
+	// EventMismatch (422 "key-reused"), EventFingerprintChanged (422
+	// "fingerprint-changed"), EventUncertain (409 "operation-uncertain") or
+	// EventKeyExpired (410 "key-expired").
 	Outcome EventKind
 }
 

@@ -189,6 +189,8 @@ func Run(t *testing.T, cfg Config) {
 		{"ProblemRenderer", s.testProblemRenderer},
 		{"ReplayCheck", s.testReplayCheck},
 		{"FingerprintFunctions", s.testFingerprints},
+		{"UncertainAfterCrash", s.testUncertain},
+		{"Tombstones", s.testTombstones},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))

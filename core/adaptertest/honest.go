@@ -149,3 +149,77 @@ func (s *suite) testFingerprints(t *testing.T) {
 	wantProblem(t, s.do(t, base, jsonCall(`{"amount":200,"note":"a"}`)), http.StatusUnprocessableEntity, "key-reused")
 	wantExecutions(t, app, 1)
 }
+
+// keptStore is a store that keeps records ([idem.Keeper]) but neither
+// renews leases nor lives in the process: a held handler's lease lapses
+// as a crashed holder's would.
+type keptStore struct {
+	idem.Store
+	idem.Keeper
+}
+
+// testUncertain: under WithUncertainAfterCrash, a duplicate of a request
+// whose lease lapsed without a completion gets 409 "operation-uncertain"
+// without Retry-After, and the handler does not run again; the holder,
+// slow rather than dead, still completes, and retries then replay.
+func (s *suite) testUncertain(t *testing.T) {
+	store := s.cfg.NewStore(t)
+	k, ok := store.(idem.Keeper)
+	if !ok {
+		t.Fatalf("%T: the suite's store must implement idem.Keeper", store)
+	}
+	app, base := s.serve(t, keptStore{Store: store, Keeper: k},
+		idem.WithStoreTimeout(50*time.Millisecond), idem.WithLease(300*time.Millisecond), idem.WithUncertainAfterCrash(time.Hour))
+	var wg sync.WaitGroup
+	var first result
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r, err := s.send(base, call{path: "/a?hold=1", body: `{"amount":1}`, keys: []string{"charge"}})
+		if err != nil {
+			t.Errorf("held request: %v", err)
+		}
+		first = r
+	}()
+	for deadline := time.Now().Add(10 * time.Second); app.Executions() < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("held request never reached the handler")
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // the 300ms lease lapses: the holder looks crashed
+	dup := s.do(t, base, call{path: "/a?hold=1", body: `{"amount":1}`, keys: []string{"charge"}})
+	wantProblem(t, dup, http.StatusConflict, "operation-uncertain")
+	if ra := dup.header.Get("Retry-After"); ra != "" {
+		t.Fatalf("uncertain 409 carries Retry-After %q; want none (do not retry automatically)", ra)
+	}
+	wantExecutions(t, app, 1)
+	app.Release()
+	wg.Wait()
+	if first.status != 201 {
+		t.Fatalf("the slow holder answered %d %s; want 201", first.status, first.body)
+	}
+	again := s.do(t, base, call{path: "/a?hold=1", body: `{"amount":1}`, keys: []string{"charge"}})
+	if again.status != 201 || again.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("after the holder completed: %d %s; want its replay", again.status, again.body)
+	}
+	wantExecutions(t, app, 1)
+}
+
+// testTombstones: under WithTombstones, a retry after the retention ended
+// gets 410 "key-expired" and another payload with the key 422, and the
+// handler does not run again.
+func (s *suite) testTombstones(t *testing.T) {
+	app, base := s.serve(t, nil, idem.WithRetention(300*time.Millisecond), idem.WithTombstones(time.Hour))
+	first := s.do(t, base, call{path: "/a", body: `{"amount":100}`, keys: []string{"spent"}})
+	if first.status != 201 {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	time.Sleep(500 * time.Millisecond) // the retention ends; the tombstone stays
+	late := s.do(t, base, call{path: "/a", body: `{"amount":100}`, keys: []string{"spent"}})
+	wantProblem(t, late, http.StatusGone, "key-expired")
+	if bytes.Contains(late.body, first.body) || late.header.Get(idem.ReplayedHeader) != "" {
+		t.Fatalf("the 410 carries the expired response: %s", late.body)
+	}
+	wantProblem(t, s.do(t, base, call{path: "/a", body: `{"amount":999}`, keys: []string{"spent"}}), http.StatusUnprocessableEntity, "key-reused")
+	wantExecutions(t, app, 1)
+}

@@ -17,7 +17,8 @@ import (
 // another payload is refused, a transient error releases the key while a
 // permanent one is stored, a panic releases the key, and an execution that
 // crashed (its lease never renewed nor completed) is taken over once its
-// lease lapses. newStore is called once per subtest, as for [Run].
+// lease lapses; a spent key under [idem.WithTombstones] is refused.
+// newStore is called once per subtest, as for [Run].
 func RunDo(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	tests := []struct {
 		name string
@@ -31,6 +32,7 @@ func RunDo(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"PanicReleases", testDoPanic},
 		{"TakeoverAfterCrash", testDoTakeover},
 		{"BytesCodec", testDoBytes},
+		{"KeyExpired", testDoKeyExpired},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
@@ -264,5 +266,27 @@ func testDoBytes(t *testing.T, s idem.Store) {
 		if err != nil || string(got) != string(want) {
 			t.Fatalf("got %q, %v; want %q", got, err, want)
 		}
+	}
+}
+
+// testDoKeyExpired: under WithTombstones, a duplicate after the retention
+// gets ErrKeyExpired, and the function does not run again.
+func testDoKeyExpired(t *testing.T, s idem.Store) {
+	if _, ok := s.(idem.Keeper); !ok {
+		t.Skip("store does not implement idem.Keeper")
+	}
+	e := doEngine(t, s, idem.WithRetention(shortLease), idem.WithTombstones(longLease))
+	op := doOp(`{"amount":1}`)
+	var runs atomic.Int32
+	fn := func(context.Context) (receipt, error) { runs.Add(1); return receipt{ID: "r1", Amount: 1}, nil }
+	if _, err := idem.Do(ctx(t), e, op, fn); err != nil {
+		t.Fatalf("first Do: %v", err)
+	}
+	time.Sleep(shortLease + 200*time.Millisecond)
+	if _, err := idem.Do(ctx(t), e, op, fn); !errors.Is(err, idem.ErrKeyExpired) {
+		t.Fatalf("Do after the retention = %v; want ErrKeyExpired", err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("fn ran %d times; want 1", n)
 	}
 }
