@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -18,14 +19,20 @@ import (
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-const usage = `usage: idemctl show|evict|list -store URL [flags] [KEY]
+const usage = `usage: idemctl show|evict|list|release|complete -store URL [flags] [KEY]
 
-show   prints the idempotency record of one key (-body: its stored response
-       body, raw, on stdout; the record on stderr);
-evict  deletes it after a confirmation, so that a retry executes again;
-list   prints in-progress and oldest records, -limit at a time (-cursor
-       for the next page), and for in-progress ones whether the lease is
-       held or has lapsed.
+show     prints the idempotency record of one key (-body: its stored response
+         body, raw, on stdout; the record on stderr);
+evict    deletes it after a confirmation, so that a retry executes again;
+list     prints in-progress, uncertain and oldest records, -limit at a time
+         (-cursor for the next page), and for in-progress ones whether the
+         lease is held or has lapsed;
+release  resolves an uncertain record (idem.WithUncertainAfterCrash: its
+         holder crashed mid-request) when the operation did NOT take effect:
+         deletes it after a confirmation, so that the next retry executes;
+complete resolves an uncertain record when the operation DID take effect:
+         stores the answer retries get, -status with -file (the body, "-" for
+         stdin) and -header lines, for -retention.
 
 KEY (or -scoped-key) is the scoped key in any form idem prints: the 64 hex
 characters of a trace's idem.scoped_key, or a prefix of them, such as the 16
@@ -57,6 +64,24 @@ type cmdFlags struct {
 	limit                              int
 	yes, body                          bool
 	timeout                            time.Duration
+	status                             int           // complete
+	file                               string        // complete
+	headers                            headerLines   // complete
+	retention                          time.Duration // complete
+}
+
+// headerLines is complete's repeatable -header flag.
+type headerLines []string
+
+func (h *headerLines) String() string { return strings.Join(*h, ", ") }
+
+func (h *headerLines) Set(v string) error {
+	name, value, ok := strings.Cut(v, ":")
+	if !ok || strings.TrimSpace(name) == "" || strings.ContainsAny(name, " \t") {
+		return fmt.Errorf("%q: want \"Name: value\"", v)
+	}
+	*h = append(*h, strings.TrimSpace(name)+": "+strings.TrimSpace(value))
+	return nil
 }
 
 // run is the whole command: args without the program name; it returns the
@@ -80,11 +105,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.StringVar(&o.hex, "scoped-key", "", "scoped key, 64 hex characters or a prefix of them (a log line's key=), instead of -principal, -method, -route and -key")
 	fs.BoolVar(&o.yes, "yes", false, "evict without asking for confirmation")
 	fs.BoolVar(&o.body, "body", false, "show: write the stored response body, raw, to stdout, and the record to stderr")
-	fs.StringVar(&o.state, "state", "all", "list: in-progress, completed or all")
+	fs.StringVar(&o.state, "state", "all", "list: in-progress, uncertain, completed or all")
 	fs.IntVar(&o.limit, "limit", 20, "list: records per page")
 	fs.StringVar(&o.cursor, "cursor", "", "list: the cursor the previous page printed")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound on the whole command")
-	if len(args) == 0 || !slices.Contains([]string{"show", "evict", "list"}, args[0]) {
+	fs.IntVar(&o.status, "status", 0, "complete: the HTTP status retries get (100-599)")
+	fs.StringVar(&o.file, "file", "", `complete: file holding the body retries get ("-": stdin; none: empty body)`)
+	fs.Var(&o.headers, "header", `complete: a header line retries get, "Name: value" (repeatable)`)
+	fs.DurationVar(&o.retention, "retention", idem.DefaultRetention, "complete: how long retries get the answer (the service's WithRetention)")
+	if len(args) == 0 || !slices.Contains([]string{"show", "evict", "list", "release", "complete"}, args[0]) {
 		fs.Usage()
 		return exitUsage
 	}
@@ -107,6 +136,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if err == nil && o.store == "" {
 		err = errors.New("-store is required")
+	}
+	var answer []byte // complete's encoded response
+	if err == nil && cmd == "complete" {
+		answer, err = o.answer(stdin)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "idemctl:", err)
@@ -156,6 +189,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return dumpBody(info, stdout, stderr)
 	case cmd == "show":
 		return exitOK
+	case cmd == "release" || cmd == "complete":
+		return resolveUncertain(ctx, b, cmd, key, info, answer, o, stdin, stdout, stderr)
 	}
 	if !o.yes && !confirm(stdin, stdout, info.State) {
 		fmt.Fprintln(stdout, "not evicted")
@@ -248,9 +283,11 @@ func (o *cmdFlags) listQuery() (idem.ListQuery, error) {
 		q.State = idem.StateInProgress
 	case "completed":
 		q.State = idem.StateCompleted
+	case "uncertain":
+		q.State = idem.StateUncertain
 	case "all":
 	default:
-		return q, fmt.Errorf("-state %q: want in-progress, completed or all", o.state)
+		return q, fmt.Errorf("-state %q: want in-progress, uncertain, completed or all", o.state)
 	}
 	if o.limit <= 0 {
 		return q, errors.New("-limit must be > 0")
@@ -334,12 +371,14 @@ func list(ctx context.Context, b *backend, q idem.ListQuery, stdout, stderr io.W
 }
 
 // printList writes one line per record: scoped key, state, and the time
-// left on its lease (held, or lapsed: its holder stopped) or retention.
-// Uncertain records, once stores keep them, get their own state here.
+// left on its lease (held, or lapsed: its holder stopped), its keep
+// (uncertain) or its retention.
 func printList(w io.Writer, recs []idem.ListedRecord) {
 	for _, r := range recs {
 		ttl := roundTTL(r.TTL)
 		switch {
+		case r.State == idem.StateUncertain:
+			fmt.Fprintf(w, "%s  uncertain    holder stopped mid-request: retries get 409 until resolved (release or complete), kept %v more, owner %s\n", r.Key, ttl, r.Token)
 		case r.State == idem.StateInProgress && r.TTL > 0:
 			fmt.Fprintf(w, "%s  in-progress  lease held, %v left: retries get 409 (stuck if its holder no longer runs), owner %s\n", r.Key, ttl, r.Token)
 		case r.State == idem.StateInProgress:
@@ -363,7 +402,7 @@ func roundTTL(d time.Duration) time.Duration {
 // byte, to stdout.
 func dumpBody(info idem.RecordInfo, stdout, stderr io.Writer) int {
 	if info.State != idem.StateCompleted {
-		fmt.Fprintln(stderr, "idemctl: no body: the record is in progress")
+		fmt.Fprintf(stderr, "idemctl: no body: the record is %s\n", info.State)
 		return exitFail
 	}
 	r, err := idem.DecodeResponse(info.Response)
@@ -392,6 +431,11 @@ func printRecord(w io.Writer, info idem.RecordInfo, now time.Time) {
 		fmt.Fprintf(w, "lease owner  %s\n", info.Token)
 	case idem.StateCompleted:
 		fmt.Fprintf(w, "expires in   %v, at %s (retention)\n", ttl, at)
+	case idem.StateUncertain:
+		fmt.Fprintf(w, "expires in   %v, at %s (uncertain: its holder stopped mid-request; retries get 409 operation-uncertain until release or complete)\n", ttl, at)
+		fmt.Fprintf(w, "lease owner  %s\n", info.Token)
+	case idem.StateExpired:
+		fmt.Fprintf(w, "expires in   %v, at %s (tombstone: the response is gone; retries get 410 key-expired)\n", ttl, at)
 	}
 	fmt.Fprintf(w, "fingerprint  %s\n", info.Fingerprint)
 	if info.Response == nil {
@@ -426,4 +470,67 @@ func confirm(stdin io.Reader, stdout io.Writer, state idem.State) bool {
 	line, _ := bufio.NewReader(stdin).ReadString('\n')
 	answer := strings.ToLower(strings.TrimSpace(line))
 	return answer == "y" || answer == "yes"
+}
+
+// answer returns complete's response, encoded as the engine stores it:
+// -status, -header lines and the body read from -file.
+func (o *cmdFlags) answer(stdin io.Reader) ([]byte, error) {
+	if o.status < 100 || o.status > 599 {
+		return nil, errors.New("complete needs -status, 100 to 599")
+	}
+	if o.retention <= 0 {
+		return nil, errors.New("-retention must be > 0")
+	}
+	r := &idem.Response{Status: o.status, Header: http.Header{}}
+	for _, line := range o.headers {
+		name, value, _ := strings.Cut(line, ": ")
+		r.Header.Add(name, value)
+	}
+	var err error
+	switch o.file {
+	case "":
+	case "-":
+		r.Body, err = io.ReadAll(stdin)
+	default:
+		r.Body, err = os.ReadFile(o.file)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("-file: %w", err)
+	}
+	return idem.EncodeResponse(r), nil
+}
+
+// resolveUncertain runs release and complete on the uncertain record info
+// of key: after a confirmation (release), one atomic [idem.Keeper.Resolve].
+func resolveUncertain(ctx context.Context, b *backend, cmd, key string, info idem.RecordInfo, answer []byte, o cmdFlags, stdin io.Reader, stdout, stderr io.Writer) int {
+	if b.kp == nil {
+		fmt.Fprintf(stderr, "idemctl: %s keeps no uncertain records\n", b.layout)
+		return exitUsage
+	}
+	if info.State != idem.StateUncertain {
+		fmt.Fprintf(stdout, "not resolved: the record is %s, not uncertain (evict deletes any record)\n", info.State)
+		return exitFail
+	}
+	if cmd == "release" && !o.yes {
+		fmt.Fprint(stdout, "Release this uncertain record? Only if the operation did not take effect: the next retry with this key executes it. [y/N] ")
+		line, _ := bufio.NewReader(stdin).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			fmt.Fprintln(stdout, "not released")
+			return exitFail
+		}
+	}
+	switch err := b.kp.Resolve(ctx, key, answer, o.retention); {
+	case errors.Is(err, idem.ErrRecordChanged):
+		fmt.Fprintln(stdout, "not resolved: the record changed since it was shown (its holder completed or released it, or it expired); run idemctl show again")
+		return exitFail
+	case err != nil:
+		fmt.Fprintf(stderr, "idemctl: %s: %v\n", cmd, err)
+		return exitFail
+	}
+	if cmd == "release" {
+		fmt.Fprintln(stdout, "released: the next request with this key executes")
+	} else {
+		fmt.Fprintf(stdout, "completed: retries get %d for %v\n", o.status, o.retention)
+	}
+	return exitOK
 }

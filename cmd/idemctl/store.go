@@ -30,6 +30,7 @@ const defaultCollection = "idem.idempotency"
 type backend struct {
 	in idem.Inspector
 	ls idem.Lister
+	kp idem.Keeper // nil when the store keeps no uncertain records
 	// layout names where the records are, e.g. `Redis keys "idem:*"`.
 	layout string
 	// hint says which flag names another layout.
@@ -41,6 +42,15 @@ type backend struct {
 
 // open returns the store named by o.store.
 func open(ctx context.Context, o cmdFlags) (*backend, error) {
+	b, err := openStore(ctx, o)
+	if err == nil {
+		b.kp, _ = b.in.(idem.Keeper)
+	}
+	return b, err
+}
+
+// openStore connects to the store named by o.store.
+func openStore(ctx context.Context, o cmdFlags) (*backend, error) {
 	u, err := url.Parse(o.store)
 	if err != nil {
 		return nil, fmt.Errorf("-store: %w", err)
