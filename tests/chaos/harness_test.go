@@ -316,6 +316,7 @@ type answer struct {
 	replayed bool
 	id       string // payment id of a 201
 	retry    string // Retry-After of a 409 or 503
+	problem  string // the problem type's fragment of an error, e.g. "in-progress"
 	err      error  // transport error: no answer
 	at       time.Time
 	took     time.Duration
@@ -328,6 +329,9 @@ func (a answer) String() string {
 	s := strconv.Itoa(a.status)
 	if a.replayed {
 		s += "(replay)"
+	}
+	if a.problem != "" {
+		s += " " + a.problem
 	}
 	return s
 }
@@ -360,6 +364,13 @@ func payCtx(ctx context.Context, url, user, key string, amount int) answer {
 		return answer{err: err, at: start, took: time.Since(start)}
 	}
 	a := answer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", retry: resp.Header.Get("Retry-After"), at: start, took: time.Since(start)}
+	if resp.Header.Get("Content-Type") == "application/problem+json" {
+		var p struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(b, &p)
+		_, a.problem, _ = strings.Cut(p.Type, "#")
+	}
 	if a.status == http.StatusCreated {
 		var p struct {
 			ID string `json:"id"`
