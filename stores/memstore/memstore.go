@@ -4,6 +4,14 @@
 // [Store.Close], deletes expired records and shrinks the maps so memory
 // returns to baseline after retention.
 //
+// The store implements [idem.Keeper]: tombstones ([idem.WithTombstones])
+// free their response when the retention ends (on the next read or
+// cleanup); measured over 20,000 records (TestTombstoneMemory), a record
+// with a 200-byte response takes about 380 bytes of heap and its tombstone
+// about 170, plus the key's and fingerprint's 64-byte strings. Uncertain
+// records ([idem.WithUncertainAfterCrash]) never arise through an engine:
+// its memstore leases end with the process, never by lapsing.
+//
 // With several instances behind a load balancer use a shared store
 // (redisstore, mongostore): a memstore only protects its own process.
 package memstore
