@@ -82,7 +82,8 @@
 // [Transactional] with [Unit] (completion inside the store's transaction;
 // handlers reach it through [UnitFromContext]), [Inspector] with
 // [RecordInfo] and [ErrRecordChanged] and [Lister] with [ListQuery] and
-// [ListPage] (cmd/idemctl), or [LocalStore]. The
+// [ListPage] (cmd/idemctl), [Keeper] with [Keep] (uncertain records and
+// tombstones, [StateUncertain] and [StateExpired]), or [LocalStore]. The
 // suite core/storetest checks a store against its real server, including
 // an outage (storetest.RunOutage).
 //
@@ -90,7 +91,8 @@
 //
 // [WithEventHook] receives one [Event] per decision and store call:
 // [EventKind] (acquired, replayed, conflict, mismatch, rejected, completed,
-// released, lease-lost, store-error, unprotected), the [StoreOp] behind it
+// released, lease-lost, store-error, unprotected, replay-forbidden,
+// fingerprint-changed, uncertain, key-expired), the [StoreOp] behind it
 // and durations, never the raw key or the principal.
 // observability/idemotel turns them into OpenTelemetry metrics and span
 // data.

@@ -13,7 +13,8 @@
 //   - idem.decisions (Counter, {decision}): every event, by idem.outcome
 //     (the [idem.EventKind] values: acquired, replayed, conflict,
 //     mismatch, rejected, completed, released, lease-lost, store-error,
-//     unprotected, replay-forbidden, fingerprint-changed), http.request.method
+//     unprotected, replay-forbidden, fingerprint-changed, uncertain,
+//     key-expired), http.request.method
 //     and http.route;
 //   - idem.store.operation.duration (Histogram, s): store calls by
 //     idem.store.operation (acquire, complete, release, extend), with
