@@ -27,6 +27,17 @@
 // expiresAt <= now as absent, because the TTL monitor deletes expired
 // documents only about once a minute.
 //
+// # Uncertain records and tombstones
+//
+// The store is an [idem.Keeper]. A record acquired under a non-zero
+// [idem.Keep] also holds until (end of the lease or retention), keepU and
+// keepT (the keep in milliseconds), and its expiresAt is until plus the keep
+// of its state: past until and before expiresAt an in-progress record is
+// uncertain and a completed one a tombstone, answered by Acquire and never
+// taken over. A tombstone's response is freed by the first read that finds
+// it and by [Store.Purge]. Records acquired without a Keep keep the layout
+// above.
+//
 // The response is stored as one BSON binary field holding the bytes the
 // engine gave Complete ([idem.Record]), exactly: BSON strings must be valid
 // UTF-8, header values need not be.

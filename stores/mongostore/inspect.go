@@ -15,11 +15,15 @@ import (
 var _ idem.Inspector = (*Store)(nil)
 
 // storedState maps a record state to its value in the state field.
-var storedState = map[idem.State]int32{idem.StateInProgress: stateInProgress, idem.StateCompleted: stateCompleted}
+var storedState = map[idem.State]int32{
+	idem.StateInProgress: stateInProgress, idem.StateCompleted: stateCompleted,
+	idem.StateUncertain: stateInProgress, idem.StateExpired: stateCompleted, // past their until
+}
 
 // Inspect implements [idem.Inspector.Inspect] in one round trip (a find
 // with the collection's read preference); the time to live is counted on
-// the server's clock.
+// the server's clock: to the end of the lease or retention, or, for an
+// uncertain record or a tombstone, of its keep.
 func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecordInfo{}, false, err
@@ -36,15 +40,20 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 	if err != nil {
 		return idem.RecordInfo{}, false, fmt.Errorf("mongostore: inspect: %w", err)
 	}
-	rec, err := d.toRecord()
+	rec, err := d.toRecord(date(now))
 	if err != nil {
 		return idem.RecordInfo{}, false, err
 	}
-	return idem.RecordInfo{Record: rec, TTL: d.ExpiresAt.Time().Sub(now)}, true, nil
+	end := d.until()
+	if end <= date(now) {
+		end = d.ExpiresAt
+	}
+	return idem.RecordInfo{Record: rec, TTL: end.Time().Sub(now)}, true, nil
 }
 
 // Evict implements [idem.Inspector.Evict] in one round trip: a delete of
-// the live record matching the state, token and fingerprint seen.
+// the live record matching the state (uncertain and expired included),
+// token and fingerprint seen.
 func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -60,7 +69,8 @@ func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	filter := append(live(key, now),
 		bson.E{Key: fieldState, Value: state},
 		bson.E{Key: fieldToken, Value: seen.Token},
-		bson.E{Key: fieldFingerprint, Value: seen.Fingerprint})
+		bson.E{Key: fieldFingerprint, Value: seen.Fingerprint},
+		untilState(seen.State, now))
 	res, err := s.coll.DeleteOne(ctx, filter)
 	if err != nil {
 		return fmt.Errorf("mongostore: evict: %w", err)
@@ -77,4 +87,17 @@ func live(key string, now time.Time) bson.D {
 		{Key: "_id", Value: key},
 		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}},
 	}
+}
+
+// untilState matches, among records of the stored state of st, those in
+// st at now: past their until for [idem.StateUncertain] and
+// [idem.StateExpired], before it (or without one) for the others.
+func untilState(st idem.State, now time.Time) bson.E {
+	if st == idem.StateUncertain || st == idem.StateExpired {
+		return bson.E{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: date(now)}}}
+	}
+	return bson.E{Key: "$or", Value: bson.A{
+		bson.D{{Key: fieldUntil, Value: absent}},
+		bson.D{{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: date(now)}}}},
+	}}
 }

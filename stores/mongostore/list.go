@@ -19,8 +19,10 @@ var _ idem.Lister = (*Store)(nil)
 // a range on _id for a key prefix (_id >= prefix and < prefix + "g":
 // scoped keys are hex), without the responses. In-progress records whose
 // lease lapsed are listed (TTL <= 0) until the TTL index or a takeover
-// removes them; expired completed records and takeover claims are not. The
-// cursor is the last record's expiry (Unix milliseconds) and key.
+// removes them, except under [idem.Keep.Uncertain]: those are listed as
+// uncertain while their keep runs (TTL: until it ends). Expired completed
+// records, tombstones and takeover claims are not listed. The cursor is
+// the last record's expiry (Unix milliseconds) and key.
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
 	if err := q.Check(); err != nil {
 		return idem.ListPage{}, err
@@ -32,17 +34,34 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 	if err != nil {
 		return idem.ListPage{}, err
 	}
-	states := bson.A{stateInProgress, stateCompleted}
-	if q.State != 0 {
-		states = bson.A{storedState[q.State]}
+	n := date(now)
+	byState := map[idem.State]bson.D{
+		// Lapsed in-progress records without a keep, or whose keep ended,
+		// are listed (TTL <= 0) until purged or taken over.
+		idem.StateInProgress: {{Key: fieldState, Value: stateInProgress}, {Key: "$or", Value: bson.A{
+			bson.D{{Key: fieldUntil, Value: absent}},
+			bson.D{{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: n}}}},
+			bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$lte", Value: n}}}},
+		}}},
+		idem.StateUncertain: {
+			{Key: fieldState, Value: stateInProgress},
+			{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: n}}},
+			{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: n}}},
+		},
+		// Tombstones (past their until) are never listed.
+		idem.StateCompleted: {{Key: fieldState, Value: stateCompleted}, {Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: n}}}, {Key: "$or", Value: bson.A{
+			bson.D{{Key: fieldUntil, Value: absent}},
+			bson.D{{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: n}}}},
+		}}},
 	}
-	filter := bson.D{
-		{Key: fieldState, Value: bson.D{{Key: "$in", Value: states}}},
-		{Key: "$or", Value: bson.A{
-			bson.D{{Key: fieldState, Value: stateInProgress}},
-			bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}}},
-		}},
+	var states bson.A
+	for _, st := range []idem.State{idem.StateInProgress, idem.StateUncertain, idem.StateCompleted} {
+		if q.State == 0 || q.State == st {
+			states = append(states, byState[st])
+		}
 	}
+	and := bson.A{bson.D{{Key: "$or", Value: states}}}
+	filter := bson.D{}
 	if q.KeyPrefix != "" {
 		filter = append(filter, bson.E{Key: "_id", Value: bson.D{{Key: "$gte", Value: q.KeyPrefix}, {Key: "$lt", Value: q.KeyPrefix + "g"}}})
 	}
@@ -53,11 +72,12 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 			return idem.ListPage{}, fmt.Errorf("mongostore: list: cursor %q was not returned by List", q.Cursor)
 		}
 		after := bson.DateTime(n)
-		filter = append(filter, bson.E{Key: "$and", Value: bson.A{bson.D{{Key: "$or", Value: bson.A{
+		and = append(and, bson.D{{Key: "$or", Value: bson.A{
 			bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: after}}}},
 			bson.D{{Key: fieldExpiresAt, Value: after}, {Key: "_id", Value: bson.D{{Key: "$gt", Value: key}}}},
-		}}}}})
+		}}})
 	}
+	filter = append(filter, bson.E{Key: "$and", Value: and})
 	opts := options.Find().SetSort(bson.D{{Key: fieldExpiresAt, Value: 1}, {Key: "_id", Value: 1}}).
 		SetLimit(int64(q.Limit)).SetProjection(bson.D{{Key: fieldResponse, Value: 0}})
 	cur, err := s.coll.Find(ctx, filter, opts)
@@ -70,13 +90,16 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 	}
 	var page idem.ListPage
 	for _, d := range docs {
-		state := idem.StateInProgress
-		if d.State == stateCompleted {
+		state, end := idem.StateInProgress, d.until()
+		switch {
+		case d.State == stateCompleted:
 			state = idem.StateCompleted
+		case end <= n && d.ExpiresAt > n:
+			state, end = idem.StateUncertain, d.ExpiresAt
 		}
 		page.Records = append(page.Records, idem.ListedRecord{Key: d.ID, RecordInfo: idem.RecordInfo{
 			Record: idem.Record{State: state, Token: d.Token, Fingerprint: d.Fingerprint},
-			TTL:    d.ExpiresAt.Time().Sub(now).Round(time.Millisecond),
+			TTL:    end.Time().Sub(now).Round(time.Millisecond),
 		}})
 	}
 	if len(docs) == q.Limit {

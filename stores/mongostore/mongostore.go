@@ -40,6 +40,9 @@ const (
 	fieldExpiresAt   = "expiresAt"
 	fieldResponse    = "response"
 	fieldGen         = "gen"
+	fieldUntil       = "until"
+	fieldKeepU       = "keepU"
+	fieldKeepT       = "keepT"
 )
 
 // Values of the state field. Records hold 1 or 2; claims (see claim) 3 or 4.
@@ -78,11 +81,12 @@ const docOverhead = 1024
 var (
 	_ idem.Store    = (*Store)(nil)
 	_ idem.Extender = (*Store)(nil)
+	_ idem.Keeper   = (*Store)(nil)
 )
 
-// Store is an [idem.Store] and [idem.Extender] on a MongoDB collection. It is
-// safe for concurrent use. It borrows the collection: Close never disconnects
-// the client.
+// Store is an [idem.Store], [idem.Extender] and [idem.Keeper] on a MongoDB
+// collection. It is safe for concurrent use. It borrows the collection:
+// Close never disconnects the client.
 type Store struct {
 	coll    *mongo.Collection
 	logger  *slog.Logger
@@ -90,6 +94,7 @@ type Store struct {
 	clk     clock
 
 	owners owners // one owner's writes, one at a time
+	keeps  keeps  // the Keep of the leases this Store granted under one
 
 	deleteLease time.Duration // deleteLease; shorter in tests
 
@@ -182,7 +187,10 @@ func New(coll *mongo.Collection, opts ...Option) *Store {
 	return s
 }
 
-// record is the stored document.
+// record is the stored document. A record acquired under a non-zero
+// [idem.Keep] also holds until, keepU and keepT; expiresAt is then until
+// plus the keep of its state (in progress: keepU, completed: keepT), the
+// time the TTL index and Purge delete it.
 type record struct {
 	ID          string        `bson:"_id"`
 	State       int32         `bson:"state"`
@@ -191,6 +199,17 @@ type record struct {
 	Fingerprint string        `bson:"fingerprint"`
 	ExpiresAt   bson.DateTime `bson:"expiresAt"`
 	Response    []byte        `bson:"response,omitempty"`
+	Until       bson.DateTime `bson:"until,omitempty"` // keep only: end of the lease or retention; absent: expiresAt
+	KeepU       int64         `bson:"keepU,omitempty"` // Keep.Uncertain, milliseconds
+	KeepT       int64         `bson:"keepT,omitempty"` // Keep.Tombstone, milliseconds
+}
+
+// until returns the end of the record's lease or retention.
+func (d *record) until() bson.DateTime {
+	if d.Until != 0 {
+		return d.Until
+	}
+	return d.ExpiresAt
 }
 
 // version names the version of the record a claim ends: its generation,
@@ -213,14 +232,23 @@ func genIs(gen string) bson.D {
 // newGen returns a fresh generation.
 func newGen() string { return rand.Text() }
 
-// toRecord converts a stored document to the record the engine sees.
-func (d *record) toRecord() (idem.Record, error) {
+// toRecord converts a stored document that has not expired to the record
+// the engine sees at now: past its until, an in-progress record is
+// uncertain and a completed one a tombstone (expired, no response).
+func (d *record) toRecord(now bson.DateTime) (idem.Record, error) {
 	rec := idem.Record{Fingerprint: d.Fingerprint, Token: d.Token}
 	switch d.State {
 	case stateInProgress:
 		rec.State = idem.StateInProgress
+		if d.until() <= now {
+			rec.State = idem.StateUncertain
+		}
 	case stateCompleted:
 		rec.State = idem.StateCompleted
+		if d.until() <= now {
+			rec.State = idem.StateExpired
+			return rec, nil
+		}
 		if len(d.Response) == 0 {
 			return idem.Record{}, fmt.Errorf("mongostore: %w: record %.16s: completed without a response", idem.ErrCorrupt, d.ID)
 		}
@@ -240,14 +268,15 @@ func leaseLeft(end bson.DateTime, now time.Time) time.Duration {
 	return max(end.Time().Sub(now), time.Millisecond)
 }
 
-// owned matches the in-progress record of key whose live lease token holds.
+// owned matches the in-progress record of key whose live lease token
+// holds, or that token owns while it is uncertain (its keep runs).
 func owned(key, token string, now time.Time) bson.D {
-	return bson.D{
-		{Key: "_id", Value: key},
-		{Key: fieldToken, Value: token},
-		{Key: fieldState, Value: stateInProgress},
-		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}},
-	}
+	d := make(bson.D, 4, 7)
+	d[0] = bson.E{Key: "_id", Value: key}
+	d[1] = bson.E{Key: fieldToken, Value: token}
+	d[2] = bson.E{Key: fieldState, Value: stateInProgress}
+	d[3] = bson.E{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}}
+	return d
 }
 
 var acquireOpts = options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)
@@ -295,19 +324,29 @@ func (s *Store) insertClaim(ctx context.Context, key, ended string, c claim) (wo
 	return false, &w, nil
 }
 
-// Acquire implements [idem.Store.Acquire]: one round trip when the key is
-// free or live (a findAndModify upsert that inserts only when _id is free);
-// three when it takes over an expired record (insert of the claim naming
-// the expired version, then the rewrite of the record). Errors: ctx's error
-// when ctx is done, [idem.ErrInvalidDuration] when lease <= 0, server errors
-// wrapped, [ErrContention] wrapped.
+// Acquire implements [idem.Store.Acquire]: it is AcquireKeep(..., Keep{}).
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
+	return s.AcquireKeep(ctx, key, token, fingerprint, lease, idem.Keep{})
+}
+
+// AcquireKeep implements [idem.Keeper.AcquireKeep] (and Acquire): one round
+// trip when the key is free or live (a findAndModify upsert that inserts
+// only when _id is free); three when it takes over an expired record
+// (insert of the claim naming the expired version, then the rewrite of the
+// record). An uncertain record or a tombstone has not expired (its
+// expiresAt is its keep's end), so it is answered, never taken over; the
+// first Acquire that finds a tombstone still holding its response frees it
+// (one more round trip). Errors: ctx's error when ctx is done,
+// [idem.ErrInvalidDuration] when lease <= 0 or a keep duration < 0, server
+// errors wrapped, [ErrContention] wrapped.
+func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
 	}
-	if lease <= 0 {
+	if lease <= 0 || keep.Uncertain < 0 || keep.Tombstone < 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
 	}
+	keepU, keepT := millis(keep.Uncertain), millis(keep.Tombstone)
 	gen := newGen()
 attempts:
 	for range maxAcquireAttempts {
@@ -322,6 +361,9 @@ attempts:
 			{Key: fieldFingerprint, Value: fingerprint},
 			{Key: fieldExpiresAt, Value: date(now.Add(lease))},
 		}
+		if keepU != 0 || keepT != 0 {
+			fresh = withKeep(fresh, now.Add(lease), keepU, keepT)
+		}
 		// Inserts fresh when _id is free, else returns the record untouched.
 		// MongoDB retries an upsert that hits a duplicate _id as an update.
 		var old record
@@ -329,6 +371,7 @@ attempts:
 			bson.D{{Key: "$setOnInsert", Value: fresh}}, acquireOpts), &old)
 		switch {
 		case errors.Is(err, mongo.ErrNoDocuments):
+			s.keeps.put(key, token, keepU, keepT)
 			return idem.Record{}, true, nil // inserted: acquired
 		case mongo.IsDuplicateKeyError(err):
 			continue // a racing upsert inserted first (FerretDB); read it again
@@ -336,9 +379,12 @@ attempts:
 			return idem.Record{}, false, fmt.Errorf("mongostore: acquire: %w", err)
 		}
 		if old.ExpiresAt > date(now) {
-			rec, err := old.toRecord()
-			if rec.State == idem.StateInProgress {
-				rec.LeaseLeft = leaseLeft(old.ExpiresAt, now)
+			rec, err := old.toRecord(date(now))
+			switch rec.State {
+			case idem.StateInProgress:
+				rec.LeaseLeft = leaseLeft(old.until(), now)
+			case idem.StateExpired:
+				s.freeResponse(ctx, &old, now)
 			}
 			return rec, false, err
 		}
@@ -367,12 +413,13 @@ attempts:
 					},
 					bson.D{
 						{Key: "$set", Value: fresh},
-						{Key: "$unset", Value: bson.D{{Key: fieldResponse, Value: ""}}},
+						{Key: "$unset", Value: unsetAbsent(fresh)},
 					})
 				if err != nil {
 					return idem.Record{}, false, fmt.Errorf("mongostore: take over expired record: %w", err)
 				}
 				if res.MatchedCount == 1 {
+					s.keeps.put(key, token, keepU, keepT)
 					return idem.Record{}, true, nil
 				}
 				continue attempts // deleted or rewritten meanwhile: look again
@@ -412,18 +459,34 @@ func (s *Store) Complete(ctx context.Context, key, token string, response []byte
 	if size, limit := len(response)+len(key)+len(token)+docOverhead, s.clk.maxDocSize(); size > limit {
 		return fmt.Errorf("mongostore: complete %.16s: record of about %d bytes, limit %d: %w", key, size, limit, ErrTooLarge)
 	}
-	res, err := s.coll.UpdateOne(ctx, owned(key, token, now), bson.D{{Key: "$set", Value: bson.D{
-		{Key: fieldState, Value: stateCompleted},
-		{Key: fieldExpiresAt, Value: date(now.Add(retention))},
-		{Key: fieldResponse, Value: response}, // marshalled into the command: a copy
-	}}})
-	if err != nil {
-		return fmt.Errorf("mongostore: complete: %w", err)
+	// The Keep this Store acquired the record with, else none: one round
+	// trip when right; when not (acquired elsewhere, under another Keep),
+	// read the record's keep and complete again pinned to it.
+	k, _ := s.keeps.get(key, token)
+	for try := 0; ; try++ {
+		filter := append(owned(key, token, now), keepIs(k)...)
+		res, err := s.coll.UpdateOne(ctx, filter, completion(now, response, retention, k))
+		if err != nil {
+			return fmt.Errorf("mongostore: complete: %w", err)
+		}
+		if res.MatchedCount == 1 {
+			s.keeps.drop(key, token)
+			return nil
+		}
+		if try > 0 {
+			s.keeps.drop(key, token)
+			return idem.ErrNotOwner
+		}
+		stored, err := s.readKeep(ctx, key, token, now)
+		switch {
+		case errors.Is(err, idem.ErrNotOwner), err == nil && stored == k:
+			s.keeps.drop(key, token)
+			return idem.ErrNotOwner
+		case err != nil:
+			return fmt.Errorf("mongostore: complete: %w", err)
+		}
+		k = stored
 	}
-	if res.MatchedCount == 0 {
-		return idem.ErrNotOwner
-	}
-	return nil
 }
 
 // Release implements [idem.Store.Release] in three round trips: a find of
@@ -455,8 +518,10 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	case err != nil:
 		return fmt.Errorf("mongostore: release: %w", err)
 	case d.Token != token || d.State != stateInProgress || d.ExpiresAt <= date(now):
+		s.keeps.drop(key, token)
 		return idem.ErrNotOwner
 	}
+	defer s.keeps.drop(key, token)
 	end := now.Add(s.deleteLease)
 	if owner := d.ExpiresAt.Time(); owner.After(end) {
 		end = owner
@@ -511,15 +576,35 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	if err != nil {
 		return err
 	}
-	res, err := s.coll.UpdateOne(ctx, owned(key, token, now),
-		bson.D{{Key: "$set", Value: bson.D{{Key: fieldExpiresAt, Value: date(now.Add(lease))}}}})
-	if err != nil {
-		return fmt.Errorf("mongostore: extend: %w", err)
+	// As Complete: the Keep this Store acquired the record with, else
+	// none, and the record's own keep when that was not it.
+	k, _ := s.keeps.get(key, token)
+	for try := 0; ; try++ {
+		set := bson.D{{Key: fieldExpiresAt, Value: date(now.Add(lease + time.Duration(k.u)*time.Millisecond))}}
+		if k != (keepMs{}) {
+			set = append(set, bson.E{Key: fieldUntil, Value: date(now.Add(lease))})
+		}
+		res, err := s.coll.UpdateOne(ctx, append(owned(key, token, now), keepIs(k)...), bson.D{{Key: "$set", Value: set}})
+		if err != nil {
+			return fmt.Errorf("mongostore: extend: %w", err)
+		}
+		if res.MatchedCount == 1 {
+			return nil
+		}
+		if try > 0 {
+			s.keeps.drop(key, token)
+			return idem.ErrNotOwner
+		}
+		stored, err := s.readKeep(ctx, key, token, now)
+		switch {
+		case errors.Is(err, idem.ErrNotOwner), err == nil && stored == k:
+			s.keeps.drop(key, token)
+			return idem.ErrNotOwner
+		case err != nil:
+			return fmt.Errorf("mongostore: extend: %w", err)
+		}
+		k = stored
 	}
-	if res.MatchedCount == 0 {
-		return idem.ErrNotOwner
-	}
-	return nil
 }
 
 // Get implements [idem.Store.Get] in one round trip (a find with the
@@ -546,9 +631,12 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	if d.ExpiresAt <= date(now) {
 		return idem.Record{}, false, nil
 	}
-	rec, err := d.toRecord()
+	rec, err := d.toRecord(date(now))
 	if err != nil {
 		return idem.Record{}, false, err
+	}
+	if rec.State == idem.StateExpired {
+		s.freeResponse(ctx, &d, now)
 	}
 	return rec, true, nil
 }

@@ -17,14 +17,25 @@ import (
 const (
 	ttlIndexName   = "idem_expiresAt_ttl"
 	plainIndexName = "idem_expiresAt"
+	untilIndexName = "idem_until"
+)
+
+// freeBatch and maxFreeBatches bound the tombstones whose responses one
+// Purge frees: batches of freeBatch, at most maxFreeBatches of them.
+const (
+	freeBatch      = 1000
+	maxFreeBatches = 10
 )
 
 // codeNotImplemented is the server error code FerretDB answers a TTL index with.
 const codeNotImplemented = 238
 
 // EnsureIndexes creates the TTL index on expiresAt (expireAfterSeconds 0), so
-// the server deletes expired records by itself, about once a minute. It is
-// idempotent. A server that rejects TTL indexes (FerretDB: NotImplemented,
+// the server deletes expired records by itself, about once a minute, and a
+// sparse index on until (held only by records under an [idem.Keep]), for
+// Purge to find the tombstones whose responses it frees. It is idempotent,
+// and run again on a collection indexed by an earlier version it adds the
+// until index. A server that rejects TTL indexes (FerretDB: NotImplemented,
 // code 238) gets a plain index on expiresAt instead, for [Store.Purge]; the
 // fallback is logged at warning level and EnsureIndexes returns nil: the
 // store stays correct (reads ignore expired records), but only Purge or
@@ -43,7 +54,7 @@ func (s *Store) EnsureIndexes(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("mongostore: create TTL index: %w", err)
 		}
-		return nil
+		return s.ensureUntilIndex(ctx)
 	}
 	s.logger.WarnContext(ctx, "mongostore: server rejects TTL indexes; expired records are ignored by reads but deleted only by Purge",
 		"collection", s.coll.Name(), "error", err)
@@ -51,6 +62,16 @@ func (s *Store) EnsureIndexes(ctx context.Context) error {
 		Keys: keys, Options: options.Index().SetName(plainIndexName),
 	}); err != nil {
 		return fmt.Errorf("mongostore: create index on %s: %w", fieldExpiresAt, err)
+	}
+	return s.ensureUntilIndex(ctx)
+}
+
+// ensureUntilIndex creates the sparse index on until.
+func (s *Store) ensureUntilIndex(ctx context.Context) error {
+	if _, err := s.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
+		Keys: bson.D{{Key: fieldUntil, Value: 1}}, Options: options.Index().SetName(untilIndexName).SetSparse(true),
+	}); err != nil {
+		return fmt.Errorf("mongostore: create index on %s: %w", fieldUntil, err)
 	}
 	return nil
 }
@@ -62,8 +83,11 @@ func (s *Store) EnsureIndexes(ctx context.Context) error {
 // are not atomic either (FerretDB deletes by _id what an earlier read
 // matched). It costs four round trips: a find of the expired documents
 // (_id, state and token only), one unordered insert of the purge claims,
-// one delete of the claimed records and one of the expired claims.
-// Errors: ctx's error, server errors wrapped.
+// one delete of the claimed records and one of the expired claims. Then
+// it frees the responses of tombstones ([idem.Keep.Tombstone]) whose
+// retention ended: a find of up to 1000 of them and one updateMany
+// unsetting their responses, repeated while batches are full (at most 10
+// batches per call). Errors: ctx's error, server errors wrapped.
 func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -117,7 +141,45 @@ func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
 			return deleted, fmt.Errorf("mongostore: purge claims: %w", err)
 		}
 	}
-	return deleted, nil
+	return deleted, s.freeTombstones(ctx, now)
+}
+
+// freeTombstones unsets the responses of the tombstones whose retention
+// ended before now, in bounded batches. A tombstone within deleteLease of
+// its end is left to the purge that deletes it (see freeResponse).
+func (s *Store) freeTombstones(ctx context.Context, now time.Time) error {
+	filter := bson.D{
+		{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: date(now)}}},
+		{Key: fieldState, Value: stateCompleted},
+		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now.Add(s.deleteLease))}}},
+		{Key: fieldResponse, Value: bson.D{{Key: "$exists", Value: true}}},
+	}
+	for range maxFreeBatches {
+		cur, err := s.coll.Find(ctx, filter, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetLimit(freeBatch))
+		if err != nil {
+			return fmt.Errorf("mongostore: purge tombstones: %w", err)
+		}
+		var docs []struct {
+			ID string `bson:"_id"`
+		}
+		if err := cur.All(ctx, &docs); err != nil {
+			return fmt.Errorf("mongostore: purge tombstones: %w", err)
+		}
+		if len(docs) == 0 {
+			return nil
+		}
+		ids := make(bson.A, len(docs))
+		for i, d := range docs {
+			ids[i] = d.ID
+		}
+		if _, err := s.coll.UpdateMany(ctx, append(filter[:len(filter):len(filter)], bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}), unsetResponse); err != nil {
+			return fmt.Errorf("mongostore: purge tombstones: %w", err)
+		}
+		if len(docs) < freeBatch {
+			return nil
+		}
+	}
+	return nil
 }
 
 // insertClaims inserts the purge claims docs of the records ids (same

@@ -32,7 +32,7 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		if out.ExpiresAt != in.ExpiresAt || out.Fingerprint != "fp" || out.Token != "t" || out.ID != "k" {
 			t.Fatalf("record fields changed: %+v", out)
 		}
-		rec, err := out.toRecord()
+		rec, err := out.toRecord(-1)
 		if len(response) == 0 {
 			if err == nil {
 				t.Fatal("completed record without a response converted without error")
@@ -46,16 +46,16 @@ func FuzzRecordRoundTrip(f *testing.F) {
 }
 
 func TestRecordStates(t *testing.T) {
-	rec, err := (&record{State: stateInProgress, Token: "t", Fingerprint: "fp"}).toRecord()
+	rec, err := (&record{State: stateInProgress, Token: "t", Fingerprint: "fp"}).toRecord(-1)
 	if err != nil || rec.State != idem.StateInProgress || rec.Token != "t" || rec.Fingerprint != "fp" || rec.Response != nil {
 		t.Fatalf("in-progress record = %+v, %v", rec, err)
 	}
 	for _, st := range []int32{0, 3, -1} {
-		if _, err := (&record{State: st}).toRecord(); err == nil {
+		if _, err := (&record{State: st}).toRecord(-1); err == nil {
 			t.Fatalf("state %d decoded without error", st)
 		}
 	}
-	if _, err := (&record{State: stateCompleted}).toRecord(); err == nil {
+	if _, err := (&record{State: stateCompleted}).toRecord(-1); err == nil {
 		t.Fatal("completed record without a response decoded without error")
 	}
 }

@@ -1,0 +1,249 @@
+package mongostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+// keepMs is an [idem.Keep] as stored: milliseconds, 0 for none.
+type keepMs struct{ u, t int64 }
+
+// millis returns d in whole milliseconds, rounded up (a keep > 0 stays > 0).
+func millis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// withKeep returns fresh, an in-progress record whose lease ends at until,
+// with the keep fields: until, keepU and keepT (each when > 0), and its
+// expiresAt moved to until + keepU.
+func withKeep(fresh bson.D, until time.Time, u, t int64) bson.D {
+	for i := range fresh {
+		if fresh[i].Key == fieldExpiresAt {
+			fresh[i].Value = date(until.Add(time.Duration(u) * time.Millisecond))
+		}
+	}
+	fresh = append(fresh, bson.E{Key: fieldUntil, Value: date(until)})
+	if u > 0 {
+		fresh = append(fresh, bson.E{Key: fieldKeepU, Value: u})
+	}
+	if t > 0 {
+		fresh = append(fresh, bson.E{Key: fieldKeepT, Value: t})
+	}
+	return fresh
+}
+
+// unsetAbsent returns the $unset of the fields a takeover's rewrite must
+// drop from the version it replaces: the response, and the keep fields
+// fresh does not set.
+func unsetAbsent(fresh bson.D) bson.D {
+	unset := bson.D{{Key: fieldResponse, Value: ""}}
+	for _, f := range []string{fieldUntil, fieldKeepU, fieldKeepT} {
+		set := false
+		for _, e := range fresh {
+			set = set || e.Key == f
+		}
+		if !set {
+			unset = append(unset, bson.E{Key: f, Value: ""})
+		}
+	}
+	return unset
+}
+
+var (
+	absent = bson.D{{Key: "$exists", Value: false}}
+	// noKeep matches an in-progress record acquired without a Keep: only
+	// records under a keep hold until.
+	noKeep = bson.D{{Key: fieldUntil, Value: absent}}
+)
+
+// msIs matches a keep field holding v; 0 matches the field's absence.
+func msIs(v int64) any {
+	if v == 0 {
+		return absent
+	}
+	return v
+}
+
+// keepIs matches an in-progress record acquired under k.
+func keepIs(k keepMs) bson.D {
+	if k == (keepMs{}) {
+		return noKeep
+	}
+	return bson.D{{Key: fieldKeepU, Value: msIs(k.u)}, {Key: fieldKeepT, Value: msIs(k.t)}}
+}
+
+// completion is the update completing an in-progress record acquired under
+// k with response for retention from now: without a tombstone keep the
+// record expires when the retention ends; with one, until is the
+// retention's end and expiresAt the tombstone's.
+func completion(now time.Time, response []byte, retention time.Duration, k keepMs) bson.D {
+	end := now.Add(retention)
+	set := bson.D{
+		{Key: fieldState, Value: stateCompleted},
+		{Key: fieldExpiresAt, Value: date(end.Add(time.Duration(k.t) * time.Millisecond))},
+		{Key: fieldResponse, Value: response}, // marshalled into the command: a copy
+	}
+	switch {
+	case k == (keepMs{}):
+		return bson.D{{Key: "$set", Value: set}}
+	case k.t == 0: // the lease's until goes: the record ends with its retention
+		return bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: fieldUntil, Value: ""}}}}
+	}
+	return bson.D{{Key: "$set", Value: append(set, bson.E{Key: fieldUntil, Value: date(end)})}}
+}
+
+// keepOpts reads a record's keep fields only.
+var keepOpts = options.FindOne().SetProjection(bson.D{{Key: fieldKeepU, Value: 1}, {Key: fieldKeepT, Value: 1}, {Key: fieldGen, Value: 1}})
+
+// readKeep returns the keep of the record token owns, or [idem.ErrNotOwner].
+func (s *Store) readKeep(ctx context.Context, key, token string, now time.Time) (keepMs, error) {
+	var d record
+	err := decode(s.coll.FindOne(ctx, owned(key, token, now), keepOpts), &d)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments), errors.Is(err, idem.ErrCorrupt):
+		return keepMs{}, idem.ErrNotOwner
+	case err != nil:
+		return keepMs{}, err
+	}
+	return keepMs{d.KeepU, d.KeepT}, nil
+}
+
+// keeps remembers the Keep of the leases this Store granted under a
+// non-zero one, until their owner completes or releases them, so that
+// Complete and Extend write them in one round trip. It is a hint: a
+// record acquired by another Store (or a forgotten entry) costs a read of
+// the record's own keep and a second write.
+type keeps struct {
+	mu sync.Mutex
+	m  map[ownerID]keepMs
+}
+
+type ownerID struct{ key, token string }
+
+// maxKeeps bounds the hints kept; past it they are all dropped (an owner
+// that neither completes nor releases leaves its entry behind).
+const maxKeeps = 1 << 14
+
+func (k *keeps) put(key, token string, u, t int64) {
+	if u == 0 && t == 0 {
+		return
+	}
+	k.mu.Lock()
+	if k.m == nil || len(k.m) >= maxKeeps {
+		k.m = map[ownerID]keepMs{}
+	}
+	k.m[ownerID{key, token}] = keepMs{u, t}
+	k.mu.Unlock()
+}
+
+func (k *keeps) get(key, token string) (keepMs, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	v, ok := k.m[ownerID{key, token}]
+	return v, ok
+}
+
+func (k *keeps) drop(key, token string) {
+	k.mu.Lock()
+	if k.m != nil {
+		delete(k.m, ownerID{key, token})
+	}
+	k.mu.Unlock()
+}
+
+// freeResponse drops the response of the tombstone d, read at now, in one
+// update filtered on the version read; a failure is only logged (Purge
+// frees it too). It leaves alone a tombstone within deleteLease of its
+// end: on FerretDB, whose updates read and then replace by _id, an unset
+// delayed past the end could otherwise write the tombstone back over the
+// record of a request that took the key over.
+func (s *Store) freeResponse(ctx context.Context, d *record, now time.Time) {
+	if len(d.Response) == 0 || d.ExpiresAt <= date(now.Add(s.deleteLease)) {
+		return
+	}
+	_, err := s.coll.UpdateOne(ctx, bson.D{
+		{Key: "_id", Value: d.ID},
+		{Key: fieldState, Value: stateCompleted},
+		{Key: fieldToken, Value: d.Token},
+		{Key: fieldGen, Value: genIs(d.Gen)},
+		{Key: fieldExpiresAt, Value: d.ExpiresAt},
+	}, unsetResponse)
+	if err != nil {
+		s.logger.DebugContext(ctx, "mongostore: free a tombstone's response", "key", d.ID[:min(16, len(d.ID))], "error", err)
+	}
+}
+
+var unsetResponse = bson.D{{Key: "$unset", Value: bson.D{{Key: fieldResponse, Value: ""}}}}
+
+// uncertain matches key's record when it is uncertain at now: in
+// progress, its lease lapsed, its keep running.
+func uncertain(key string, now time.Time) bson.D {
+	return bson.D{
+		{Key: "_id", Value: key},
+		{Key: fieldState, Value: stateInProgress},
+		{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: date(now)}}},
+		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}},
+	}
+}
+
+// Resolve implements [idem.Keeper.Resolve]. With a nil response it is one
+// deleteOne matching only an uncertain record. Otherwise it reads the
+// record's keep (a find) and completes it in one update matching only the
+// same uncertain version under that keep, for retention and then its
+// tombstone keep. Errors: ctx's error, [idem.ErrInvalidDuration] when a
+// response comes with retention <= 0, [idem.ErrRecordChanged] when the
+// record is not uncertain (absent, live, completed, a tombstone),
+// [ErrTooLarge] wrapped, server errors wrapped.
+func (s *Store) Resolve(ctx context.Context, key string, response []byte, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if response != nil && retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	if size, limit := len(response)+len(key)+docOverhead, s.clk.maxDocSize(); size > limit {
+		return fmt.Errorf("mongostore: resolve %.16s: record of about %d bytes, limit %d: %w", key, size, limit, ErrTooLarge)
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return err
+	}
+	if response == nil {
+		res, err := s.coll.DeleteOne(ctx, uncertain(key, now))
+		if err != nil {
+			return fmt.Errorf("mongostore: resolve: %w", err)
+		}
+		if res.DeletedCount == 0 {
+			return idem.ErrRecordChanged
+		}
+		return nil
+	}
+	var d record
+	err = decode(s.coll.FindOne(ctx, uncertain(key, now), keepOpts), &d)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments), errors.Is(err, idem.ErrCorrupt):
+		return idem.ErrRecordChanged
+	case err != nil:
+		return fmt.Errorf("mongostore: resolve: %w", err)
+	}
+	k := keepMs{d.KeepU, d.KeepT}
+	filter := append(uncertain(key, now), bson.E{Key: fieldGen, Value: genIs(d.Gen)})
+	filter = append(filter, keepIs(k)...)
+	res, err := s.coll.UpdateOne(ctx, filter, completion(now, response, retention, k))
+	if err != nil {
+		return fmt.Errorf("mongostore: resolve: %w", err)
+	}
+	if res.MatchedCount == 0 {
+		return idem.ErrRecordChanged
+	}
+	return nil
+}
