@@ -17,7 +17,8 @@ import (
 // another payload is refused, a transient error releases the key while a
 // permanent one is stored, a panic releases the key, and an execution that
 // crashed (its lease never renewed nor completed) is taken over once its
-// lease lapses; a spent key under [idem.WithTombstones] is refused.
+// lease lapses, or, under [idem.WithUncertainAfterCrash], is refused until
+// resolved; a spent key under [idem.WithTombstones] is refused.
 // newStore is called once per subtest, as for [Run].
 func RunDo(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	tests := []struct {
@@ -33,6 +34,7 @@ func RunDo(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"TakeoverAfterCrash", testDoTakeover},
 		{"BytesCodec", testDoBytes},
 		{"KeyExpired", testDoKeyExpired},
+		{"UncertainAfterCrash", testDoUncertain},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
@@ -288,5 +290,49 @@ func testDoKeyExpired(t *testing.T, s idem.Store) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("fn ran %d times; want 1", n)
+	}
+}
+
+// testDoUncertain: under WithUncertainAfterCrash, the record of a crashed
+// process is refused with ErrInProgress while its lease lives, then with
+// ErrUncertain, and fn never runs; once an operator releases it
+// (Keeper.Resolve), the next call runs fn once.
+func testDoUncertain(t *testing.T, s idem.Store) {
+	k, ok := s.(idem.Keeper)
+	if !ok {
+		t.Skip("store does not implement idem.Keeper")
+	}
+	e := doEngine(t, s, idem.WithUncertainAfterCrash(longLease))
+	op := doOp("p1")
+	key := idem.ScopedKey(op.Scope, "(do)", op.Name, op.Key)
+	fp := idem.Fingerprint("(do)", op.Name, "", "", op.Payload)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, acquired, err := k.AcquireKeep(ctx, key, "crashed-process", fp, crashedLease, idem.Keep{Uncertain: longLease}); err != nil || !acquired {
+		t.Fatalf("AcquireKeep as the crashed process: %v %v", acquired, err)
+	}
+	var runs atomic.Int32
+	fn := func(context.Context) (int, error) { return int(runs.Add(1)), nil }
+	for {
+		_, err := idem.Do(ctx, e, op, fn)
+		if errors.Is(err, idem.ErrUncertain) {
+			break
+		}
+		if !errors.Is(err, idem.ErrInProgress) {
+			t.Fatalf("while the crashed lease lives: %v, want ErrInProgress, then ErrUncertain", err)
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the crashed lease never lapsed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := idem.Do(ctx, e, op, fn); !errors.Is(err, idem.ErrUncertain) || runs.Load() != 0 {
+		t.Fatalf("again: %v, runs %d; want ErrUncertain and no run", err, runs.Load())
+	}
+	if err := k.Resolve(ctx, key, nil, 0); err != nil {
+		t.Fatalf("Resolve (release): %v", err)
+	}
+	if v, err := idem.Do(ctx, e, op, fn); err != nil || v != 1 || runs.Load() != 1 {
+		t.Fatalf("after the release: %d, %v, runs %d; want one run", v, err, runs.Load())
 	}
 }
