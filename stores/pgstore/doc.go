@@ -34,8 +34,19 @@
 // writes exist. Side effects outside the database (emails, calls to other
 // services) are not covered. See README.md for the exact guarantee.
 //
+// # Uncertain records and tombstones
+//
+// Store is an [idem.Keeper]: [Store.AcquireKeep] stores the [idem.Keep]
+// with the record (until_at, the end of its lease or retention, before
+// expires_at, the end of the row), so that an in-progress row whose lease
+// lapsed stays uncertain, never taken over, until [Store.Resolve] or its
+// keep ends, and a completed row past its retention stays as a tombstone
+// (fingerprint, no response). [Store.EnsureSchema] adds these columns to
+// a table of an earlier version, whose rows read as records without a keep.
+//
 // # Expired rows
 //
-// Reads ignore expired rows; [Store.Purge] deletes them, and
+// Reads ignore expired rows, and never return a tombstone's response;
+// [Store.Purge] deletes expired rows and frees tombstones' responses, and
 // [Store.StartPurger] runs it periodically until [Store.Close].
 package pgstore

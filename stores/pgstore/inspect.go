@@ -18,11 +18,13 @@ var (
 	_ idem.Lister    = (*Store)(nil)
 )
 
-// ttl is a row's time to live in microseconds by the server's clock.
-const ttl = `(EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000000)::bigint`
+// ttl is a row r's time to live in microseconds by the clock n.t: until
+// its lease or retention ends, or, for an uncertain record or a tombstone,
+// until its keep ends ([idem.RecordInfo.TTL]).
+const ttl = `(EXTRACT(EPOCH FROM CASE WHEN ` + phaseEnd + ` > n.t THEN ` + phaseEnd + ` ELSE r.expires_at END - n.t) * 1000000)::bigint`
 
-// Inspect implements [idem.Inspector]: one SELECT of the live row and its
-// time to live by the server's clock.
+// Inspect implements [idem.Inspector]: one SELECT of the live row (uncertain
+// records and tombstones included) and its time to live by the server's clock.
 func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecordInfo{}, false, err
@@ -33,8 +35,8 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 		raw     []byte
 		us      int64
 	)
-	err := s.pool.QueryRow(ctx, `SELECT state, token, fingerprint, response, `+ttl+` FROM `+s.table+`
-WHERE key = $1 AND expires_at > clock_timestamp()`, key).Scan(&state, &tok, &fp, &raw, &us)
+	err := s.pool.QueryRow(ctx, `SELECT `+stateOf+`, `+tokenOf+`, r.fingerprint, `+responseOf+`, `+ttl+`
+FROM `+s.table+` r, `+clock+` WHERE r.key = $1 AND r.expires_at > n.t`, key).Scan(&state, &tok, &fp, &raw, &us)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.RecordInfo{}, false, nil
 	}
@@ -49,14 +51,14 @@ WHERE key = $1 AND expires_at > clock_timestamp()`, key).Scan(&state, &tok, &fp,
 }
 
 // Evict implements [idem.Inspector]: one DELETE of the live row conditional
-// on the state, owner token and fingerprint of seen; [idem.ErrRecordChanged]
-// when it matched none.
+// on the state (as Inspect derives it), owner token and fingerprint of
+// seen; [idem.ErrRecordChanged] when it matched none.
 func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+`
-WHERE key = $1 AND state = $2 AND token = $3 AND fingerprint = $4 AND expires_at > clock_timestamp()`,
+	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+` r USING `+clock+`
+WHERE r.key = $1 AND `+stateOf+` = $2 AND `+tokenOf+` = $3 AND r.fingerprint = $4 AND r.expires_at > n.t`,
 		key, int16(seen.State), seen.Token, seen.Fingerprint)
 	if err != nil {
 		return fmt.Errorf("pgstore: evict: %w", err)
@@ -70,9 +72,12 @@ WHERE key = $1 AND state = $2 AND token = $3 AND fingerprint = $4 AND expires_at
 // List implements [idem.Lister]: one SELECT ordered by (expires_at, key),
 // through the expires_at index, or the primary key's range for a key
 // prefix (key >= prefix AND key < prefix || 'g': scoped keys are hex).
-// In-progress rows whose lease lapsed are listed (TTL <= 0) until purged
-// or taken over; expired completed rows are not. The cursor is the last
-// row's expiry (Unix microseconds) and key.
+// In-progress rows whose lease lapsed are listed: as uncertain while
+// their keep lasts ([idem.Keep.Uncertain]), then (or without a keep) as
+// in progress with TTL <= 0 until purged or taken over; completed rows
+// past their retention (tombstones included) are not. Rows are ordered by
+// expires_at, the end of the row (for a record with a keep, after it).
+// The cursor is the last row's expires_at (Unix microseconds) and key.
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
 	if err := q.Check(); err != nil {
 		return idem.ListPage{}, err
@@ -84,11 +89,12 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 	if err != nil {
 		return idem.ListPage{}, err
 	}
-	rows, err := s.pool.Query(ctx, `SELECT key, state, token, fingerprint, expires_at, `+ttl+` FROM `+s.table+`
-WHERE ($1 = '' OR (key >= $1 AND key < $1 || 'g' AND left(key, length($1)) = $1))
-  AND ($2 = 0 OR state = $2) AND (state = 1 OR expires_at > clock_timestamp())
-  AND (expires_at, key) > ($3, $4)
-ORDER BY expires_at, key LIMIT $5`, q.KeyPrefix, int16(q.State), after, afterKey, q.Limit)
+	rows, err := s.pool.Query(ctx, `SELECT r.key, `+stateOf+`, r.token, r.fingerprint, r.expires_at, `+ttl+`
+FROM `+s.table+` r, `+clock+`
+WHERE ($1 = '' OR (r.key >= $1 AND r.key < $1 || 'g' AND left(r.key, length($1)) = $1))
+  AND ($2 = 0 OR `+stateOf+` = $2) AND (r.state = 1 OR `+phaseEnd+` > n.t)
+  AND (r.expires_at, r.key) > ($3, $4)
+ORDER BY r.expires_at, r.key LIMIT $5`, q.KeyPrefix, int16(q.State), after, afterKey, q.Limit)
 	if err != nil {
 		return idem.ListPage{}, fmt.Errorf("pgstore: list: %w", err)
 	}

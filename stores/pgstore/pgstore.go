@@ -36,10 +36,13 @@ var ErrTooLarge = fmt.Errorf("pgstore: response exceeds PostgreSQL's 1 GB field 
 // "stored-result-unreadable" until the row is deleted.
 var ErrCorrupt = fmt.Errorf("pgstore: corrupt record: %w", idem.ErrCorrupt)
 
-// Values of the state column.
+// Values of the state column (1, 2), and the states reads derive from the
+// time (3, 4), equal to their [idem.State].
 const (
 	stateInProgress int16 = 1
 	stateCompleted  int16 = 2
+	stateUncertain  int16 = 3
+	stateExpired    int16 = 4
 )
 
 // maxField is PostgreSQL's limit on one field value (1 GB), less room for
@@ -54,16 +57,19 @@ var (
 	_ idem.Store         = (*Store)(nil)
 	_ idem.Extender      = (*Store)(nil)
 	_ idem.Transactional = (*Store)(nil)
+	_ idem.Keeper        = (*Store)(nil)
 )
 
 // Store is an idem.Store on PostgreSQL, safe for concurrent use. It borrows
 // its pool and never closes it.
 type Store struct {
-	pool   *pgxpool.Pool
-	table  string // quoted, possibly schema-qualified
-	index  string // quoted index name, unqualified
-	logger *slog.Logger
-	q      queries
+	pool  *pgxpool.Pool
+	table string // quoted, possibly schema-qualified
+	index string // quoted name of the expires_at index, unqualified
+	// untilIndex is the quoted name of the partial until_at index, unqualified.
+	untilIndex string
+	logger     *slog.Logger
+	q          queries
 
 	mu      sync.Mutex
 	closed  bool
@@ -83,6 +89,7 @@ func WithTable(name string) Option {
 		parts := strings.SplitN(name, ".", 2)
 		s.table = pgx.Identifier(parts).Sanitize()
 		s.index = pgx.Identifier{parts[len(parts)-1] + "_expires_at"}.Sanitize()
+		s.untilIndex = pgx.Identifier{parts[len(parts)-1] + "_until_at"}.Sanitize()
 	}
 }
 
@@ -111,9 +118,43 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 // queries are the statements of one table. Times come from the server's
 // clock_timestamp(), never the instance's clock and never now(): now() is
 // frozen at the start of the transaction, and a completion runs at the end
-// of the handler's transaction (the purge alone uses statement_timestamp()). Durations are passed in microseconds.
+// of the handler's transaction (the purge alone uses statement_timestamp()).
+// A statement that judges a row more than once reads the clock once, in
+// the one-row subquery n, so that its judgements agree. Durations are
+// passed in microseconds.
 type queries struct {
-	acquire, complete, release, extend, get, completedBy, purge string
+	acquire, complete, release, extend, get, completedBy, purge, free, resolveRelease, resolveComplete string
+}
+
+// Expressions over a row r of the table and the clock n.t (see [Store.SchemaSQL]).
+const (
+	// phaseEnd is the end of the lease (in progress) or of the retention
+	// (completed): until_at when the record has a keep, else expires_at.
+	phaseEnd = `coalesce(r.until_at, r.expires_at)`
+	// stateOf is the state of a live row as [idem.State]: past its phase
+	// end, an in-progress row is uncertain (3) and a completed one a
+	// tombstone (4); a row past expires_at (listed only) keeps its column.
+	stateOf = `CASE WHEN ` + phaseEnd + ` > n.t OR r.expires_at <= n.t THEN r.state WHEN r.state = 1 THEN 3::smallint ELSE 4::smallint END`
+	// tombstone is true for a completed row past its retention.
+	tombstone = `(r.state = 2 AND r.until_at <= n.t)`
+	// tokenOf and responseOf are what reads return: a tombstone has
+	// neither (the purger frees them; reads never return them before).
+	tokenOf    = `CASE WHEN ` + tombstone + ` THEN ''::text ELSE r.token END`
+	responseOf = `CASE WHEN ` + tombstone + ` THEN NULL::bytea ELSE r.response END`
+	// clock is the one-row subquery n.
+	clock = `(SELECT clock_timestamp() AS t) n`
+	// uncertain is true for an uncertain row (given n.t).
+	uncertain = `state = 1 AND until_at <= n.t AND expires_at > n.t`
+)
+
+// completion sets a completed record's columns: the response in parameter
+// resp, for retention (µs, parameter ret) from n.t, and its tombstone after
+// it (the keep the record was acquired with).
+func completion(resp, ret string) string {
+	return `state = 2, response = ` + resp + `,
+  expires_at = n.t + (` + ret + `::float8 + coalesce(keep_tombstone, 0)) * interval '1 microsecond',
+  until_at = CASE WHEN keep_tombstone > 0 THEN n.t + ` + ret + `::float8 * interval '1 microsecond' END,
+  keep_uncertain = NULL, keep_tombstone = NULL`
 }
 
 func newQueries(t string) queries {
@@ -122,30 +163,38 @@ func newQueries(t string) queries {
 		// is this token's own in-progress record (a retried acquire). When
 		// there is none, ins creates the record, or takes over an expired
 		// one; the ON CONFLICT condition is re-checked on the latest row
-		// version, so among racing takeovers exactly one wins. No row at
+		// version, so among racing takeovers exactly one wins. An
+		// uncertain record or a tombstone is live until its keep ends
+		// (expires_at), so it is returned, never taken over. No row at
 		// all means a concurrent transition the snapshot did not see: retry.
-		acquire: `WITH cur AS MATERIALIZED (
-  SELECT state, token, fingerprint, response,
-    (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint AS left_us FROM ` + t + `
-  WHERE key = $1::text AND expires_at > clock_timestamp() AND NOT (state = 1 AND token = $2::text)
+		acquire: `WITH n AS (SELECT clock_timestamp() AS t), cur AS MATERIALIZED (
+  SELECT ` + stateOf + ` AS state, ` + tokenOf + ` AS token, r.fingerprint, ` + responseOf + ` AS response,
+    (extract(epoch FROM ` + phaseEnd + ` - n.t) * 1000000)::bigint AS left_us FROM ` + t + ` r, n
+  WHERE r.key = $1::text AND r.expires_at > n.t AND NOT (r.state = 1 AND r.token = $2::text)
 ), ins AS (
-  INSERT INTO ` + t + ` AS r (key, state, token, fingerprint, response, expires_at)
-  SELECT $1::text, 1, $2::text, $3::text, NULL, clock_timestamp() + $4::float8 * interval '1 microsecond'
-  WHERE NOT EXISTS (SELECT 1 FROM cur)
+  INSERT INTO ` + t + ` AS r (key, state, token, fingerprint, response, expires_at, until_at, keep_uncertain, keep_tombstone)
+  SELECT $1::text, 1, $2::text, $3::text, NULL, n.t + ($4::float8 + $5::bigint) * interval '1 microsecond',
+    CASE WHEN $5::bigint > 0 THEN n.t + $4::float8 * interval '1 microsecond' END, nullif($5::bigint, 0), nullif($6::bigint, 0)
+  FROM n WHERE NOT EXISTS (SELECT 1 FROM cur)
   ON CONFLICT (key) DO UPDATE SET state = 1, token = EXCLUDED.token, fingerprint = EXCLUDED.fingerprint,
-    response = NULL, expires_at = EXCLUDED.expires_at
+    response = NULL, expires_at = EXCLUDED.expires_at, until_at = EXCLUDED.until_at,
+    keep_uncertain = EXCLUDED.keep_uncertain, keep_tombstone = EXCLUDED.keep_tombstone
   WHERE r.expires_at <= clock_timestamp() OR (r.state = 1 AND r.token = EXCLUDED.token)
   RETURNING 1
 )
 SELECT true, 0::smallint, ''::text, ''::text, NULL::bytea, 0::bigint FROM ins
 UNION ALL
 SELECT false, state, token, fingerprint, response, left_us FROM cur`,
-		complete: `UPDATE ` + t + ` SET state = 2, response = $3, expires_at = clock_timestamp() + $4::float8 * interval '1 microsecond'
-WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
+		// The owner's in-progress row, live or uncertain (expires_at is
+		// the end of the lease plus its Keep.Uncertain).
+		complete: `UPDATE ` + t + ` SET ` + completion("$3", "$4") + `
+FROM ` + clock + ` WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > n.t`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
-		extend: `UPDATE ` + t + ` SET expires_at = clock_timestamp() + $3::float8 * interval '1 microsecond'
-WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
-		get: `SELECT state, token, fingerprint, response FROM ` + t + ` WHERE key = $1 AND expires_at > clock_timestamp()`,
+		extend: `UPDATE ` + t + ` SET expires_at = n.t + ($3::float8 + coalesce(keep_uncertain, 0)) * interval '1 microsecond',
+  until_at = CASE WHEN keep_uncertain > 0 THEN n.t + $3::float8 * interval '1 microsecond' END
+FROM ` + clock + ` WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > n.t`,
+		get: `SELECT ` + stateOf + `, ` + tokenOf + `, r.fingerprint, ` + responseOf + ` FROM ` + t + ` r, ` + clock + `
+WHERE r.key = $1 AND r.expires_at > n.t`,
 		completedBy: `SELECT EXISTS (SELECT 1 FROM ` + t + `
 WHERE key = $1 AND token = $2 AND state = 2 AND expires_at > clock_timestamp())`,
 		// statement_timestamp(), stable within the statement, unlike the
@@ -154,12 +203,27 @@ WHERE key = $1 AND token = $2 AND state = 2 AND expires_at > clock_timestamp())`
 		// is left for the next purge instead of blocking this one.
 		purge: `DELETE FROM ` + t + ` WHERE key IN (
   SELECT key FROM ` + t + ` WHERE expires_at <= statement_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+		// free empties the tombstones whose retention ended, through the
+		// partial until_at index (rows with a response and a keep only).
+		free: `UPDATE ` + t + ` SET response = NULL, token = '' WHERE key IN (
+  SELECT key FROM ` + t + ` WHERE until_at <= statement_timestamp() AND response IS NOT NULL AND state = 2
+  LIMIT $1 FOR UPDATE SKIP LOCKED) AND state = 2 AND until_at <= statement_timestamp()`,
+		resolveRelease: `DELETE FROM ` + t + ` USING ` + clock + ` WHERE key = $1 AND ` + uncertain,
+		// token '': the former owner's unit, asking whether its own commit
+		// landed (completedBy), must not take the operator's answer for it.
+		resolveComplete: `UPDATE ` + t + ` SET ` + completion("$2", "$3") + `, token = ''
+FROM ` + clock + ` WHERE key = $1 AND ` + uncertain,
 	}
 }
 
 // micros returns d in microseconds, rounded up (a 1ns lease is 1µs).
 func micros(d time.Duration) float64 {
 	return float64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+// keepMicros returns a keep duration in microseconds, rounded up; 0 for 0.
+func keepMicros(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }
 
 func toRecord(state int16, token, fp string, raw []byte) (idem.Record, error) {
@@ -173,6 +237,10 @@ func toRecord(state int16, token, fp string, raw []byte) (idem.Record, error) {
 			return idem.Record{}, fmt.Errorf("%w: completed without a response", ErrCorrupt)
 		}
 		rec.Response = raw // pgx copies a bytea on scan: the caller's
+	case stateUncertain:
+		rec.State = idem.StateUncertain
+	case stateExpired:
+		rec.State = idem.StateExpired
 	default:
 		return idem.Record{}, fmt.Errorf("%w: state %d", ErrCorrupt, state)
 	}
@@ -187,12 +255,21 @@ func checkSize(response []byte) error {
 	return nil
 }
 
-// Acquire implements [idem.Store]: one INSERT … ON CONFLICT statement that
-// creates the record, takes over an expired one, or returns the live one
-// (an in-progress one with its [idem.Record.LeaseLeft], expires_at minus
-// the server's clock_timestamp()).
+// Acquire implements [idem.Store]: AcquireKeep with the zero [idem.Keep].
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
-	if lease <= 0 {
+	return s.AcquireKeep(ctx, key, token, fingerprint, lease, idem.Keep{})
+}
+
+// AcquireKeep implements [idem.Keeper]: one INSERT … ON CONFLICT statement
+// that creates the record, takes over an expired one, or returns the live
+// one (an in-progress one with its [idem.Record.LeaseLeft], the end of its
+// lease minus the server's clock_timestamp(); an uncertain one with its
+// owner's token; a tombstone without token or response). The keep is
+// stored with the record: until_at (end of the lease) and expires_at (end
+// of the lease plus keep.Uncertain), and both keep durations, which
+// Extend and Complete read from the row.
+func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (idem.Record, bool, error) {
+	if lease <= 0 || keep.Uncertain < 0 || keep.Tombstone < 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
 	}
 	if err := ctx.Err(); err != nil {
@@ -206,7 +283,8 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 			raw      []byte
 			leftUS   int64 // the live record's time left, by the server's clock
 		)
-		err := s.pool.QueryRow(ctx, s.q.acquire, key, token, fingerprint, micros(lease)).Scan(&acquired, &state, &tok, &fp, &raw, &leftUS)
+		err := s.pool.QueryRow(ctx, s.q.acquire, key, token, fingerprint, micros(lease),
+			keepMicros(keep.Uncertain), keepMicros(keep.Tombstone)).Scan(&acquired, &state, &tok, &fp, &raw, &leftUS)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // a concurrent transition this statement's snapshot missed
@@ -217,16 +295,17 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 		}
 		rec, err := toRecord(state, tok, fp, raw)
 		if rec.State == idem.StateInProgress {
-			rec.LeaseLeft = max(time.Duration(leftUS)*time.Microsecond, 1) // live: expires_at was ahead
+			rec.LeaseLeft = max(time.Duration(leftUS)*time.Microsecond, 1) // live: the lease's end was ahead
 		}
 		return rec, false, err
 	}
 	return idem.Record{}, false, ErrContention
 }
 
-// Complete implements [idem.Store]: one conditional UPDATE. The token is
-// kept in the completed row (so a completion whose reply was lost can be
-// recognised).
+// Complete implements [idem.Store]: one conditional UPDATE of the token's
+// in-progress row, live or uncertain. The token is kept in the completed
+// row (so a completion whose reply was lost can be recognised); the row
+// carries the Keep.Tombstone it was acquired with past the retention.
 func (s *Store) Complete(ctx context.Context, key, token string, response []byte, retention time.Duration) error {
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
@@ -256,7 +335,8 @@ func (s *Store) complete(ctx context.Context, db execer, key, token string, b []
 	return nil
 }
 
-// Release implements [idem.Store]: one conditional DELETE.
+// Release implements [idem.Store]: one conditional DELETE of the token's
+// in-progress row, live or uncertain.
 func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -271,7 +351,9 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	return nil
 }
 
-// Extend implements [idem.Extender]: one conditional UPDATE.
+// Extend implements [idem.Extender]: one conditional UPDATE of the token's
+// in-progress row, live or uncertain, keeping its Keep.Uncertain after the
+// new lease.
 func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
 	if lease <= 0 {
 		return idem.ErrInvalidDuration
@@ -289,7 +371,8 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	return nil
 }
 
-// Get implements [idem.Store]: one SELECT of the live row.
+// Get implements [idem.Store]: one SELECT of the live row (uncertain
+// records and tombstones included, in their states).
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -308,6 +391,39 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	}
 	rec, err := toRecord(state, tok, fp, raw)
 	return rec, err == nil, err
+}
+
+// Resolve implements [idem.Keeper]: one conditional statement on an
+// uncertain row (in progress, lease ended, keep not): a DELETE when
+// response is nil, else an UPDATE completing it for retention, and its
+// tombstone after it, with no owner token. [idem.ErrRecordChanged] when
+// the key holds no uncertain record.
+func (s *Store) Resolve(ctx context.Context, key string, response []byte, retention time.Duration) error {
+	if response != nil && retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if response == nil {
+		tag, err = s.pool.Exec(ctx, s.q.resolveRelease, key)
+	} else {
+		if err := checkSize(response); err != nil {
+			return err
+		}
+		tag, err = s.pool.Exec(ctx, s.q.resolveComplete, key, response, micros(retention))
+	}
+	if err != nil {
+		return fmt.Errorf("pgstore: resolve: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrRecordChanged
+	}
+	return nil
 }
 
 // completedBy reports whether key holds a live record completed by token.

@@ -16,32 +16,70 @@ import (
 const PurgeBatch = 10000
 
 // SchemaSQL returns the statements EnsureSchema runs, for a migration tool:
-// the records table, its primary key on the scoped key, and the index on
-// expires_at that keeps [Store.Purge] to the expired rows.
+// the records table, its primary key on the scoped key, the index on
+// expires_at that keeps [Store.Purge] to the expired rows, the columns of
+// uncertain records and tombstones ([idem.Keep]; ALTER TABLE for a table
+// created by an earlier version, whose rows read as records without a
+// keep), and the partial index on until_at through which Purge frees
+// the responses of tombstones.
 //
-//	key          text PRIMARY KEY  the engine's scoped key (64 hex characters)
-//	state        smallint          1 in-progress, 2 completed
-//	token        text              owner of the lease (kept once completed)
-//	fingerprint  text              fingerprint of the request that created the record
-//	response     bytea             the engine's encoding of the response (completed only)
-//	expires_at   timestamptz       end of the lease, or of retention once completed
+//	key            text PRIMARY KEY  the engine's scoped key (64 hex characters)
+//	state          smallint          1 in-progress, 2 completed
+//	token          text              owner of the lease (kept once completed; '' in a tombstone)
+//	fingerprint    text              fingerprint of the request that created the record
+//	response       bytea             the engine's encoding of the response (completed only)
+//	expires_at     timestamptz       end of the row: of the lease, or of retention once
+//	                                 completed, plus the record's keep
+//	until_at       timestamptz       end of the lease, or of retention once completed,
+//	                                 when the record has a keep; NULL without (= expires_at)
+//	keep_uncertain bigint            Keep.Uncertain in µs while in progress, else NULL
+//	keep_tombstone bigint            Keep.Tombstone in µs while in progress, else NULL
+//
+// An in-progress row past until_at is uncertain; a completed one past
+// until_at is a tombstone (its response freed by the purge).
 func (s *Store) SchemaSQL() string {
+	return s.createSQL() + "\n" + s.alterSQL() + "\n" + s.untilIndexSQL()
+}
+
+func (s *Store) createSQL() string {
 	return `CREATE TABLE IF NOT EXISTS ` + s.table + ` (
-  key         text PRIMARY KEY,
-  state       smallint NOT NULL,
-  token       text NOT NULL,
-  fingerprint text NOT NULL,
-  response    bytea,
-  expires_at  timestamptz NOT NULL
+  key            text PRIMARY KEY,
+  state          smallint NOT NULL,
+  token          text NOT NULL,
+  fingerprint    text NOT NULL,
+  response       bytea,
+  expires_at     timestamptz NOT NULL,
+  until_at       timestamptz,
+  keep_uncertain bigint,
+  keep_tombstone bigint
 );
 CREATE INDEX IF NOT EXISTS ` + s.index + ` ON ` + s.table + ` (expires_at);`
 }
 
-// EnsureSchema creates the table and its index when they are missing
+// keepColumns are the columns added for [idem.Keep] to a table created by
+// an earlier version.
+var keepColumns = []string{"until_at", "keep_uncertain", "keep_tombstone"}
+
+func (s *Store) alterSQL() string {
+	return `ALTER TABLE ` + s.table + ` ADD COLUMN IF NOT EXISTS until_at timestamptz,
+  ADD COLUMN IF NOT EXISTS keep_uncertain bigint, ADD COLUMN IF NOT EXISTS keep_tombstone bigint;`
+}
+
+func (s *Store) untilIndexSQL() string {
+	return `CREATE INDEX IF NOT EXISTS ` + s.untilIndex + ` ON ` + s.table + ` (until_at)
+  WHERE response IS NOT NULL AND until_at IS NOT NULL;`
+}
+
+// EnsureSchema creates the table and its indexes when they are missing, and
+// adds the columns of [idem.Keep] to a table created by an earlier version
 // (see [Store.SchemaSQL]), in one transaction under an advisory lock, so
-// several instances starting together don't race. The schema of a
-// qualified table name must exist. It is idempotent. Errors: ctx's error,
-// server errors wrapped.
+// several instances starting together don't race. The ALTER TABLE, which
+// takes an ACCESS EXCLUSIVE lock even when it has nothing to add, runs
+// only when a column is missing; creating the until_at index on an
+// upgraded table scans it once under a SHARE lock (writes wait; on a
+// large table create it CONCURRENTLY first). The schema of a qualified
+// table name must exist. It is idempotent. Errors: ctx's error, server
+// errors wrapped.
 func (s *Store) EnsureSchema(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -56,7 +94,20 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(h.Sum64())); err != nil {
 		return fmt.Errorf("pgstore: ensure schema: %w", err)
 	}
-	if _, err := tx.Exec(ctx, s.SchemaSQL()); err != nil {
+	if _, err := tx.Exec(ctx, s.createSQL()); err != nil {
+		return fmt.Errorf("pgstore: ensure schema: %w", err)
+	}
+	var have int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_attribute
+WHERE attrelid = $1::regclass AND attname = ANY($2) AND NOT attisdropped`, s.table, keepColumns).Scan(&have); err != nil {
+		return fmt.Errorf("pgstore: ensure schema: %w", err)
+	}
+	if have < len(keepColumns) {
+		if _, err := tx.Exec(ctx, s.alterSQL()); err != nil {
+			return fmt.Errorf("pgstore: ensure schema: upgrade: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, s.untilIndexSQL()); err != nil {
 		return fmt.Errorf("pgstore: ensure schema: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -66,25 +117,41 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 }
 
 // Purge deletes the expired rows (expires_at <= the server's clock), in
-// batches of [PurgeBatch] through the expires_at index, and returns how
-// many it deleted. Rows locked by a concurrent transition are left for the
-// next purge. Reads ignore expired rows whether purged or not; purging only
-// frees space. Errors: ctx's error, server errors wrapped (with the count
-// deleted so far).
+// batches of [PurgeBatch] through the expires_at index, then frees the
+// response (and token) of every tombstone whose retention ended (until_at
+// <= the server's clock; [idem.Keep.Tombstone]), in batches through the
+// partial until_at index, and returns how many rows it deleted. Rows
+// locked by a concurrent transition are left for the next purge. Reads
+// ignore expired rows, and never return a tombstone's response, whether
+// purged or not; purging only frees space (PostgreSQL reuses it after
+// VACUUM, which autovacuum runs). Errors: ctx's error, server errors
+// wrapped (with the count deleted so far).
 func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
-	for {
-		if err := ctx.Err(); err != nil {
-			return deleted, err
-		}
-		tag, err := s.pool.Exec(ctx, s.q.purge, PurgeBatch)
-		if err != nil {
-			return deleted, fmt.Errorf("pgstore: purge: %w", err)
-		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < PurgeBatch {
-			return deleted, nil
+	deleted, _, err = s.purge(ctx)
+	return deleted, err
+}
+
+// purge is Purge, also returning how many tombstones it freed.
+func (s *Store) purge(ctx context.Context) (deleted, freed int64, err error) {
+	for _, step := range []struct {
+		sql string
+		n   *int64
+	}{{s.q.purge, &deleted}, {s.q.free, &freed}} {
+		for {
+			if err := ctx.Err(); err != nil {
+				return deleted, freed, err
+			}
+			tag, err := s.pool.Exec(ctx, step.sql, PurgeBatch)
+			if err != nil {
+				return deleted, freed, fmt.Errorf("pgstore: purge: %w", err)
+			}
+			*step.n += tag.RowsAffected()
+			if tag.RowsAffected() < PurgeBatch {
+				break
+			}
 		}
 	}
+	return deleted, freed, nil
 }
 
 // StartPurger starts a goroutine that calls Purge every interval, each call
@@ -121,13 +188,13 @@ func (s *Store) purger(ctx context.Context, interval time.Duration, stopped chan
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, min(interval, time.Minute))
-		n, err := s.Purge(pctx)
+		n, freed, err := s.purge(pctx)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
 			s.logger.Warn("pgstore: purge failed", "table", s.table, "error", err)
-		case n > 0:
-			s.logger.Debug("pgstore: purged expired records", "table", s.table, "deleted", n)
+		case n > 0 || freed > 0:
+			s.logger.Debug("pgstore: purged expired records", "table", s.table, "deleted", n, "tombstones_freed", freed)
 		}
 	}
 }
