@@ -13,7 +13,7 @@ var _ idem.Inspector = (*Store)(nil)
 
 // evictScript: KEYS record, response key; ARGV state (the decimal
 // idem.State seen: 1 in progress, 2 completed, 3 uncertain, 4 expired),
-// token ('' for none), fingerprint. It deletes the record and its response
+// token (empty for none), fingerprint. It deletes the record and its response
 // key when the record still has that state, token and fingerprint, and
 // returns 1; otherwise 0. A '3' value is in progress while its PTTL is
 // above u, else uncertain; a '4' value is completed while its response key

@@ -174,7 +174,7 @@ func (s *Store) keysAndToken(key, token string, extra int) (buf []byte, ends [3]
 const maxBulk = 512 << 20
 
 // luaDecode starts every script that reads a record: decode(v) returns
-// the kind of a record value ('1' to '4', see record.go), its token ('' for
+// the kind of a record value ('1' to '4', see record.go), its token (empty for
 // '2' and '4'), fingerprint, u and t (decimal milliseconds, '0' when the
 // value carries none), or nil when v is not a record (not a string: a
 // missing key reads as false, a key of another type, read with
@@ -283,7 +283,7 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(ARGV[2]) + tonumber(
 return 1
 `)
 
-// resolveScript: KEYS record, response key; ARGV retention ms ('' to
+// resolveScript: KEYS record, response key; ARGV retention ms (empty to
 // release), encoded response. It returns 0 unless the record is uncertain
 // ('3' with u > 0 and PTTL <= u); otherwise it deletes it (release) or
 // completes it (see luaComplete) and returns 1.
