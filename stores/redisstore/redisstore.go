@@ -135,11 +135,17 @@ const respSuffix = ":r"
 // every key of one script must be: prefix+key+":r" when the prefix holds a
 // hash tag (the same tag), else prefix+key+":r{"+prefix+key+"}", whose tag
 // is the record key. It starts with the prefix, for ACL key patterns and
-// SCAN.
+// SCAN. Where no key can share the record's slot (s.noTombstones), the
+// response key is the record key, which luaComplete never writes a
+// response to (nor AcquireKeep lets a tombstone keep come to).
 func (s *Store) appendKeys(buf []byte, key string) (b []byte, recordEnd, respEnd int) {
 	start := len(buf)
 	buf = append(append(buf, s.prefix...), key...)
 	recordEnd = len(buf)
+	buf = append(buf, buf[start:recordEnd]...)
+	if s.noTombstones {
+		return buf, recordEnd, len(buf) // never used: see luaComplete
+	}
 	buf = append(buf, respSuffix...)
 	if !s.tagged {
 		buf = append(buf, '{')
@@ -153,9 +159,9 @@ func (s *Store) appendKeys(buf []byte, key string) (b []byte, recordEnd, respEnd
 func (s *Store) keysLen(key string) int {
 	n := len(s.prefix) + len(key)
 	if s.tagged {
-		return n + len(respSuffix)
+		return 2*n + len(respSuffix)
 	}
-	return 2*n + len(respSuffix) + 2
+	return 3*n + len(respSuffix) + 2
 }
 
 // keysAndToken returns a buffer holding the record key, the response key
@@ -239,11 +245,12 @@ end
 // Keep.Tombstone, decimal ms) is '0'; otherwise '4' lp(fp) lp(t) for
 // retention + t ms, and KEYS[2], the response key, gets response for
 // retention ms, so the response is freed when the retention ends and the
-// tombstone when its keep does.
+// tombstone when its keep does. A response key equal to the record key
+// (see appendKeys) completes without a tombstone.
 const luaComplete = `
 local function complete(fp, t, ret, resp)
   local f = #fp .. ':' .. fp
-  if tonumber(t) == 0 then
+  if tonumber(t) == 0 or KEYS[2] == KEYS[1] then
     redis.call('SET', KEYS[1], '2' .. f .. resp, 'PX', ret)
   else
     redis.call('SET', KEYS[1], '4' .. f .. #t .. ':' .. t, 'PX', string.format('%d', tonumber(ret) + tonumber(t)))
