@@ -11,7 +11,8 @@ import (
 
 var _ idem.Inspector = (*Store)(nil)
 
-// evictScript: KEYS record, response key; ARGV state (the decimal
+// evictScript: KEYS record[, response key: given for a record seen
+// completed or expired]; ARGV state (the decimal
 // idem.State seen: 1 in progress, 2 completed, 3 uncertain, 4 expired),
 // token (empty for none), fingerprint. It deletes the record and its response
 // key when the record still has that state, token and fingerprint, and
@@ -27,12 +28,15 @@ local st = k
 if k == '3' then
   st = redis.call('PTTL', KEYS[1]) > tonumber(u) and '1' or '3'
 elseif k == '4' then
+  if not KEYS[2] then
+    return 0
+  end
   st = redis.call('EXISTS', KEYS[2]) == 1 and '2' or '4'
 end
 if st ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', unpack(KEYS))
 return 1
 `)
 
@@ -46,7 +50,10 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	rec, ttl, found, err := s.peek(ctx, key)
+	rec, ttl, found, err := s.peek(ctx, key, false)
+	if err == nil && rec.State == idem.StateExpired { // a '4' value: read its response key too
+		rec, ttl, found, err = s.peek(ctx, key, true)
+	}
 	if err != nil {
 		return idem.RecordInfo{}, false, fmt.Errorf("redisstore: inspect: %w", err)
 	}
@@ -71,6 +78,9 @@ func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	buf, recordEnd, respEnd := s.appendKeys(make([]byte, 0, s.keysLen(key)), key)
 	all := view(buf)
 	keys := []string{all[:recordEnd], all[recordEnd:respEnd]}
+	if seen.State == idem.StateInProgress || seen.State == idem.StateUncertain {
+		keys = keys[:1] // no response key: see peek
+	}
 	args := []any{strconv.Itoa(int(seen.State)), seen.Token, seen.Fingerprint}
 	deleted, err := s.c.EvalSha(ctx, evictScript.sha, keys, args...).Int64()
 	if isNoScript(err) {

@@ -235,7 +235,8 @@ func TestKeepRoundTrips(t *testing.T) {
 	c := newClient(t)
 	hook := &countHook{}
 	c.AddHook(hook)
-	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	prefix := newPrefix(t, c)
+	s := redisstore.New(c, redisstore.WithPrefix(prefix))
 	keep := idem.Keep{Uncertain: time.Hour, Tombstone: time.Hour}
 	warm := storetest.Key()
 	s.AcquireKeep(ctxT(t), warm, "tok", "fp", time.Minute, keep)
@@ -269,6 +270,28 @@ func TestKeepRoundTrips(t *testing.T) {
 		return err
 	})
 	expect("Complete under a tombstone keep", 1, func() error { return s.Complete(ctxT(t), key, "tok", []byte("r"), time.Minute) })
+	// A Store value that never acquired under a tombstone keep completes
+	// on the record key alone, and again with the response key when the
+	// script asks for it.
+	other := redisstore.New(c, redisstore.WithPrefix(prefix))
+	key2 := storetest.Key()
+	if _, ok, err := s.AcquireKeep(ctxT(t), key2, "tok", "fp", time.Minute, keep); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	expect("Complete under a tombstone keep by a store that never used one", 2, func() error {
+		return other.Complete(ctxT(t), key2, "tok", []byte("r"), time.Minute)
+	})
+	if v := c.Get(ctxT(t), prefix+key2).Val(); !strings.HasPrefix(v, "4") {
+		t.Fatalf("completed value %q; want the '4' layout", v)
+	}
+	expect("Complete without a keep by that store", 1, func() error {
+		k := storetest.Key()
+		if _, ok, err := other.Acquire(ctxT(t), k, "tok", "fp", time.Minute); err != nil || !ok {
+			return fmt.Errorf("acquire: %v, %w", ok, err)
+		}
+		hook.reset()
+		return other.Complete(ctxT(t), k, "tok", []byte("r"), time.Minute)
+	})
 	expect("replay under a tombstone keep", 2, func() error {
 		rec, _, err := s.Acquire(ctxT(t), key, "tok2", "fp", time.Minute)
 		if string(rec.Response) != "r" {

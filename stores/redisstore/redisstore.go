@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,6 +56,9 @@ type Store struct {
 	// noTombstones is set for a Cluster client whose prefix holds braces
 	// that are no hash tag: no response key can share its record's slot.
 	noTombstones bool
+	// tombstones is set once the store acquired a record under a tombstone
+	// keep: its completions declare the response key from the first run.
+	tombstones atomic.Bool
 }
 
 // Option configures a Store.
@@ -164,17 +168,6 @@ func (s *Store) keysLen(key string) int {
 	return 3*n + len(respSuffix) + 2
 }
 
-// keysAndToken returns a buffer holding the record key, the response key
-// and token, with room for extra more bytes, and the offsets where each
-// ends.
-func (s *Store) keysAndToken(key, token string, extra int) (buf []byte, ends [3]int) {
-	buf = make([]byte, 0, s.keysLen(key)+len(token)+extra)
-	buf, ends[0], ends[1] = s.appendKeys(buf, key)
-	buf = append(buf, token...)
-	ends[2] = len(buf)
-	return buf, ends
-}
-
 // maxBulk is Redis's default proto-max-bulk-len: the largest string argument
 // a server accepts.
 const maxBulk = 512 << 20
@@ -246,10 +239,15 @@ end
 // retention + t ms, and KEYS[2], the response key, gets response for
 // retention ms, so the response is freed when the retention ends and the
 // tombstone when its keep does. A response key equal to the record key
-// (see appendKeys) completes without a tombstone.
+// (see appendKeys) completes without a tombstone. Under a tombstone keep
+// with no KEYS[2] declared it writes nothing and returns 2: the caller runs
+// the script again with the response key (see Store.complete).
 const luaComplete = `
 local function complete(fp, t, ret, resp)
   local f = #fp .. ':' .. fp
+  if tonumber(t) ~= 0 and not KEYS[2] then
+    return 2
+  end
   if tonumber(t) == 0 or KEYS[2] == KEYS[1] then
     redis.call('SET', KEYS[1], '2' .. f .. resp, 'PX', ret)
   else
@@ -270,9 +268,9 @@ if (k ~= '1' and k ~= '3') or tok ~= ARGV[1] then
 end
 `
 
-// completeScript: KEYS record, response key; ARGV token, retention ms,
-// encoded response. It returns 1 when completed (see luaComplete), 0 when
-// token holds no in-progress record.
+// completeScript: KEYS record[, response key]; ARGV token, retention ms,
+// encoded response. It returns 1 when completed (see luaComplete), 2 when
+// it needs the response key, 0 when token holds no in-progress record.
 var completeScript = newScript(luaDecode + luaComplete + luaOwned + `
 return complete(fp, t, ARGV[2], ARGV[3])
 `)
@@ -290,10 +288,11 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(ARGV[2]) + tonumber(
 return 1
 `)
 
-// resolveScript: KEYS record, response key; ARGV retention ms (empty to
+// resolveScript: KEYS record[, response key]; ARGV retention ms (empty to
 // release), encoded response. It returns 0 unless the record is uncertain
 // ('3' with u > 0 and PTTL <= u); otherwise it deletes it (release) or
-// completes it (see luaComplete) and returns 1.
+// completes it (see luaComplete: 2 asks for the response key) and returns
+// 1.
 var resolveScript = newScript(luaDecode + luaComplete + `
 local k, tok, fp, u, t = decode(redis.pcall('GET', KEYS[1]))
 if k ~= '3' or tonumber(u) == 0 or redis.call('PTTL', KEYS[1]) > tonumber(u) then
@@ -306,11 +305,11 @@ end
 return complete(fp, t, ARGV[1], ARGV[2])
 `)
 
-// peekScript: KEYS record, response key. It returns {} for no key, {type}
-// for a key of another type (its TYPE, e.g. "list"), {value, pttl} for a
-// string, and {value, pttl, response, response pttl} for a '4' value whose
-// response key lives: a record and what decides its state, read
-// atomically.
+// peekScript: KEYS record[, response key]. It returns {} for no key,
+// {type} for a key of another type (its TYPE, e.g. "list"), {value, pttl}
+// for a string, and {value, pttl, response, response pttl} for a '4' value
+// whose response key was given and lives: a record and what decides its
+// state, read atomically.
 var peekScript = newScript(`
 local ty = redis.call('TYPE', KEYS[1])['ok']
 if ty == 'none' then
@@ -321,7 +320,7 @@ if ty ~= 'string' then
 end
 local v = redis.call('GET', KEYS[1])
 local p = redis.call('PTTL', KEYS[1])
-if string.sub(v, 1, 1) == '4' then
+if string.sub(v, 1, 1) == '4' and KEYS[2] then
   local r = redis.pcall('GET', KEYS[2])
   if type(r) == 'string' then
     return {v, p, r, redis.call('PTTL', KEYS[2])}
@@ -384,6 +383,9 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 	if keep.Tombstone > 0 && s.noTombstones {
 		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: the prefix %q holds braces that form no Redis Cluster hash tag, so a tombstone's response key cannot share its record's slot; use a prefix without braces or with a hash tag", s.prefix)
 	}
+	if keep.Tombstone > 0 && !s.tombstones.Load() {
+		s.tombstones.Store(true)
+	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	set := newAcquire(s.prefix, key, token, fingerprint, millis(lease), millis(keep.Uncertain), millis(keep.Tombstone))
@@ -405,7 +407,7 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 			}
 			return st.rec, false, nil
 		}
-		rec, _, found, err := s.peek(ctx, key)
+		rec, _, found, err := s.peek(ctx, key, st.rec.State == idem.StateCompleted)
 		switch {
 		case err != nil:
 			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
@@ -433,14 +435,21 @@ func (s *Store) leaseLeft(ctx context.Context, key string) time.Duration {
 	return left
 }
 
-// peek reads the record of key with peekScript: the record as it stands
-// (a completed record's Response is a view of the reply), its time to
-// live, and found = false when the key is absent. A key of another type or
+// peek reads the record of key with peekScript, declaring its response
+// key when withResp (for a '4' value: without it, a '4' value reads as
+// expired): the record as it stands (a completed record's Response is a
+// view of the reply), its time to live, and found = false when the key is
+// absent. Only the scripts that may need the response key declare it: a
+// script declaring a key that does not exist is answered TRYAGAIN while
+// its slot migrates. A key of another type or
 // a value that is not a record is an error wrapping ErrCorrupt.
-func (s *Store) peek(ctx context.Context, key string) (rec idem.Record, ttl time.Duration, found bool, err error) {
+func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.Record, ttl time.Duration, found bool, err error) {
 	buf, recordEnd, respEnd := s.appendKeys(make([]byte, 0, s.keysLen(key)), key)
 	all := view(buf)
 	keys := []string{all[:recordEnd], all[recordEnd:respEnd]}
+	if !withResp {
+		keys = keys[:1]
+	}
 	v, err := s.c.EvalSha(ctx, peekScript.sha, keys).Slice()
 	if isNoScript(err) {
 		v, err = s.c.Eval(ctx, peekScript.src, keys).Slice()
@@ -525,21 +534,59 @@ func (s *Store) Complete(ctx context.Context, key, token string, response []byte
 	if len(response) > maxBulk {
 		return fmt.Errorf("redisstore: complete: %w: a %d-byte response, Redis accepts at most 512 MiB", idem.ErrTooLarge, len(response))
 	}
-	buf, ends := s.keysAndToken(key, token, 20+len(response))
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	withResp := s.tombstones.Load()
+	err := s.complete(ctx, key, token, response, retention, withResp)
+	if !withResp && errors.Is(err, errNeedsRespKey) {
+		err = s.complete(ctx, key, token, response, retention, true)
+	}
+	return err
+}
+
+// errNeedsRespKey reports the completion script's answer 2: the record
+// was acquired under a tombstone keep, so its script run must declare the
+// response key too. Nothing was written.
+var errNeedsRespKey = errors.New("redisstore: the completion needs the response key")
+
+// complete runs completeScript once: on the record key alone, or, when
+// withResp, on the record key and its response key. A store that never
+// acquired under a tombstone keep completes on the record key alone (one
+// key, as every other command: no TRYAGAIN while its slot migrates); a
+// record acquired under a tombstone keep (by another Store value) answers
+// errNeedsRespKey to that, and Complete runs the script again with both.
+// A store that did acquire under a tombstone keep declares both keys from
+// the first run.
+func (s *Store) complete(ctx context.Context, key, token string, response []byte, retention time.Duration, withResp bool) error {
+	var buf []byte
+	var keyEnds [2]int
+	if withResp {
+		buf = make([]byte, 0, s.keysLen(key)+len(token)+20+len(response))
+		buf, keyEnds[0], keyEnds[1] = s.appendKeys(buf, key)
+	} else {
+		buf = make([]byte, 0, len(s.prefix)+len(key)+len(token)+20+len(response))
+		buf = append(append(buf, s.prefix...), key...)
+		keyEnds[0] = len(buf)
+	}
+	buf = append(buf, token...)
+	tokenEnd := len(buf)
 	buf = strconv.AppendInt(buf, millis(retention), 10)
 	ttlEnd := len(buf)
 	buf = append(buf, response...)
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	ev := newEval(completeScript, 2, buf, ends[0], ends[1], ends[2], ttlEnd, len(buf))
+	ev := newEval(completeScript, 1, buf, keyEnds[0], tokenEnd, ttlEnd, len(buf))
+	if withResp {
+		ev = newEval(completeScript, 2, buf, keyEnds[0], keyEnds[1], tokenEnd, ttlEnd, len(buf))
+	}
 	if s.waitN > 0 {
 		return s.completeAndWait(ctx, ev)
 	}
 	ok, err := s.run(ctx, completeScript, ev)
-	if err != nil {
+	switch {
+	case err != nil:
 		return fmt.Errorf("redisstore: complete: %w", err)
-	}
-	if ok != 1 {
+	case ok == 2:
+		return errNeedsRespKey
+	case ok != 1:
 		return idem.ErrNotOwner
 	}
 	return nil
@@ -596,6 +643,9 @@ func (s *Store) completeAndWait(ctx context.Context, ev *evalCmd) error {
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
+	}
+	if res == 2 {
+		return errNeedsRespKey
 	}
 	if res != 1 {
 		return idem.ErrNotOwner
@@ -725,7 +775,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	}
 	rec, found := st.rec, true
 	if st.kept {
-		if rec, _, found, err = s.peek(ctx, key); err != nil {
+		if rec, _, found, err = s.peek(ctx, key, st.rec.State == idem.StateCompleted); err != nil {
 			return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 		}
 	}
@@ -749,23 +799,34 @@ func (s *Store) Resolve(ctx context.Context, key string, response []byte, retent
 	if len(response) > maxBulk {
 		return fmt.Errorf("redisstore: resolve: %w: a %d-byte response, Redis accepts at most 512 MiB", idem.ErrTooLarge, len(response))
 	}
-	buf := make([]byte, 0, s.keysLen(key)+20+len(response))
-	buf, recordEnd, respEnd := s.appendKeys(buf, key)
-	if response != nil {
-		buf = strconv.AppendInt(buf, millis(retention), 10)
-	}
-	ttlEnd := len(buf)
-	buf = append(buf, response...)
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	ok, err := s.run(ctx, resolveScript, newEval(resolveScript, 2, buf, recordEnd, respEnd, ttlEnd, len(buf)))
-	if err != nil {
-		return fmt.Errorf("redisstore: resolve: %w", err)
+	for _, withResp := range []bool{false, true} {
+		buf := make([]byte, 0, s.keysLen(key)+20+len(response))
+		buf, recordEnd, respEnd := s.appendKeys(buf, key)
+		if !withResp {
+			buf, respEnd = buf[:recordEnd], recordEnd
+		}
+		if response != nil {
+			buf = strconv.AppendInt(buf, millis(retention), 10)
+		}
+		ttlEnd := len(buf)
+		buf = append(buf, response...)
+		ev := newEval(resolveScript, 1, buf, recordEnd, ttlEnd, len(buf))
+		if withResp {
+			ev = newEval(resolveScript, 2, buf, recordEnd, respEnd, ttlEnd, len(buf))
+		}
+		ok, err := s.run(ctx, resolveScript, ev)
+		switch {
+		case err != nil:
+			return fmt.Errorf("redisstore: resolve: %w", err)
+		case ok == 1:
+			return nil
+		case ok != 2: // 2: it needs the response key (see luaComplete)
+			return idem.ErrRecordChanged
+		}
 	}
-	if ok != 1 {
-		return idem.ErrRecordChanged
-	}
-	return nil
+	return idem.ErrRecordChanged
 }
 
 // isWrongType reports Redis's WRONGTYPE reply: the key holds another type
