@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -239,9 +240,15 @@ func TestKeepRoundTrips(t *testing.T) {
 	s := redisstore.New(c, redisstore.WithPrefix(prefix))
 	keep := idem.Keep{Uncertain: time.Hour, Tombstone: time.Hour}
 	warm := storetest.Key()
-	s.AcquireKeep(ctxT(t), warm, "tok", "fp", time.Minute, keep)
-	s.Complete(ctxT(t), warm, "tok", []byte("r"), time.Minute)
-	s.Acquire(ctxT(t), warm, "tok2", "fp", time.Minute)
+	if _, _, err := s.AcquireKeep(ctxT(t), warm, "tok", "fp", time.Minute, keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctxT(t), warm, "tok", []byte("r"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Acquire(ctxT(t), warm, "tok2", "fp", time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	expect := func(what string, want int, f func() error) {
 		t.Helper()
 		hook.reset()
@@ -315,7 +322,7 @@ func TestTombstoneMemory(t *testing.T) {
 	enc := append([]byte("\x01\xc9\x01\x02\x0cContent-Type\x01\x10application/json\x08Location\x01\x12/v1/payments/pay_1"), body...)
 	usage := func(k string) int64 {
 		n, err := c.MemoryUsage(ctxT(t), k).Result()
-		if err != nil && err != redis.Nil {
+		if err != nil && !errors.Is(err, redis.Nil) {
 			t.Fatal(err)
 		}
 		return n
