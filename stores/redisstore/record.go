@@ -275,16 +275,18 @@ func newScript(src string) *script {
 }
 
 // evalCmd holds the arguments of EVALSHA sha numkeys key... argv...: up
-// to six keys and arguments in all.
+// to five keys and arguments in all (no more than the two-key completion
+// needs, for the size of the struct: 216 bytes, allocated on every
+// completion).
 type evalCmd struct {
-	args [9]any
-	strs [6]string
+	args [8]any
+	strs [5]string
 	n    int
 }
 
 // newEval returns EVALSHA sc numKeys KEYS... ARGV... where buf holds each
 // key and then each ARGV, back to back, ending at the offsets ends
-// (len(ends) <= 6).
+// (len(ends) <= 5).
 func newEval(sc *script, numKeys int, buf []byte, ends ...int) *evalCmd {
 	all := view(buf)
 	c := &evalCmd{n: 3 + len(ends)}
