@@ -99,3 +99,45 @@ func BenchmarkParallelDistinct(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkReplayKept: a duplicate of a request completed under a tombstone
+// keep, 2 round trips (SET, then the script reading the response key).
+func BenchmarkReplayKept(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	key := storetest.Key()
+	if _, ok, err := s.AcquireKeep(ctx, key, "tok", "fp", time.Minute, idem.Keep{Tombstone: time.Hour}); err != nil || !ok {
+		b.Fatal(ok, err)
+	}
+	if err := s.Complete(ctx, key, "tok", benchResponse, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rec, ok, err := s.Acquire(ctx, key, "other", "fp", time.Minute)
+		if err != nil || ok || rec.Response == nil {
+			b.Fatal(rec, ok, err)
+		}
+	}
+}
+
+// BenchmarkAcquireCompleteKept: a first execution under Keep{Uncertain,
+// Tombstone}, 2 round trips as without a Keep.
+func BenchmarkAcquireCompleteKept(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	keep := idem.Keep{Uncertain: time.Hour, Tombstone: time.Hour}
+	keys := make([]string, b.N)
+	for i := range keys {
+		keys[i] = storetest.Key()
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, ok, err := s.AcquireKeep(ctx, keys[i], "tok", "fp", time.Minute, keep); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+		if err := s.Complete(ctx, keys[i], "tok", benchResponse, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

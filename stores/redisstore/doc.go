@@ -13,7 +13,18 @@
 //
 // where response is the bytes the engine gave Complete ([idem.Record]),
 // to the end of the value (binary-safe); the token is dropped at
-// completion.
+// completion. Records acquired under a non-zero [idem.Keep]
+// ([Store.AcquireKeep]) carry it:
+//
+//	in-progress  '3' lp(token) lp(fingerprint) lp(u) lp(t)   TTL lease + u
+//	completed    '4' lp(fingerprint) lp(t)                   TTL retention + t
+//
+// with u and t the Keep's Uncertain and Tombstone in decimal milliseconds.
+// A '3' record is uncertain once its PTTL is at most u. A '4' record's
+// response is in its response key, prefix+key+":r{"+prefix+key+"}" (or
+// prefix+key+":r" when the prefix holds a Cluster hash tag), with TTL
+// retention: the record is completed while that key lives and a tombstone
+// after, until its own TTL ends.
 //
 // The lease of an in-progress record and the retention of a completed one are
 // the key's TTL, kept by the Redis server's clock in milliseconds: a lapsed
@@ -28,9 +39,10 @@
 // checked, then SET of the completed value PX retention), Release (owner
 // checked, DEL) and Extend (owner checked, PEXPIRE) are one Lua script each,
 // run with EVALSHA (EVAL when the server's script cache is empty, e.g.
-// after a restart). Every command and script touches only its record's key,
-// so each transition is atomic on the server and Cluster-safe, with no
-// WATCH and no check-then-set across round trips. A first execution costs 2
+// after a restart). Every command and script touches only its record's key
+// (and its response key, in the same Cluster slot), so each transition is
+// atomic on the server and Cluster-safe, with no WATCH and no
+// check-then-set across round trips. A first execution costs 2
 // round trips (acquire, complete); a replay, a 409 conflict or a 422
 // mismatch costs 1. Get is one GET.
 //

@@ -1,53 +1,48 @@
 package redisstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
-	"time"
+	"strconv"
 
 	idem "github.com/idemkit/idem/core"
 )
 
 var _ idem.Inspector = (*Store)(nil)
 
-// inspectScript: KEYS[1] record. It returns {value, pttl} for a string,
-// {} for no key, and {type} for a key of another type (its TYPE, e.g.
-// "list").
-var inspectScript = newScript(`
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t == 'string' then
-  return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
-end
-if t == 'none' then
-  return {}
-end
-return {t}
-`)
-
-// evictScript: KEYS[1] record; ARGV state ("1" or "2"), token ("" for
-// none), fingerprint, value. It deletes a string record whose value is
-// value (in-progress: '1' lp(token) lp(fingerprint)) or starts with it
-// (completed: '2' lp(fingerprint), token ""), and returns 1; otherwise 0.
-var evictScript = newScript(`
-local t = redis.call('TYPE', KEYS[1])['ok']
-local match = false
-if t == 'string' then
-  local v = redis.call('GET', KEYS[1])
-  if ARGV[1] == '1' then
-    match = v == ARGV[4]
-  else
-    match = ARGV[2] == '' and string.sub(v, 1, #ARGV[4]) == ARGV[4]
-  end
-end
-if not match then
+// evictScript: KEYS record[, response key: given for a record seen
+// completed or expired]; ARGV state (the decimal
+// idem.State seen: 1 in progress, 2 completed, 3 uncertain, 4 expired),
+// token (empty for none), fingerprint. It deletes the record and its response
+// key when the record still has that state, token and fingerprint, and
+// returns 1; otherwise 0. A '3' value is in progress while its PTTL is
+// above u, else uncertain; a '4' value is completed while its response key
+// lives, else expired.
+var evictScript = newScript(luaDecode + `
+local k, tok, fp, u = decode(redis.pcall('GET', KEYS[1]))
+if not k or tok ~= ARGV[2] or fp ~= ARGV[3] then
   return 0
 end
-redis.call('DEL', KEYS[1])
+local st = k
+if k == '3' then
+  st = redis.call('PTTL', KEYS[1]) > tonumber(u) and '1' or '3'
+elseif k == '4' then
+  if not KEYS[2] then
+    return 0
+  end
+  st = redis.call('EXISTS', KEYS[2]) == 1 and '2' or '4'
+end
+if st ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', unpack(KEYS))
 return 1
 `)
 
 // Inspect implements [idem.Inspector.Inspect] with one script run: the
-// record and its time to live (PTTL) read atomically. A completed record's
+// record, its time to live (PTTL) and, for a record completed under a
+// tombstone keep, its response key read atomically. A completed record's
 // Response is a copy.
 func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool, error) {
 	if err := ctx.Err(); err != nil {
@@ -55,61 +50,41 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	info, found, err := s.inspect(ctx, s.prefix+key)
+	rec, ttl, found, err := s.peek(ctx, key, false)
+	if err == nil && rec.State == idem.StateExpired { // a '4' value: read its response key too
+		rec, ttl, found, err = s.peek(ctx, key, true)
+	}
 	if err != nil {
 		return idem.RecordInfo{}, false, fmt.Errorf("redisstore: inspect: %w", err)
 	}
-	return info, found, nil
+	rec.LeaseLeft = 0
+	rec.Response = bytes.Clone(rec.Response)
+	return idem.RecordInfo{Record: rec, TTL: ttl}, found, nil
 }
 
-// inspect runs inspectScript on k, the full key: the record with its TTL.
-// A key of another type is an error wrapping ErrCorrupt.
-func (s *Store) inspect(ctx context.Context, k string) (idem.RecordInfo, bool, error) {
-	v, err := s.c.EvalSha(ctx, inspectScript.sha, []string{k}).Slice()
-	if isNoScript(err) {
-		v, err = s.c.Eval(ctx, inspectScript.src, []string{k}).Slice()
-	}
-	if err != nil {
-		return idem.RecordInfo{}, false, err
-	}
-	var rec idem.Record
-	switch len(v) {
-	case 0:
-		return idem.RecordInfo{}, false, nil
-	case 2:
-		str, _ := v[0].(string)
-		rec, err = parseCopy(str)
-	default:
-		err = fmt.Errorf("%w: a Redis %v, not a record", ErrCorrupt, v[0])
-	}
-	if err != nil {
-		return idem.RecordInfo{}, false, err
-	}
-	pttl, _ := v[len(v)-1].(int64)
-	return idem.RecordInfo{Record: rec, TTL: time.Duration(pttl) * time.Millisecond}, true, nil
-}
-
-// Evict implements [idem.Inspector.Evict] with one script run.
+// Evict implements [idem.Inspector.Evict] with one script run, which
+// deletes the record and its response key.
 func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var value []byte
 	switch seen.State {
-	case idem.StateInProgress:
-		value = appendLP(appendOwner(nil, seen.Token), seen.Fingerprint)
-	case idem.StateCompleted:
-		value = appendLP([]byte{stateCompleted}, seen.Fingerprint)
+	case idem.StateInProgress, idem.StateCompleted, idem.StateUncertain, idem.StateExpired:
 	default:
 		return idem.ErrRecordChanged
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	args := []any{string(value[:1]), seen.Token, seen.Fingerprint, value}
-	k := []string{s.prefix + key}
-	deleted, err := s.c.EvalSha(ctx, evictScript.sha, k, args...).Int64()
+	buf, recordEnd, respEnd := s.appendKeys(make([]byte, 0, s.keysLen(key)), key)
+	all := view(buf)
+	keys := []string{all[:recordEnd], all[recordEnd:respEnd]}
+	if seen.State == idem.StateInProgress || seen.State == idem.StateUncertain {
+		keys = keys[:1] // no response key: see peek
+	}
+	args := []any{strconv.Itoa(int(seen.State)), seen.Token, seen.Fingerprint}
+	deleted, err := s.c.EvalSha(ctx, evictScript.sha, keys, args...).Int64()
 	if isNoScript(err) {
-		deleted, err = s.c.Eval(ctx, evictScript.src, k, args...).Int64()
+		deleted, err = s.c.Eval(ctx, evictScript.src, keys, args...).Int64()
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: evict: %w", err)

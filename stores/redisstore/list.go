@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -40,8 +39,10 @@ const maxScanCalls = 100
 // pages. On a Cluster it scans each master in turn (ordered by address; a
 // failover between pages may skip or repeat a node). Records come in scan
 // order; an in-progress record whose lease lapsed is gone from Redis (the
-// key expires with its lease), so every TTL is > 0. Keys under the prefix
-// that are not records are skipped. The cursor is the node's index and
+// key expires with its lease) or, under [idem.Keep.Uncertain], listed as
+// uncertain, so every TTL is > 0. Keys under the prefix
+// that are not records are skipped, and so are tombstones and the response
+// keys of records completed under a tombstone keep. The cursor is the node's index and
 // SCAN's cursor.
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
 	if err := q.Check(); err != nil {
@@ -129,8 +130,13 @@ func (s *Store) nodes(ctx context.Context) ([]scanner, error) {
 }
 
 // heads reads the state, token, fingerprint and TTL of the records at
-// keys (full Redis keys), keeping those in state (0: any).
+// keys (full Redis keys), keeping those in state (0: any). Response keys
+// (see [Store.appendKeys]) and tombstones are skipped. A kept record's
+// state comes from its TTL: a '3' value is uncertain once its PTTL is at
+// most u, a '4' value a tombstone once its PTTL is at most t (its response
+// key expired then).
 func (s *Store) heads(ctx context.Context, keys []string, state idem.State) ([]idem.ListedRecord, error) {
+	keys = slices.DeleteFunc(keys, func(k string) bool { return strings.Contains(k[min(len(s.prefix), len(k)):], respSuffix) })
 	if len(keys) == 0 {
 		return nil, nil
 	}
@@ -147,18 +153,27 @@ func (s *Store) heads(ctx context.Context, keys []string, state idem.State) ([]i
 	var recs []idem.ListedRecord
 	for i, k := range keys {
 		v, err := heads[i].Result()
-		ttl := ttls[i].Val()
+		ttl := ttls[i].Val().Milliseconds()
 		if err != nil || v == "" || ttl <= 0 { // another type, or gone meanwhile
 			continue
 		}
-		rec, err := parseValue(v)
-		if err != nil || (state != 0 && rec.State != state) {
+		st, err := parseValue(v)
+		if err != nil {
 			continue
 		}
-		rec.Response = nil
+		if st.rec.State == idem.StateCompleted && st.kept {
+			if ttl <= st.t {
+				continue // a tombstone
+			}
+			ttl -= st.t
+		}
+		rec, d := st.at(ttl, "", true, ttl)
+		if state != 0 && rec.State != state {
+			continue
+		}
 		recs = append(recs, idem.ListedRecord{Key: strings.TrimPrefix(k, s.prefix), RecordInfo: idem.RecordInfo{
 			Record: idem.Record{State: rec.State, Token: strings.Clone(rec.Token), Fingerprint: strings.Clone(rec.Fingerprint)},
-			TTL:    ttl.Round(time.Millisecond),
+			TTL:    d,
 		}})
 	}
 	return recs, nil

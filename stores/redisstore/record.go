@@ -1,10 +1,11 @@
 package redisstore
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/redis/go-redis/v9"
@@ -14,18 +15,29 @@ import (
 
 // Record values. Each record is one Redis string at prefix+key:
 //
-//	in-progress  '1' lp(token) lp(fingerprint)
-//	completed    '2' lp(fingerprint) response
+//	in-progress       '1' lp(token) lp(fingerprint)                  TTL lease
+//	completed         '2' lp(fingerprint) response                   TTL retention
+//	in-progress, kept '3' lp(token) lp(fingerprint) lp(u) lp(t)      TTL lease + u
+//	completed, kept   '4' lp(fingerprint) lp(t)                      TTL retention + t
 //
 // where lp(s) is len(s) in decimal ASCII digits (no leading zero), ':' and
 // the bytes of s, so that tokens and fingerprints may hold any byte, and
 // response is the bytes given to Complete (the engine's encoding of the
-// response, never empty), to the end of the value. The owner check of Complete, Release and Extend compares the
-// value's start with '1' lp(token): the token's length is part of the match,
-// so no other token (nor a completed record) can match it.
+// response, never empty), to the end of the value. '1' and '2' are the
+// records of the zero [idem.Keep] (the layout of earlier versions); '3'
+// and '4' carry a non-zero Keep: u is Keep.Uncertain and t Keep.Tombstone
+// in decimal milliseconds ("0" for none). A '3' record's lease has lapsed,
+// and the record is uncertain, when its PTTL is <= u (the Redis server's
+// clock alone decides). A '4' record keeps its response in a second key,
+// the response key ([Store.respKey]), whose TTL is the retention: it is
+// completed while that key lives and a tombstone (expired) after. The
+// owner check of Complete, Release and Extend decodes the value and
+// compares its token with the caller's.
 const (
-	stateInProgress = '1'
-	stateCompleted  = '2'
+	stateInProgress     = '1'
+	stateCompleted      = '2'
+	stateInProgressKept = '3'
+	stateCompletedKept  = '4'
 )
 
 // maxLenDigits bounds the decimal length of lp(s): lengths fit in an int.
@@ -49,10 +61,11 @@ func decimalLen(n int) int {
 	return d
 }
 
-// appendOwner appends '1' lp(token): the start of every in-progress value
-// token owns.
-func appendOwner(b []byte, token string) []byte {
-	return appendLP(append(b, stateInProgress), token)
+// appendLPInt appends lp of n (>= 0) in decimal.
+func appendLPInt(b []byte, n int64) []byte {
+	b = strconv.AppendInt(b, int64(decimalLen(int(n))), 10)
+	b = append(b, ':')
+	return strconv.AppendInt(b, n, 10)
 }
 
 // cutLP reads lp(s) at the start of v and returns s and what follows it.
@@ -72,39 +85,105 @@ func cutLP(v string) (s, rest string, ok bool) {
 	return rest[:n], rest[n:], true
 }
 
+// maxKeepDigits bounds the decimal length of a keep in milliseconds (u, t):
+// 15 digits, exact in Lua's numbers (doubles) and in an int64.
+const maxKeepDigits = 15
+
+// cutMillis reads lp(decimal) at the start of v: a keep in milliseconds.
+func cutMillis(v string) (ms int64, rest string, ok bool) {
+	d, rest, ok := cutLP(v)
+	if !ok || d == "" || len(d) > maxKeepDigits || strings.Trim(d, "0123456789") != "" {
+		return 0, "", false
+	}
+	ms, err := strconv.ParseInt(d, 10, 64)
+	return ms, rest, err == nil
+}
+
+// stored is a decoded record value. rec.State is StateInProgress ('1',
+// '3') or StateCompleted ('2', '4'): a kept value's state also depends on
+// its TTL and its response key ([stored.at]); a '4' value's Response is
+// nil.
+type stored struct {
+	rec  idem.Record
+	kept bool  // a '3' or '4' value
+	u, t int64 // its Keep.Uncertain and Keep.Tombstone in milliseconds
+}
+
 // parseValue decodes a record value. The token and fingerprint share the
 // memory of v, and so does a completed record's Response: a view of v's
 // memory, read-only (Acquire hands it out as is; Get and Inspect copy it).
-func parseValue(v string) (idem.Record, error) {
+func parseValue(v string) (stored, error) {
 	if v == "" {
-		return idem.Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
+		return stored{}, fmt.Errorf("%w: empty value", ErrCorrupt)
 	}
 	switch v[0] {
-	case stateInProgress:
+	case stateInProgress, stateInProgressKept:
 		token, rest, ok := cutLP(v[1:])
 		if !ok {
 			break
 		}
 		fp, rest, ok := cutLP(rest)
-		if !ok || rest != "" {
+		if !ok {
 			break
 		}
-		return idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}, nil
+		st := stored{rec: idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}}
+		if v[0] == stateInProgressKept {
+			st.kept = true
+			if st.u, rest, ok = cutMillis(rest); !ok {
+				break
+			}
+			if st.t, rest, ok = cutMillis(rest); !ok {
+				break
+			}
+		}
+		if rest != "" {
+			break
+		}
+		return st, nil
 	case stateCompleted:
 		fp, rest, ok := cutLP(v[1:])
 		if !ok || rest == "" {
 			break
 		}
-		return idem.Record{State: idem.StateCompleted, Fingerprint: fp, Response: unsafe.Slice(unsafe.StringData(rest), len(rest))}, nil
+		return stored{rec: idem.Record{State: idem.StateCompleted, Fingerprint: fp, Response: unsafe.Slice(unsafe.StringData(rest), len(rest))}}, nil
+	case stateCompletedKept:
+		fp, rest, ok := cutLP(v[1:])
+		if !ok {
+			break
+		}
+		st := stored{rec: idem.Record{State: idem.StateCompleted, Fingerprint: fp}, kept: true}
+		if st.t, rest, ok = cutMillis(rest); !ok || rest != "" {
+			break
+		}
+		return st, nil
 	}
-	return idem.Record{}, fmt.Errorf("%w: a %d-byte string that is not a record", ErrCorrupt, len(v))
+	return stored{}, fmt.Errorf("%w: a %d-byte string that is not a record", ErrCorrupt, len(v))
 }
 
-// parseCopy is parseValue with the Response copied, the caller's to modify.
-func parseCopy(v string) (idem.Record, error) {
-	rec, err := parseValue(v)
-	rec.Response = bytes.Clone(rec.Response)
-	return rec, err
+// at returns the record a value reads as when its key's PTTL is pttl
+// (milliseconds, > 0) and, for a '4' value, its response key holds resp
+// (hasResp) with PTTL respTTL; and the record's time to live
+// ([idem.RecordInfo.TTL]). A '3' value is in progress while pttl > u
+// (LeaseLeft pttl - u), else uncertain; a '4' value is completed while its
+// response key lives (the response, a view of resp), else expired: a
+// tombstone.
+func (st stored) at(pttl int64, resp string, hasResp bool, respTTL int64) (idem.Record, time.Duration) {
+	rec, ttl := st.rec, pttl
+	switch {
+	case !st.kept:
+	case rec.State == idem.StateInProgress && pttl > st.u:
+		ttl = pttl - st.u
+	case rec.State == idem.StateInProgress:
+		rec.State = idem.StateUncertain
+	case hasResp:
+		rec.Response, ttl = unsafe.Slice(unsafe.StringData(resp), len(resp)), respTTL
+	default:
+		rec.State = idem.StateExpired
+	}
+	if rec.State == idem.StateInProgress {
+		rec.LeaseLeft = time.Duration(max(ttl, 1)) * time.Millisecond
+	}
+	return rec, time.Duration(ttl) * time.Millisecond
 }
 
 // Commands are built with their arguments in two allocations, whatever
@@ -149,15 +228,26 @@ type setCmd struct {
 	key, value, ttl string
 }
 
-// newAcquire returns the arguments of Acquire's SET: the in-progress value
-// of token and fingerprint under key, NX, GET, PX lease.
-func newAcquire(prefix, key, token, fingerprint string, leaseMillis int64) *setCmd {
-	buf := make([]byte, 0, len(prefix)+len(key)+1+lpLen(token)+lpLen(fingerprint)+20)
+// newAcquire returns the arguments of Acquire's SET under the keep u, t
+// (milliseconds): the in-progress value of token and fingerprint under key
+// ('1' for the zero keep, else '3' with u and t), NX, GET, PX lease + u.
+func newAcquire(prefix, key, token, fingerprint string, leaseMillis, u, t int64) *setCmd {
+	kept := u != 0 || t != 0
+	size := len(prefix) + len(key) + 1 + lpLen(token) + lpLen(fingerprint) + 20
+	if kept {
+		size += 2 * (3 + maxKeepDigits)
+	}
+	buf := make([]byte, 0, size)
 	buf = append(append(buf, prefix...), key...)
 	k := len(buf)
-	buf = appendLP(appendOwner(buf, token), fingerprint)
+	if !kept && t == 0 {
+		buf = appendLP(appendLP(append(buf, stateInProgress), token), fingerprint)
+	} else {
+		buf = appendLP(appendLP(append(buf, stateInProgressKept), token), fingerprint)
+		buf = appendLPInt(appendLPInt(buf, u), t)
+	}
 	v := len(buf)
-	buf = strconv.AppendInt(buf, leaseMillis, 10)
+	buf = strconv.AppendInt(buf, leaseMillis+u, 10)
 	all := view(buf)
 	c := &setCmd{key: all[:k], value: all[k:v], ttl: all[v:]}
 	c.args = [7]any{"set", &c.key, &c.value, "px", &c.ttl, "nx", "get"}
@@ -184,20 +274,23 @@ func newScript(src string) *script {
 	return &script{src: src, sha: sha, srcArg: src, shaArg: sha}
 }
 
-// evalCmd holds the arguments of EVALSHA sha 1 key argv...: up to three
-// arguments.
+// evalCmd holds the arguments of EVALSHA sha numkeys key... argv...: up
+// to five keys and arguments in all (no more than the two-key completion
+// needs, for the size of the struct: 216 bytes, allocated on every
+// completion).
 type evalCmd struct {
-	args [7]any
-	strs [4]string
+	args [8]any
+	strs [5]string
 	n    int
 }
 
-// newEval returns EVALSHA sc 1 KEYS[1] ARGV... where buf holds KEYS[1] and
-// then each ARGV, ending at the offsets ends (len(ends) <= 4).
-func newEval(sc *script, buf []byte, ends ...int) *evalCmd {
+// newEval returns EVALSHA sc numKeys KEYS... ARGV... where buf holds each
+// key and then each ARGV, back to back, ending at the offsets ends
+// (len(ends) <= 5).
+func newEval(sc *script, numKeys int, buf []byte, ends ...int) *evalCmd {
 	all := view(buf)
 	c := &evalCmd{n: 3 + len(ends)}
-	c.args[0], c.args[1], c.args[2] = "evalsha", sc.shaArg, 1
+	c.args[0], c.args[1], c.args[2] = "evalsha", sc.shaArg, numKeys
 	start := 0
 	for i, end := range ends {
 		c.strs[i] = all[start:end]
@@ -217,14 +310,4 @@ func (c *evalCmd) command(ctx context.Context, sc *script, source bool) *redis.I
 	cmd := redis.NewIntCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	return cmd
-}
-
-// keyAndOwner returns a buffer holding prefix+key and then '1' lp(token),
-// with room for extra more bytes, and the offsets where each ends.
-func keyAndOwner(prefix, key, token string, extra int) (buf []byte, keyEnd, ownerEnd int) {
-	buf = make([]byte, 0, len(prefix)+len(key)+1+lpLen(token)+extra)
-	buf = append(append(buf, prefix...), key...)
-	keyEnd = len(buf)
-	buf = appendOwner(buf, token)
-	return buf, keyEnd, len(buf)
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,6 +41,7 @@ var ErrCorrupt = fmt.Errorf("redisstore: corrupt record: %w", idem.ErrCorrupt)
 var (
 	_ idem.Store    = (*Store)(nil)
 	_ idem.Extender = (*Store)(nil)
+	_ idem.Keeper   = (*Store)(nil)
 )
 
 // Store is an idem.Store on Redis, safe for concurrent use. It borrows its
@@ -49,6 +52,13 @@ type Store struct {
 	timeout     time.Duration
 	waitN       int
 	waitTimeout time.Duration
+	tagged      bool // the prefix holds a Redis Cluster hash tag
+	// noTombstones is set for a Cluster client whose prefix holds braces
+	// that are no hash tag: no response key can share its record's slot.
+	noTombstones bool
+	// tombstones is set once the store acquired a record under a tombstone
+	// keep: its completions declare the response key from the first run.
+	tombstones atomic.Bool
 }
 
 // Option configures a Store.
@@ -105,50 +115,218 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	for _, o := range opts {
 		o(s)
 	}
+	s.tagged = hasHashTag(s.prefix)
+	_, cluster := client.(*redis.ClusterClient)
+	s.noTombstones = cluster && !s.tagged && strings.ContainsAny(s.prefix, "{}")
 	return s
+}
+
+// hasHashTag reports whether Redis Cluster hashes the keys under prefix by
+// a hash tag in prefix: a '{' and, after the first one, a '}' with at least
+// one byte between them. (Scoped keys are hex: they hold no brace.)
+func hasHashTag(prefix string) bool {
+	i := strings.IndexByte(prefix, '{')
+	return i >= 0 && strings.IndexByte(prefix[i+1:], '}') > 0
+}
+
+// respSuffix ends every response key: no scoped key (hex) holds it.
+const respSuffix = ":r"
+
+// appendKeys appends the record key of key, prefix+key, and then its
+// response key, where a record completed under [idem.Keep.Tombstone] keeps
+// its response for the retention (see record.go), and returns the offsets
+// where each ends. The response key is in the record's Cluster slot, as
+// every key of one script must be: prefix+key+":r" when the prefix holds a
+// hash tag (the same tag), else prefix+key+":r{"+prefix+key+"}", whose tag
+// is the record key. It starts with the prefix, for ACL key patterns and
+// SCAN. Where no key can share the record's slot (s.noTombstones), the
+// response key is the record key, which luaComplete never writes a
+// response to (nor AcquireKeep lets a tombstone keep come to).
+func (s *Store) appendKeys(buf []byte, key string) (b []byte, recordEnd, respEnd int) {
+	start := len(buf)
+	buf = append(append(buf, s.prefix...), key...)
+	recordEnd = len(buf)
+	buf = append(buf, buf[start:recordEnd]...)
+	if s.noTombstones {
+		return buf, recordEnd, len(buf) // never used: see luaComplete
+	}
+	buf = append(buf, respSuffix...)
+	if !s.tagged {
+		buf = append(buf, '{')
+		buf = append(buf, buf[start:recordEnd]...)
+		buf = append(buf, '}')
+	}
+	return buf, recordEnd, len(buf)
+}
+
+// keysLen is the length of what appendKeys appends for key.
+func (s *Store) keysLen(key string) int {
+	n := len(s.prefix) + len(key)
+	if s.tagged {
+		return 2*n + len(respSuffix)
+	}
+	return 3*n + len(respSuffix) + 2
 }
 
 // maxBulk is Redis's default proto-max-bulk-len: the largest string argument
 // a server accepts.
 const maxBulk = 512 << 20
 
-// ownerCheck starts the scripts of Complete, Release and Extend (KEYS[1]
-// record, ARGV[1] owner: '1' lp(token)): it returns 0 unless the value is
-// an in-progress value of that owner, '1' lp(token) lp(fingerprint), and
-// leaves lp(fingerprint) in f. It reads with redis.pcall, so a key of
-// another type (a foreign value) answers 0, not WRONGTYPE. A missing key
-// reads as false.
-const ownerCheck = `
-local v = redis.pcall('GET', KEYS[1])
-local o = ARGV[1]
-if type(v) ~= 'string' or string.sub(v, 1, #o) ~= o then
-  return 0
+// luaDecode starts every script that reads a record: decode(v) returns
+// the kind of a record value ('1' to '4', see record.go), its token (empty for
+// '2' and '4'), fingerprint, u and t (decimal milliseconds, '0' when the
+// value carries none), or nil when v is not a record (not a string: a
+// missing key reads as false, a key of another type, read with
+// redis.pcall, as an error table). It accepts exactly what parseValue
+// accepts.
+const luaDecode = `
+local function field(v, i)
+  local d = string.match(v, '^%d+', i)
+  if not d or #d > 10 or (#d > 1 and string.byte(d) == 48) or string.byte(v, i + #d) ~= 58 then
+    return nil
+  end
+  local j = i + #d + 1
+  local e = j + tonumber(d)
+  if e > #v + 1 then
+    return nil
+  end
+  return string.sub(v, j, e - 1), e
 end
-local f = string.sub(v, #o + 1)
-local d = string.match(f, '^(%d+):')
-if not d or (#d > 1 and string.sub(d, 1, 1) == '0') or #f ~= #d + 1 + tonumber(d) then
+local function millis(s)
+  return s and #s > 0 and #s <= 15 and not string.find(s, '%D')
+end
+local function decode(v)
+  if type(v) ~= 'string' then
+    return nil
+  end
+  local k = string.sub(v, 1, 1)
+  local tok, fp, u, t, i = '', nil, '0', '0', 2
+  if k == '1' or k == '3' then
+    tok, i = field(v, i)
+    if not tok then
+      return nil
+    end
+  elseif k ~= '2' and k ~= '4' then
+    return nil
+  end
+  fp, i = field(v, i)
+  if not fp then
+    return nil
+  end
+  if k == '3' then
+    u, i = field(v, i)
+    if not millis(u) then
+      return nil
+    end
+  end
+  if k == '3' or k == '4' then
+    t, i = field(v, i)
+    if not millis(t) then
+      return nil
+    end
+  end
+  if (k == '2' and i > #v) or (k ~= '2' and i ~= #v + 1) then
+    return nil
+  end
+  return k, tok, fp, u, t
+end
+`
+
+// luaComplete defines complete(fp, t, retention, response), shared by
+// Complete and Resolve: KEYS[1] gets the completed value of fingerprint fp
+// for retention ms, '2' lp(fp) response when t (the record's
+// Keep.Tombstone, decimal ms) is '0'; otherwise '4' lp(fp) lp(t) for
+// retention + t ms, and KEYS[2], the response key, gets response for
+// retention ms, so the response is freed when the retention ends and the
+// tombstone when its keep does. A response key equal to the record key
+// (see appendKeys) completes without a tombstone. Under a tombstone keep
+// with no KEYS[2] declared it writes nothing and returns 2: the caller runs
+// the script again with the response key (see Store.complete).
+const luaComplete = `
+local function complete(fp, t, ret, resp)
+  local f = #fp .. ':' .. fp
+  if tonumber(t) ~= 0 and not KEYS[2] then
+    return 2
+  end
+  if tonumber(t) == 0 or KEYS[2] == KEYS[1] then
+    redis.call('SET', KEYS[1], '2' .. f .. resp, 'PX', ret)
+  else
+    redis.call('SET', KEYS[1], '4' .. f .. #t .. ':' .. t, 'PX', string.format('%d', tonumber(ret) + tonumber(t)))
+    redis.call('SET', KEYS[2], resp, 'PX', ret)
+  end
+  return 1
+end
+`
+
+// luaOwned reads the record at KEYS[1] and returns 0 unless it is in
+// progress ('1' or '3', lease live or lapsed: the key lives) and its token
+// is ARGV[1]. It leaves the decoded fields in fp, u and t.
+const luaOwned = `
+local k, tok, fp, u, t = decode(redis.pcall('GET', KEYS[1]))
+if (k ~= '1' and k ~= '3') or tok ~= ARGV[1] then
   return 0
 end
 `
 
-// completeScript: ARGV owner, retention ms, encoded response. It returns 1
-// when completed ('2' lp(fingerprint) response, PX retention), 0 when token
-// holds no live lease.
-var completeScript = newScript(ownerCheck + `
-redis.call('SET', KEYS[1], '2' .. f .. ARGV[3], 'PX', ARGV[2])
-return 1
+// completeScript: KEYS record[, response key]; ARGV token, retention ms,
+// encoded response. It returns 1 when completed (see luaComplete), 2 when
+// it needs the response key, 0 when token holds no in-progress record.
+var completeScript = newScript(luaDecode + luaComplete + luaOwned + `
+return complete(fp, t, ARGV[2], ARGV[3])
 `)
 
-// releaseScript: ARGV owner. It returns 1 when deleted.
-var releaseScript = newScript(ownerCheck + `
+// releaseScript: KEYS record; ARGV token. It returns 1 when deleted.
+var releaseScript = newScript(luaDecode + luaOwned + `
 redis.call('DEL', KEYS[1])
 return 1
 `)
 
-// extendScript: ARGV owner, lease ms. It returns 1 when renewed.
-var extendScript = newScript(ownerCheck + `
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+// extendScript: KEYS record; ARGV token, lease ms. It returns 1 when
+// renewed: the key's TTL is the lease plus the record's Keep.Uncertain.
+var extendScript = newScript(luaDecode + luaOwned + `
+redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(ARGV[2]) + tonumber(u)))
 return 1
+`)
+
+// resolveScript: KEYS record[, response key]; ARGV retention ms (empty to
+// release), encoded response. It returns 0 unless the record is uncertain
+// ('3' with u > 0 and PTTL <= u); otherwise it deletes it (release) or
+// completes it (see luaComplete: 2 asks for the response key) and returns
+// 1.
+var resolveScript = newScript(luaDecode + luaComplete + `
+local k, tok, fp, u, t = decode(redis.pcall('GET', KEYS[1]))
+if k ~= '3' or tonumber(u) == 0 or redis.call('PTTL', KEYS[1]) > tonumber(u) then
+  return 0
+end
+if ARGV[1] == '' then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return complete(fp, t, ARGV[1], ARGV[2])
+`)
+
+// peekScript: KEYS record[, response key]. It returns {} for no key,
+// {type} for a key of another type (its TYPE, e.g. "list"), {value, pttl}
+// for a string, and {value, pttl, response, response pttl} for a '4' value
+// whose response key was given and lives: a record and what decides its
+// state, read atomically.
+var peekScript = newScript(`
+local ty = redis.call('TYPE', KEYS[1])['ok']
+if ty == 'none' then
+  return {}
+end
+if ty ~= 'string' then
+  return {ty}
+end
+local v = redis.call('GET', KEYS[1])
+local p = redis.call('PTTL', KEYS[1])
+if string.sub(v, 1, 1) == '4' and KEYS[2] then
+  local r = redis.pcall('GET', KEYS[2])
+  if type(r) == 'string' then
+    return {v, p, r, redis.call('PTTL', KEYS[2])}
+  end
+end
+return {v, p}
 `)
 
 // millis rounds d up to whole milliseconds, the TTL unit of Redis.
@@ -167,40 +345,81 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return ctx, func() {}
 }
 
-// Acquire implements [idem.Store.Acquire] with one command, no script:
-// SET key value PX lease NX GET. It sets the in-progress value when the key
-// is absent (or expired: a lapsed lease) and otherwise returns the live
-// value, unchanged. A live value equal to the one it would write (same
-// token, same fingerprint) is this caller's own SET, sent again by the
-// client after a lost reply: it counts as acquired, and the lease runs from
-// that first SET. A completed record's Response is a view of the reply,
-// which nothing else holds. A record found in progress gets its
-// [idem.Record.LeaseLeft] from one more command (PTTL).
+// Acquire implements [idem.Store.Acquire]: it is AcquireKeep with the
+// zero Keep.
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
+	return s.AcquireKeep(ctx, key, token, fingerprint, lease, idem.Keep{})
+}
+
+// maxPeeks bounds how often AcquireKeep sends its SET again when the kept
+// record it found is gone before it could read its state.
+const maxPeeks = 3
+
+// AcquireKeep implements [idem.Keeper.AcquireKeep] with one command, no
+// script: SET key value PX lease+keep.Uncertain NX GET. It sets the
+// in-progress value ('1' for the zero Keep, '3' carrying keep otherwise)
+// when the key is absent (or expired: a lapsed lease, an ended keep) and
+// otherwise returns the live value, unchanged. A live value equal to the
+// one it would write (same token, fingerprint and keep) is this caller's
+// own SET, sent again by the client after a lost reply: it counts as
+// acquired, and the lease runs from that first SET. A completed record's
+// Response is a view of the reply, which nothing else holds.
+//
+// A record found in progress gets its [idem.Record.LeaseLeft] from one
+// more command (PTTL). A kept record found ('3' or '4') costs one more
+// round trip too, a script reading the record, its TTL and its response
+// key atomically, which tells in progress from uncertain, and completed
+// (with its response) from expired; when that record is gone by then, the
+// SET is sent again. On a Cluster client whose prefix holds braces that
+// form no hash tag, a keep with a Tombstone is refused with an error (its
+// response key could not share the record's slot).
+func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
 	}
-	if lease <= 0 {
+	if lease <= 0 || keep.Uncertain < 0 || keep.Tombstone < 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
+	}
+	if keep.Tombstone > 0 && s.noTombstones {
+		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: the prefix %q holds braces that form no Redis Cluster hash tag, so a tombstone's response key cannot share its record's slot; use a prefix without braces or with a hash tag", s.prefix)
+	}
+	if keep.Tombstone > 0 && !s.tombstones.Load() {
+		s.tombstones.Store(true)
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	set := newAcquire(s.prefix, key, token, fingerprint, millis(lease))
-	old, exists, err := s.setNXGet(ctx, set)
-	switch {
-	case err != nil:
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
-	case !exists || old == set.value: // written, or our own SET sent again
-		return idem.Record{}, true, nil
+	set := newAcquire(s.prefix, key, token, fingerprint, millis(lease), millis(keep.Uncertain), millis(keep.Tombstone))
+	for peeks := 1; ; peeks++ {
+		old, exists, err := s.setNXGet(ctx, set)
+		switch {
+		case err != nil:
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+		case !exists || old == set.value: // written, or our own SET sent again
+			return idem.Record{}, true, nil
+		}
+		st, err := parseValue(old)
+		if err != nil {
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+		}
+		if !st.kept {
+			if st.rec.State == idem.StateInProgress {
+				st.rec.LeaseLeft = s.leaseLeft(ctx, set.key)
+			}
+			return st.rec, false, nil
+		}
+		rec, _, found, err := s.peek(ctx, key, st.rec.State == idem.StateCompleted)
+		switch {
+		case err != nil:
+			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
+		case found:
+			return rec, false, nil
+		case peeks == maxPeeks: // gone each time: answer what the SET found
+			if st.rec.State == idem.StateCompleted {
+				st.rec.State = idem.StateExpired // its response unread
+			}
+			return st.rec, false, nil
+		}
 	}
-	rec, err := parseValue(old)
-	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
-	}
-	if rec.State == idem.StateInProgress {
-		rec.LeaseLeft = s.leaseLeft(ctx, set.key)
-	}
-	return rec, false, nil
 }
 
 // leaseLeft returns the PTTL of an in-progress record found by Acquire
@@ -214,6 +433,50 @@ func (s *Store) leaseLeft(ctx context.Context, key string) time.Duration {
 		return 0
 	}
 	return left
+}
+
+// peek reads the record of key with peekScript, declaring its response
+// key when withResp (for a '4' value: without it, a '4' value reads as
+// expired): the record as it stands (a completed record's Response is a
+// view of the reply), its time to live, and found = false when the key is
+// absent. Only the scripts that may need the response key declare it: a
+// script declaring a key that does not exist is answered TRYAGAIN while
+// its slot migrates. A key of another type or
+// a value that is not a record is an error wrapping ErrCorrupt.
+func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.Record, ttl time.Duration, found bool, err error) {
+	buf, recordEnd, respEnd := s.appendKeys(make([]byte, 0, s.keysLen(key)), key)
+	all := view(buf)
+	keys := []string{all[:recordEnd], all[recordEnd:respEnd]}
+	if !withResp {
+		keys = keys[:1]
+	}
+	v, err := s.c.EvalSha(ctx, peekScript.sha, keys).Slice()
+	if isNoScript(err) {
+		v, err = s.c.Eval(ctx, peekScript.src, keys).Slice()
+	}
+	if err != nil {
+		return idem.Record{}, 0, false, err
+	}
+	switch len(v) {
+	case 0:
+		return idem.Record{}, 0, false, nil
+	case 1:
+		return idem.Record{}, 0, false, fmt.Errorf("%w: a Redis %v, not a record", ErrCorrupt, v[0])
+	}
+	value, _ := v[0].(string)
+	pttl, _ := v[1].(int64)
+	st, err := parseValue(value)
+	if err != nil {
+		return idem.Record{}, 0, false, err
+	}
+	var resp string
+	var respTTL int64
+	if len(v) == 4 {
+		resp, _ = v[2].(string)
+		respTTL, _ = v[3].(int64)
+	}
+	rec, ttl = st.at(pttl, resp, len(v) == 4, respTTL)
+	return rec, ttl, true, nil
 }
 
 // setNXGet sends Acquire's SET and returns the value the key held (exists)
@@ -271,21 +534,59 @@ func (s *Store) Complete(ctx context.Context, key, token string, response []byte
 	if len(response) > maxBulk {
 		return fmt.Errorf("redisstore: complete: %w: a %d-byte response, Redis accepts at most 512 MiB", idem.ErrTooLarge, len(response))
 	}
-	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 20+len(response))
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	withResp := s.tombstones.Load()
+	err := s.complete(ctx, key, token, response, retention, withResp)
+	if !withResp && errors.Is(err, errNeedsRespKey) {
+		err = s.complete(ctx, key, token, response, retention, true)
+	}
+	return err
+}
+
+// errNeedsRespKey reports the completion script's answer 2: the record
+// was acquired under a tombstone keep, so its script run must declare the
+// response key too. Nothing was written.
+var errNeedsRespKey = errors.New("redisstore: the completion needs the response key")
+
+// complete runs completeScript once: on the record key alone, or, when
+// withResp, on the record key and its response key. A store that never
+// acquired under a tombstone keep completes on the record key alone (one
+// key, as every other command: no TRYAGAIN while its slot migrates); a
+// record acquired under a tombstone keep (by another Store value) answers
+// errNeedsRespKey to that, and Complete runs the script again with both.
+// A store that did acquire under a tombstone keep declares both keys from
+// the first run.
+func (s *Store) complete(ctx context.Context, key, token string, response []byte, retention time.Duration, withResp bool) error {
+	var buf []byte
+	var keyEnds [2]int
+	if withResp {
+		buf = make([]byte, 0, s.keysLen(key)+len(token)+20+len(response))
+		buf, keyEnds[0], keyEnds[1] = s.appendKeys(buf, key)
+	} else {
+		buf = make([]byte, 0, len(s.prefix)+len(key)+len(token)+20+len(response))
+		buf = append(append(buf, s.prefix...), key...)
+		keyEnds[0] = len(buf)
+	}
+	buf = append(buf, token...)
+	tokenEnd := len(buf)
 	buf = strconv.AppendInt(buf, millis(retention), 10)
 	ttlEnd := len(buf)
 	buf = append(buf, response...)
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	ev := newEval(completeScript, buf, keyEnd, ownerEnd, ttlEnd, len(buf))
+	ev := newEval(completeScript, 1, buf, keyEnds[0], tokenEnd, ttlEnd, len(buf))
+	if withResp {
+		ev = newEval(completeScript, 2, buf, keyEnds[0], keyEnds[1], tokenEnd, ttlEnd, len(buf))
+	}
 	if s.waitN > 0 {
 		return s.completeAndWait(ctx, ev)
 	}
 	ok, err := s.run(ctx, completeScript, ev)
-	if err != nil {
+	switch {
+	case err != nil:
 		return fmt.Errorf("redisstore: complete: %w", err)
-	}
-	if ok != 1 {
+	case ok == 2:
+		return errNeedsRespKey
+	case ok != 1:
 		return idem.ErrNotOwner
 	}
 	return nil
@@ -342,6 +643,9 @@ func (s *Store) completeAndWait(ctx context.Context, ev *evalCmd) error {
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
+	}
+	if res == 2 {
+		return errNeedsRespKey
 	}
 	if res != 1 {
 		return idem.ErrNotOwner
@@ -408,8 +712,10 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 0)
-	ok, err := s.run(ctx, releaseScript, newEval(releaseScript, buf, keyEnd, ownerEnd))
+	buf := make([]byte, 0, len(s.prefix)+len(key)+len(token))
+	buf = append(append(append(buf, s.prefix...), key...), token...)
+	keyEnd := len(s.prefix) + len(key)
+	ok, err := s.run(ctx, releaseScript, newEval(releaseScript, 1, buf, keyEnd, len(buf)))
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
@@ -429,9 +735,11 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	buf, keyEnd, ownerEnd := keyAndOwner(s.prefix, key, token, 20)
+	buf := make([]byte, 0, len(s.prefix)+len(key)+len(token)+20)
+	buf = append(append(append(buf, s.prefix...), key...), token...)
+	keyEnd, tokenEnd := len(s.prefix)+len(key), len(buf)
 	buf = strconv.AppendInt(buf, millis(lease), 10)
-	ok, err := s.run(ctx, extendScript, newEval(extendScript, buf, keyEnd, ownerEnd, len(buf)))
+	ok, err := s.run(ctx, extendScript, newEval(extendScript, 1, buf, keyEnd, tokenEnd, len(buf)))
 	if err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
@@ -441,9 +749,11 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	return nil
 }
 
-// Get implements [idem.Store.Get] with one GET. With a Cluster client
-// configured to read from replicas (ReadOnly, RouteByLatency,
-// RouteRandomly) it may return a slightly stale record.
+// Get implements [idem.Store.Get] with one GET, and, for a kept record
+// ('3', '4'), the script AcquireKeep reads its state with. With a Cluster
+// client configured to read from replicas (ReadOnly, RouteByLatency,
+// RouteRandomly) it may return a slightly stale record. A completed
+// record's Response is a copy.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -459,11 +769,64 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	case err != nil:
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	rec, err := parseCopy(v)
+	st, err := parseValue(v)
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
 	}
-	return rec, true, nil
+	rec, found := st.rec, true
+	if st.kept {
+		if rec, _, found, err = s.peek(ctx, key, st.rec.State == idem.StateCompleted); err != nil {
+			return idem.Record{}, false, fmt.Errorf("redisstore: get: %w", err)
+		}
+	}
+	rec.LeaseLeft = 0
+	rec.Response = bytes.Clone(rec.Response)
+	return rec, found, nil
+}
+
+// Resolve implements [idem.Keeper.Resolve] with one script run: it
+// deletes (response nil) or completes an uncertain record, a '3' value
+// whose PTTL is at most its Keep.Uncertain, and returns
+// [idem.ErrRecordChanged] for anything else. A completion keeps the
+// record's Keep.Tombstone, as Complete does.
+func (s *Store) Resolve(ctx context.Context, key string, response []byte, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if response != nil && retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	if len(response) > maxBulk {
+		return fmt.Errorf("redisstore: resolve: %w: a %d-byte response, Redis accepts at most 512 MiB", idem.ErrTooLarge, len(response))
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	for _, withResp := range []bool{false, true} {
+		buf := make([]byte, 0, s.keysLen(key)+20+len(response))
+		buf, recordEnd, respEnd := s.appendKeys(buf, key)
+		if !withResp {
+			buf, respEnd = buf[:recordEnd], recordEnd
+		}
+		if response != nil {
+			buf = strconv.AppendInt(buf, millis(retention), 10)
+		}
+		ttlEnd := len(buf)
+		buf = append(buf, response...)
+		ev := newEval(resolveScript, 1, buf, recordEnd, ttlEnd, len(buf))
+		if withResp {
+			ev = newEval(resolveScript, 2, buf, recordEnd, respEnd, ttlEnd, len(buf))
+		}
+		ok, err := s.run(ctx, resolveScript, ev)
+		switch {
+		case err != nil:
+			return fmt.Errorf("redisstore: resolve: %w", err)
+		case ok == 1:
+			return nil
+		case ok != 2: // 2: it needs the response key (see luaComplete)
+			return idem.ErrRecordChanged
+		}
+	}
+	return idem.ErrRecordChanged
 }
 
 // isWrongType reports Redis's WRONGTYPE reply: the key holds another type
