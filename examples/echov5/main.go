@@ -54,8 +54,9 @@ func run(flags config) error {
 	}
 	defer closeStore()
 
-	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics (Prometheus
-	// text), spans to -trace-file. idemotel turns the engine's events into metrics and span attributes.
+	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics
+	// (Prometheus text), spans to -trace-file. idemotel turns the engine's
+	// events into metrics and span attributes.
 	metrics, stopTelemetry, err := telemetry(flags)
 	if err != nil {
 		return err

@@ -56,8 +56,9 @@ func run(flags config) error {
 	}
 	defer closeStore()
 
-	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics (Prometheus
-	// text). idemotel turns the engine's events into metrics (Fiber is not net/http: no tracing middleware here).
+	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics
+	// (Prometheus text). idemotel turns the engine's events into metrics
+	// (Fiber is not net/http: no tracing middleware here).
 	metrics, stopTelemetry, err := telemetry(flags)
 	if err != nil {
 		return err
