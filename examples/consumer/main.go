@@ -120,6 +120,9 @@ func run(ctx context.Context, o options) error {
 	if err := store.EnsureSchema(ctx); err != nil {
 		return err
 	}
+	if err := store.StartPurger(time.Hour); err != nil { // deletes expired records; store.Close stops it
+		return err
+	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+c.outbox+` (
 		id bigserial PRIMARY KEY, payment_id text NOT NULL, email text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return err

@@ -7,11 +7,26 @@
 //	go run ./examples/echov5 -store memory
 //
 // and see README.md for the HTTP contract every example serves.
+//
+// This folder is a complete program, copyable on its own (README.md,
+// "Running an example as your own module"): main.go is this framework's
+// wiring; store.go (the command line, the store and its purger, the
+// payments ledger), telemetry.go (/metrics, traces) and payments.go (the
+// fake domain) are the same in every example folder, duplicated so that
+// each folder stands alone.
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/labstack/echo/v5"
 	"github.com/labstack/echo/v5/middleware"
@@ -19,29 +34,35 @@ import (
 
 	"github.com/idemkit/idem/adapters/idemechov5"
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/examples/internal/app"
-	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/observability/idemotel"
 )
 
-func main() { app.Exit(run(app.ParseFlags())) }
+func main() {
+	if err := run(parseFlags()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
 
-func run(flags app.Flags) error {
-	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
-	store, closeStore, err := app.OpenStore(flags)
+func run(flags config) error {
+	// The store -store names (store.go): memory for one process; Redis,
+	// MongoDB, PostgreSQL or MySQL shared by several instances. The SQL
+	// stores run a purger that deletes expired records; closeStore stops it.
+	store, closeStore, err := openStore(flags)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 
-	// Telemetry: OpenTelemetry metrics served on GET /metrics (Prometheus
-	// text), spans to -trace-file. idemotel turns the engine's events into metrics and span attributes.
-	metrics, stopTelemetry, err := app.Telemetry(flags)
+	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics
+	// (Prometheus text), spans to -trace-file. idemotel turns the engine's
+	// events into metrics and span attributes.
+	metrics, stopTelemetry, err := telemetry(flags)
 	if err != nil {
 		return err
 	}
 	defer stopTelemetry()
-	telemetry, err := idemotel.NewEventHook()
+	hook, err := idemotel.NewEventHook()
 	if err != nil {
 		return err
 	}
@@ -51,7 +72,7 @@ func run(flags app.Flags) error {
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
-		idem.WithEventHook(telemetry),
+		idem.WithEventHook(hook),
 	)
 	if err != nil {
 		return err
@@ -72,14 +93,15 @@ func run(flags app.Flags) error {
 	e := echo.New()
 	e.HTTPErrorHandler = problem
 	e.Use(middleware.Recover(), middleware.RequestID())
-	// The payments ledger: rows in PostgreSQL with -store postgres (through
-	// the execution's transaction) or -payments-postgres, else none.
-	ledger, closeLedger, err := app.OpenLedger(flags)
+	// The payments ledger (store.go): with -store postgres or mysql each
+	// payment is a row written through the execution's transaction
+	// (pgstore.Tx, mysqlstore.Tx), committed with the stored response.
+	ledger, closeLedger, err := openLedger(flags)
 	if err != nil {
 		return err
 	}
 	defer closeLedger()
-	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
+	api := handlers{svc: newService(flags.ChargeLatency, ledger)}
 	e.POST("/v1/payments", api.createPayment, authenticate, idempotent)
 	e.POST("/v1/refunds", api.createRefund, authenticate, idempotent)
 	e.POST("/v1/exports", api.createExport, authenticate, idempotent)
@@ -88,7 +110,7 @@ func run(flags app.Flags) error {
 	e.GET("/metrics", echo.WrapHandler(metrics))
 
 	// Tracing outermost, so that idem finds the request's span in its context.
-	return app.Serve(flags.Addr, app.HTTPServer(otelhttp.NewHandler(e, "payments")), engine, api.svc)
+	return serve(flags.Addr, &http.Server{Handler: otelhttp.NewHandler(e, "payments"), ReadHeaderTimeout: 10 * time.Second}, engine, api.svc)
 }
 
 // authenticate stands in for real authentication: it trusts X-User-ID.
@@ -96,7 +118,7 @@ func authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c *echo.Context) error {
 		user := c.Request().Header.Get("X-User-ID")
 		if user == "" {
-			return payments.Unauthenticated
+			return Unauthenticated
 		}
 		c.Set("user_id", user)
 		return next(c)
@@ -104,12 +126,12 @@ func authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // handlers are the payment endpoints; they know nothing about idem.
-type handlers struct{ svc *payments.Service }
+type handlers struct{ svc *Service }
 
 func (h handlers) createPayment(c *echo.Context) error {
-	var req payments.ChargeRequest
+	var req ChargeRequest
 	if err := c.Bind(&req); err != nil {
-		return payments.Invalid("body must be JSON: " + err.Error())
+		return Invalid("body must be JSON: " + err.Error())
 	}
 	p, err := h.svc.Charge(c.Request().Context(), c.Get("user_id").(string), req)
 	if err != nil {
@@ -120,9 +142,9 @@ func (h handlers) createPayment(c *echo.Context) error {
 }
 
 func (h handlers) createRefund(c *echo.Context) error {
-	var req payments.RefundRequest
+	var req RefundRequest
 	if err := c.Bind(&req); err != nil {
-		return payments.Invalid("body must be JSON: " + err.Error())
+		return Invalid("body must be JSON: " + err.Error())
 	}
 	rf, err := h.svc.Refund(c.Request().Context(), c.Get("user_id").(string), req)
 	if err != nil {
@@ -132,9 +154,9 @@ func (h handlers) createRefund(c *echo.Context) error {
 }
 
 func (h handlers) createExport(c *echo.Context) error {
-	var req payments.ExportRequest
+	var req ExportRequest
 	if err := c.Bind(&req); err != nil {
-		return payments.Invalid("body must be JSON: " + err.Error())
+		return Invalid("body must be JSON: " + err.Error())
 	}
 	b, err := h.svc.Export(c.Request().Context(), req)
 	if err != nil {
@@ -147,7 +169,7 @@ func (h handlers) getPayment(c *echo.Context) error {
 	if p, ok := h.svc.Payment(c.Param("id")); ok {
 		return c.JSON(http.StatusOK, p)
 	}
-	return &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")}
+	return &Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")}
 }
 
 func (h handlers) stats(c *echo.Context) error { return c.JSON(http.StatusOK, h.svc.Stats()) }
@@ -160,13 +182,50 @@ func problem(c *echo.Context, err error) {
 	if r, _ := echo.UnwrapResponse(c.Response()); r != nil && r.Committed {
 		return
 	}
-	var pe *payments.Error
+	var pe *Error
 	switch code := echo.StatusCode(err); {
 	case errors.As(err, &pe):
 	case code != 0:
-		pe = &payments.Error{Status: code, Title: http.StatusText(code), Detail: err.Error()}
+		pe = &Error{Status: code, Title: http.StatusText(code), Detail: err.Error()}
 	default:
-		pe = &payments.Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"}
+		pe = &Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"}
 	}
-	_ = c.Blob(pe.Status, payments.ProblemContentType, pe.Problem())
+	_ = c.Blob(pe.Status, ProblemContentType, pe.Problem())
+}
+
+// serve listens on addr, prints "listening on http://ADDR" once it accepts
+// connections, and serves srv until SIGINT or SIGTERM. Then it shuts down
+// gracefully: srv stops accepting and lets in-flight requests finish, then
+// engine.Close waits for the completions the engine is still retrying after
+// a store error, all within 10s (more than the 5s net/http waits for a
+// connection that has not sent a request yet). Last it prints
+// "executions N", the provider executions (tests/chaos reads both lines).
+func serve(addr string, srv *http.Server, engine *idem.Engine, svc *Service) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return err
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	if err := engine.Close(shutdown); err != nil {
+		slog.Warn("idem: completions still retrying were abandoned", "err", err)
+	}
+	fmt.Printf("executions %d\n", svc.Stats().Executions)
+	return nil
 }

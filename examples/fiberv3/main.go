@@ -7,14 +7,27 @@
 //	go run ./examples/fiberv3 -store memory
 //
 // and see README.md for the HTTP contract every example serves.
+//
+// This folder is a complete program, copyable on its own (README.md,
+// "Running an example as your own module"): main.go is this framework's
+// wiring; store.go (the command line, the store and its purger, the
+// payments ledger), telemetry.go (/metrics, traces) and payments.go (the
+// fake domain) are the same in every example folder, duplicated so that
+// each folder stands alone.
 package main
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/gofiber/fiber/v3"
 	"github.com/gofiber/fiber/v3/middleware/adaptor"
@@ -23,29 +36,35 @@ import (
 
 	"github.com/idemkit/idem/adapters/idemfiberv3"
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/examples/internal/app"
-	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/observability/idemotel"
 )
 
-func main() { app.Exit(run(app.ParseFlags())) }
+func main() {
+	if err := run(parseFlags()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
 
-func run(flags app.Flags) error {
-	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
-	store, closeStore, err := app.OpenStore(flags)
+func run(flags config) error {
+	// The store -store names (store.go): memory for one process; Redis,
+	// MongoDB, PostgreSQL or MySQL shared by several instances. The SQL
+	// stores run a purger that deletes expired records; closeStore stops it.
+	store, closeStore, err := openStore(flags)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 
-	// Telemetry: OpenTelemetry metrics served on GET /metrics (Prometheus
-	// text). idemotel turns the engine's events into metrics (Fiber is not net/http: no tracing middleware here).
-	metrics, stopTelemetry, err := app.Telemetry(flags)
+	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics
+	// (Prometheus text). idemotel turns the engine's events into metrics
+	// (Fiber is not net/http: no tracing middleware here).
+	metrics, stopTelemetry, err := telemetry(flags)
 	if err != nil {
 		return err
 	}
 	defer stopTelemetry()
-	telemetry, err := idemotel.NewEventHook()
+	hook, err := idemotel.NewEventHook()
 	if err != nil {
 		return err
 	}
@@ -55,7 +74,7 @@ func run(flags app.Flags) error {
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
-		idem.WithEventHook(telemetry),
+		idem.WithEventHook(hook),
 	)
 	if err != nil {
 		return err
@@ -75,14 +94,15 @@ func run(flags app.Flags) error {
 	// route scope is the route it is mounted on.
 	a := fiber.New(fiber.Config{ErrorHandler: problem})
 	a.Use(recover.New(), requestid.New())
-	// The payments ledger: rows in PostgreSQL with -store postgres (through
-	// the execution's transaction) or -payments-postgres, else none.
-	ledger, closeLedger, err := app.OpenLedger(flags)
+	// The payments ledger (store.go): with -store postgres or mysql each
+	// payment is a row written through the execution's transaction
+	// (pgstore.Tx, mysqlstore.Tx), committed with the stored response.
+	ledger, closeLedger, err := openLedger(flags)
 	if err != nil {
 		return err
 	}
 	defer closeLedger()
-	api := handlers{svc: payments.New(flags.ChargeLatency, ledger)}
+	api := handlers{svc: newService(flags.ChargeLatency, ledger)}
 	a.Post("/v1/payments", authenticate, idempotent, api.createPayment)
 	a.Post("/v1/refunds", authenticate, idempotent, api.createRefund)
 	a.Post("/v1/exports", authenticate, idempotent, api.createExport)
@@ -90,22 +110,14 @@ func run(flags app.Flags) error {
 	a.Get("/v1/stats", api.stats)
 	a.Get("/metrics", adaptor.HTTPHandler(metrics))
 
-	return app.Serve(flags.Addr, server{a}, engine, api.svc)
+	return serve(flags.Addr, a, engine, api.svc)
 }
-
-// server adapts *fiber.App to app.Server.
-type server struct{ *fiber.App }
-
-func (s server) Serve(ln net.Listener) error {
-	return s.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true})
-}
-func (s server) Shutdown(ctx context.Context) error { return s.ShutdownWithContext(ctx) }
 
 // authenticate stands in for real authentication: it trusts X-User-ID.
 func authenticate(c fiber.Ctx) error {
 	user := c.Get("X-User-ID")
 	if user == "" {
-		return payments.Unauthenticated
+		return Unauthenticated
 	}
 	fiber.Locals(c, "user_id", strings.Clone(user)) // c.Get aliases a buffer fasthttp reuses for the next request
 	return c.Next()
@@ -113,12 +125,12 @@ func authenticate(c fiber.Ctx) error {
 
 // handlers are the payment endpoints; they know nothing about idem. In Fiber
 // v3 the Ctx is the request's context.Context.
-type handlers struct{ svc *payments.Service }
+type handlers struct{ svc *Service }
 
 func (h handlers) createPayment(c fiber.Ctx) error {
-	var req payments.ChargeRequest
+	var req ChargeRequest
 	if err := c.Bind().Body(&req); err != nil {
-		return payments.Invalid("body must be JSON: " + err.Error())
+		return Invalid("body must be JSON: " + err.Error())
 	}
 	p, err := h.svc.Charge(c, fiber.Locals[string](c, "user_id"), req)
 	if err != nil {
@@ -129,9 +141,9 @@ func (h handlers) createPayment(c fiber.Ctx) error {
 }
 
 func (h handlers) createRefund(c fiber.Ctx) error {
-	var req payments.RefundRequest
+	var req RefundRequest
 	if err := c.Bind().Body(&req); err != nil {
-		return payments.Invalid("body must be JSON: " + err.Error())
+		return Invalid("body must be JSON: " + err.Error())
 	}
 	rf, err := h.svc.Refund(c, fiber.Locals[string](c, "user_id"), req)
 	if err != nil {
@@ -141,9 +153,9 @@ func (h handlers) createRefund(c fiber.Ctx) error {
 }
 
 func (h handlers) createExport(c fiber.Ctx) error {
-	var req payments.ExportRequest
+	var req ExportRequest
 	if err := c.Bind().Body(&req); err != nil {
-		return payments.Invalid("body must be JSON: " + err.Error())
+		return Invalid("body must be JSON: " + err.Error())
 	}
 	b, err := h.svc.Export(c, req)
 	if err != nil {
@@ -157,22 +169,58 @@ func (h handlers) getPayment(c fiber.Ctx) error {
 	if p, ok := h.svc.Payment(c.Params("id")); ok {
 		return c.JSON(p)
 	}
-	return &payments.Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Params("id")}
+	return &Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Params("id")}
 }
 
 func (h handlers) stats(c fiber.Ctx) error { return c.JSON(h.svc.Stats()) }
 
 // problem is the app's error handler: every error becomes an RFC 9457 problem.
 func problem(c fiber.Ctx, err error) error {
-	var pe *payments.Error
+	var pe *Error
 	var fe *fiber.Error
 	switch {
 	case errors.As(err, &pe):
 	case errors.As(err, &fe):
-		pe = &payments.Error{Status: fe.Code, Title: http.StatusText(fe.Code), Detail: fe.Message}
+		pe = &Error{Status: fe.Code, Title: http.StatusText(fe.Code), Detail: fe.Message}
 	default:
-		pe = &payments.Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"}
+		pe = &Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"}
 	}
-	c.Set(fiber.HeaderContentType, payments.ProblemContentType)
+	c.Set(fiber.HeaderContentType, ProblemContentType)
 	return c.Status(pe.Status).Send(pe.Problem())
+}
+
+// serve listens on addr, prints "listening on http://ADDR" once it accepts
+// connections, and serves srv until SIGINT or SIGTERM. Then it shuts down
+// gracefully: srv stops accepting and lets in-flight requests finish, then
+// engine.Close waits for the completions the engine is still retrying after
+// a store error, all within 10s. Last it prints
+// "executions N", the provider executions (tests/chaos reads both lines).
+func serve(addr string, srv *fiber.App, engine *idem.Engine, svc *Service) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true}) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.ShutdownWithContext(shutdown); err != nil {
+		return err
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	if err := engine.Close(shutdown); err != nil {
+		slog.Warn("idem: completions still retrying were abandoned", "err", err)
+	}
+	fmt.Printf("executions %d\n", svc.Stats().Executions)
+	return nil
 }

@@ -9,6 +9,15 @@
 // and call it with grpcurl, buf curl or a generated client, sending
 // idempotency-key metadata (Idempotency-Key on Connect) and x-user-id.
 // The contract is proto/payments/v1/payments.proto.
+//
+// This folder is a complete program, copyable on its own (README.md,
+// "Running an example as your own module"; its generated code in gen/ is
+// imported as github.com/idemkit/idem/examples/grpc/gen/..., so give the
+// copy that module path or regenerate gen/ with yours): main.go and
+// connect.go are the wiring; store.go (the command line, the store and its
+// purger, the payments ledger), telemetry.go (/metrics, traces) and
+// payments.go (the fake domain) are the same in every example folder,
+// duplicated so that each folder stands alone.
 package main
 
 import (
@@ -19,6 +28,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -33,32 +45,61 @@ import (
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/grpc/gen/paymentsv1"
 	"github.com/idemkit/idem/examples/grpc/gen/paymentsv1/paymentsv1connect"
-	"github.com/idemkit/idem/examples/internal/app"
-	"github.com/idemkit/idem/examples/internal/payments"
+	"github.com/idemkit/idem/observability/idemotel"
 )
 
 var grpcAddr = flag.String("grpc-addr", "127.0.0.1:9090", "grpc-go listen address (port 0 picks a free one)")
 
-func main() { app.Exit(run(app.ParseFlags())) }
+func main() {
+	if err := run(parseFlags()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
 
-func run(flags app.Flags) error {
-	// The store: memory (one process), Redis, MongoDB or PostgreSQL (several instances).
-	store, closeStore, err := app.OpenStore(flags)
+func run(flags config) error {
+	// The store -store names (store.go): memory for one process; Redis,
+	// MongoDB, PostgreSQL or MySQL shared by several instances. The SQL
+	// stores run a purger that deletes expired records; closeStore stops it.
+	store, closeStore, err := openStore(flags)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
+
+	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics
+	// (Prometheus text) next to Connect, spans to -trace-file. idemotel
+	// turns the engine's events into metrics and span attributes.
+	metrics, stopTelemetry, err := telemetry(flags)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	hook, err := idemotel.NewEventHook()
+	if err != nil {
+		return err
+	}
 
 	// The engine: the same rules as the HTTP examples'.
 	engine, err := idem.New(store,
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
+		idem.WithEventHook(hook),
 	)
 	if err != nil {
 		return err
 	}
-	svc := payments.New(flags.ChargeLatency, nil)
+
+	// The payments ledger (store.go): with -store postgres or mysql each
+	// payment is a row written through the execution's transaction
+	// (pgstore.Tx, mysqlstore.Tx), committed with the stored response.
+	ledger, closeLedger, err := openLedger(flags)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	svc := newService(flags.ChargeLatency, ledger)
 	grpcSrv, connectHandler := newServers(engine, svc)
 	ln, err := net.Listen("tcp", *grpcAddr)
 	if err != nil {
@@ -69,16 +110,19 @@ func run(flags app.Flags) error {
 	defer grpcSrv.GracefulStop()
 
 	// Connect: HTTP/1.1 and unencrypted HTTP/2 (the gRPC protocol needs HTTP/2).
-	srv := &http.Server{Handler: connectHandler, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+	mux := http.NewServeMux()
+	mux.Handle("/", connectHandler)
+	mux.Handle("GET /metrics", metrics)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	return app.Serve(flags.Addr, srv, engine, svc)
+	return serve(flags.Addr, srv, engine, svc)
 }
 
 // newServers returns the gRPC server and the Connect handler, both with idem
 // on CreatePayment: recovery outermost, then authentication (which sets the
 // principal), then idem, then the service.
-func newServers(engine *idem.Engine, svc *payments.Service) (*grpc.Server, http.Handler) {
+func newServers(engine *idem.Engine, svc *Service) (*grpc.Server, http.Handler) {
 	api := &server{svc: svc}
 	grpcSrv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recoverer,
@@ -139,7 +183,7 @@ func recoverer(ctx context.Context, req any, info *grpc.UnaryServerInfo, next gr
 // about idem.
 type server struct {
 	paymentsv1.UnimplementedPaymentsServer
-	svc *payments.Service
+	svc *Service
 }
 
 func (s *server) CreatePayment(ctx context.Context, req *paymentsv1.CreatePaymentRequest) (*paymentsv1.Payment, error) {
@@ -153,7 +197,7 @@ func (s *server) CreatePayment(ctx context.Context, req *paymentsv1.CreatePaymen
 
 // charge runs CreatePayment for both faces (connect.go has Connect's).
 func (s *server) charge(ctx context.Context, req *paymentsv1.CreatePaymentRequest) (*paymentsv1.Payment, error) {
-	p, err := s.svc.Charge(ctx, userID(ctx), payments.ChargeRequest{Amount: req.GetAmount(), Currency: req.GetCurrency()})
+	p, err := s.svc.Charge(ctx, userID(ctx), ChargeRequest{Amount: req.GetAmount(), Currency: req.GetCurrency()})
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -165,7 +209,7 @@ func (s *server) charge(ctx context.Context, req *paymentsv1.CreatePaymentReques
 // idem stores it), the provider's failure Unavailable (idem releases the
 // key: a retry charges again).
 func toStatus(err error) error {
-	var pe *payments.Error
+	var pe *Error
 	if !errors.As(err, &pe) {
 		return status.Error(codes.Internal, err.Error())
 	}
@@ -179,4 +223,41 @@ func toStatus(err error) error {
 		return status.Error(codes.Unavailable, pe.Detail)
 	}
 	return status.Error(codes.Internal, pe.Detail)
+}
+
+// serve listens on addr, prints "listening on http://ADDR" once it accepts
+// connections, and serves srv until SIGINT or SIGTERM. Then it shuts down
+// gracefully: srv stops accepting and lets in-flight requests finish, then
+// engine.Close waits for the completions the engine is still retrying after
+// a store error, all within 10s (more than the 5s net/http waits for a
+// connection that has not sent a request yet). Last it prints
+// "executions N", the provider executions (tests/chaos reads both lines).
+func serve(addr string, srv *http.Server, engine *idem.Engine, svc *Service) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return err
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	if err := engine.Close(shutdown); err != nil {
+		slog.Warn("idem: completions still retrying were abandoned", "err", err)
+	}
+	fmt.Printf("executions %d\n", svc.Stats().Executions)
+	return nil
 }

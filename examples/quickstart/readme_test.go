@@ -30,19 +30,7 @@ func TestREADMEQuickStart(t *testing.T) {
 // its main.go, against this checkout, and builds it: the install path the
 // README gives works as written.
 func TestREADMECheckoutInstall(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, ok := strings.Cut(string(readme), "<!-- checkout-install:")
-	if !ok {
-		t.Fatal("README.md has no checkout-install block")
-	}
-	_, after, _ = strings.Cut(after, "```sh\n")
-	script, _, ok := strings.Cut(after, "```")
-	if !ok {
-		t.Fatal("README.md's checkout-install block is not closed")
-	}
+	script := readmeBlock(t, "<!-- checkout-install:")
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)

@@ -51,7 +51,7 @@ func mongoBackend(t *testing.T) backend {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
-	coll := c.Database("idem").Collection("idempotency") // examples/internal/app's names
+	coll := c.Database("idem").Collection("idempotency") // the examples' names (store.go)
 	return backend{
 		name: "mongo",
 		addr: f.Addr,

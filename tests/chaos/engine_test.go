@@ -48,7 +48,7 @@ func newEngineRig(t *testing.T, opts ...idem.Option) *engineRig {
 	first, second := rig.px.Addr(), rig.spare.Addr() // copies: the toxiproxy client rewrites its fields
 	c := redis.NewClient(&redis.Options{
 		// ContextTimeoutEnabled: the engine's store timeout reaches the
-		// socket, as in examples/internal/app.
+		// socket, as in the examples' store.go.
 		ContextTimeoutEnabled: true,
 		Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			addr := first

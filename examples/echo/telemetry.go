@@ -1,4 +1,6 @@
-package app
+// This file is the same in every example folder (TestCopiesInStep).
+
+package main
 
 import (
 	"context"
@@ -16,14 +18,15 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// Telemetry sets up OpenTelemetry the way a service's main would, as the
+// telemetry sets up OpenTelemetry the way a service's main would, as the
 // global providers the instrumentations use by default (idemotel, otelhttp):
 // metrics through the OpenTelemetry Prometheus exporter, served by the
-// returned handler in the Prometheus text format (mount it on GET /metrics),
-// and, with -trace-file, spans written to that file as JSON lines (W3C
-// traceparent headers are honoured). The returned function flushes and
-// stops both.
-func Telemetry(f Flags) (metrics http.Handler, shutdown func(), err error) {
+// returned handler in the Prometheus text format (mount it on GET /metrics,
+// outside your authentication), and, with -trace-file, spans written to
+// that file as JSON lines (W3C traceparent headers are honoured). For OTLP,
+// give sdkmetric.NewMeterProvider an OTLP reader instead. The returned
+// function flushes and stops both.
+func telemetry(f config) (metrics http.Handler, shutdown func(), err error) {
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {

@@ -1,9 +1,9 @@
-// Package app holds what the example services share besides their wiring:
-// the command-line flags, opening the store a flag names, and serving until a
-// signal. Each examples/<framework>/main.go builds its own engine, middleware
-// and routes in plain sight; nothing idem-specific is hidden here except
-// which store constructor -store selects.
-package app
+// This file is the same in every example folder (nethttp, gin, echo, echov5,
+// fiber, fiberv3, grpc), so that each folder is a complete program you can
+// copy: the command line, the store -store names (with its purger), and the
+// payments ledger. TestCopiesInStep keeps the copies identical.
+
+package main
 
 import (
 	"context"
@@ -12,8 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -29,7 +27,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/stores/memstore"
 	"github.com/idemkit/idem/stores/mongostore"
 	"github.com/idemkit/idem/stores/mysqlstore"
@@ -37,8 +34,8 @@ import (
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-// Flags holds the command line every example accepts.
-type Flags struct {
+// config is the command line.
+type config struct {
 	Addr          string
 	Store         string // memory, redis, mongo, postgres or mysql
 	RedisURL      string
@@ -52,10 +49,10 @@ type Flags struct {
 	// replicas (redisstore.WithWaitReplicas, default WAIT timeout).
 	RedisWaitReplicas int
 	NoIdem            bool   // serve without idempotency (the benchmarks' baseline)
-	TraceFile         string // spans as JSON lines, see Telemetry
+	TraceFile         string // spans as JSON lines, see telemetry
 	PostgresURL       string
-	// PostgresSchema holds the example's tables: idem_records (pgstore)
-	// and payments (the ledger).
+	// PostgresSchema holds the tables idem_records (pgstore) and payments
+	// (the ledger).
 	PostgresSchema string
 	// PaymentsPostgres records payments as rows in PostgreSQL with any
 	// store (on its own connection unless -store postgres).
@@ -71,9 +68,9 @@ type Flags struct {
 	PauseAfterRecord bool
 }
 
-// ParseFlags parses the command line shared by the examples.
-func ParseFlags() Flags {
-	var f Flags
+// parseFlags parses the command line.
+func parseFlags() config {
+	var f config
 	flag.StringVar(&f.Addr, "addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
 	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis, mongo, postgres or mysql")
 	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
@@ -96,16 +93,18 @@ func ParseFlags() Flags {
 	return f
 }
 
-// OpenStore opens the store named by f.Store without waiting for its server:
+// openStore opens the store f.Store names without waiting for its server:
 // the clients connect lazily and reconnect on their own, so a store that is
 // down at start-up makes protected routes answer 503 until it is back. The
-// returned function closes the store and its client.
-func OpenStore(f Flags) (idem.Store, func(), error) {
-	s, closeStore, err := openStore(f)
+// SQL stores start their purger, which deletes expired records (MongoDB's
+// TTL index and Redis expiry do it themselves). The returned function stops
+// the purger and closes the store and its client.
+func openStore(f config) (idem.Store, func(), error) {
+	s, closeStore, err := openNamedStore(f)
 	if err != nil || !f.NoRenewal {
 		return s, closeStore, err
 	}
-	// Hide Extend, keep the rest: the engine then never renews a lease.
+	// Test hook: hide Extend, keep the rest, so the engine never renews a lease.
 	if tx, ok := s.(idem.Transactional); ok {
 		return struct {
 			idem.Store
@@ -115,7 +114,7 @@ func OpenStore(f Flags) (idem.Store, func(), error) {
 	return struct{ idem.Store }{s}, closeStore, nil
 }
 
-func openStore(f Flags) (idem.Store, func(), error) {
+func openNamedStore(f config) (idem.Store, func(), error) {
 	switch f.Store {
 	case "memory":
 		s := memstore.New()
@@ -153,7 +152,7 @@ func openStore(f Flags) (idem.Store, func(), error) {
 			return nil, nil, err
 		}
 		s := pgstore.New(pool, pgstore.WithTable(f.PostgresSchema+".idem_records"))
-		if err := s.StartPurger(time.Hour); err != nil {
+		if err := s.StartPurger(time.Hour); err != nil { // deletes expired rows; s.Close stops it
 			return nil, nil, err
 		}
 		return s, func() { s.Close(); pool.Close() }, nil
@@ -163,7 +162,7 @@ func openStore(f Flags) (idem.Store, func(), error) {
 			return nil, nil, err
 		}
 		s := mysqlstore.New(db)
-		if err := s.StartPurger(time.Hour); err != nil {
+		if err := s.StartPurger(time.Hour); err != nil { // deletes expired rows; s.Close stops it
 			return nil, nil, err
 		}
 		return s, func() { _ = s.Close(); _ = db.Close() }, nil
@@ -171,11 +170,57 @@ func openStore(f Flags) (idem.Store, func(), error) {
 	return nil, nil, fmt.Errorf("-store %q: want memory, redis, mongo, postgres or mysql", f.Store)
 }
 
+// redisClient opens a client for u: a Sentinel failover client
+// (redis.NewFailoverClient) when u has a master_name parameter, the
+// sentinels being its host and its addr parameters (go-redis's
+// ParseFailoverURL), else a plain client (ParseURL).
+func redisClient(u string) (*redis.Client, error) {
+	if pu, err := url.Parse(u); err == nil && pu.Query().Has("master_name") {
+		opts, err := redis.ParseFailoverURL(u)
+		if err != nil {
+			return nil, err
+		}
+		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
+		return redis.NewFailoverClient(opts), nil
+	}
+	opts, err := redis.ParseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	opts.ContextTimeoutEnabled = true
+	return redis.NewClient(opts), nil
+}
+
+// openPostgres returns a pool on f.PostgresURL (it connects lazily) after
+// creating the schema, idem_records and payments when they are missing;
+// when the server is down at start-up it logs and goes on, and requests
+// fail until the tables exist.
+func openPostgres(f config) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.New(context.Background(), f.PostgresURL)
+	if err != nil {
+		return nil, fmt.Errorf("-postgres-url: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	schema := pgx.Identifier{f.PostgresSchema}.Sanitize()
+	exec := func(sql string) error { _, err := pool.Exec(ctx, sql); return err }
+	err = errors.Join(
+		exec(`CREATE SCHEMA IF NOT EXISTS `+schema),
+		pgstore.New(pool, pgstore.WithTable(f.PostgresSchema+".idem_records")).EnsureSchema(ctx),
+		exec(`CREATE TABLE IF NOT EXISTS `+schema+`.payments (
+  id text PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, currency text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now())`))
+	if err != nil {
+		slog.Warn("postgres: creating the tables failed; requests fail until they exist", "err", err)
+	}
+	return pool, nil
+}
+
 // openMySQL returns a *sql.DB on f.MySQLDSN (it connects lazily) after
 // creating its database, idem_records (with its procedure) and payments
 // when they are missing; when the server is down at start-up it logs and
 // goes on, and requests fail until the tables exist.
-func openMySQL(f Flags) (*sql.DB, error) {
+func openMySQL(f config) (*sql.DB, error) {
 	cfg, err := mysql.ParseDSN(f.MySQLDSN)
 	if err != nil {
 		return nil, fmt.Errorf("-mysql-dsn: %w", err)
@@ -187,7 +232,7 @@ func openMySQL(f Flags) (*sql.DB, error) {
 	}
 	db := sql.OpenDB(conn)
 	// One connection per running transactional execution, plus the store's
-	// own calls; the test servers these examples run against are shared.
+	// own calls.
 	db.SetMaxOpenConns(16)
 	db.SetMaxIdleConns(16)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -204,35 +249,6 @@ func openMySQL(f Flags) (*sql.DB, error) {
 	return db, nil
 }
 
-// openPostgres returns a pool on f.PostgresURL (it connects lazily) after
-// creating the schema, idem_records and payments when they are missing;
-// when the server is down at start-up it logs and goes on, and requests
-// fail until the tables exist.
-func openPostgres(f Flags) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(context.Background(), f.PostgresURL)
-	if err != nil {
-		return nil, fmt.Errorf("-postgres-url: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	schema := pgx.Identifier{f.PostgresSchema}.Sanitize()
-	err = errors.Join(
-		exec(ctx, pool, `CREATE SCHEMA IF NOT EXISTS `+schema),
-		pgstore.New(pool, pgstore.WithTable(f.PostgresSchema+".idem_records")).EnsureSchema(ctx),
-		exec(ctx, pool, `CREATE TABLE IF NOT EXISTS `+schema+`.payments (
-  id text PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, currency text NOT NULL,
-  created_at timestamptz NOT NULL DEFAULT now())`))
-	if err != nil {
-		slog.Warn("postgres: creating the tables failed; requests fail until they exist", "err", err)
-	}
-	return pool, nil
-}
-
-func exec(ctx context.Context, pool *pgxpool.Pool, sql string) error {
-	_, err := pool.Exec(ctx, sql)
-	return err
-}
-
 // createDatabase creates cfg's database if it is missing.
 func createDatabase(ctx context.Context, cfg mysql.Config) error {
 	name := cfg.DBName
@@ -247,17 +263,26 @@ func createDatabase(ctx context.Context, cfg mysql.Config) error {
 	return err
 }
 
-// OpenLedger returns the payments ledger f asks for: rows in the payments
-// table of f.PostgresSchema, written through the execution's transaction
-// (pgstore.Tx) with -store postgres, or of -mysql-dsn's database
-// (mysqlstore.Tx) with -store mysql, on a pool of its own with
-// -payments-postgres and another store; nil without either. The returned
-// function closes what it opened.
-func OpenLedger(f Flags) (payments.Ledger, func(), error) {
-	l := &ledger{insert: `INSERT INTO ` + pgx.Identifier{f.PostgresSchema, "payments"}.Sanitize() +
+// openLedger returns the payments ledger f asks for: rows in the payments
+// table written through the execution's transaction with -store postgres
+// (pgstore.Tx) or -store mysql (mysqlstore.Tx), so that a payment row
+// commits together with the stored response or not at all; on a pool of its
+// own with -payments-postgres and another store; nil without either. The
+// returned function closes what it opened.
+func openLedger(f config) (Ledger, func(), error) {
+	l := &sqlLedger{insert: `INSERT INTO ` + pgx.Identifier{f.PostgresSchema, "payments"}.Sanitize() +
 		` (id, user_id, amount, currency) VALUES ($1, $2, $3, $4)`}
 	closeLedger := func() {}
 	switch {
+	case f.Store == "postgres":
+		l.write = func(ctx context.Context, sql string, args ...any) error {
+			tx, err := pgstore.Tx(ctx) // the execution's transaction: committed with the completed record
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, sql, args...)
+			return err
+		}
 	case f.Store == "mysql":
 		l.insert = `INSERT INTO payments (id, user_id, amount, currency) VALUES (?, ?, ?, ?)`
 		l.write = func(ctx context.Context, sql string, args ...any) error {
@@ -266,15 +291,6 @@ func OpenLedger(f Flags) (payments.Ledger, func(), error) {
 				return err
 			}
 			_, err = tx.ExecContext(ctx, sql, args...)
-			return err
-		}
-	case f.Store == "postgres":
-		l.write = func(ctx context.Context, sql string, args ...any) error {
-			tx, err := pgstore.Tx(ctx) // the execution's transaction: committed with the completed record
-			if err != nil {
-				return err
-			}
-			_, err = tx.Exec(ctx, sql, args...)
 			return err
 		}
 	case f.PaymentsPostgres:
@@ -297,17 +313,17 @@ func OpenLedger(f Flags) (payments.Ledger, func(), error) {
 	return l, closeLedger, nil
 }
 
-// ledger writes payment rows.
-type ledger struct {
+// sqlLedger writes payment rows.
+type sqlLedger struct {
 	insert string
 	write  func(ctx context.Context, sql string, args ...any) error
 	resume chan os.Signal // -pause-after-record
 }
 
-// Record implements payments.Ledger. Like the charge itself, the row is
-// not abandoned when the client hangs up: the engine completes the
-// execution anyway, so its writes must be there.
-func (l *ledger) Record(ctx context.Context, p payments.Payment) error {
+// Record implements Ledger. Like the charge itself, the row is not
+// abandoned when the client hangs up: the engine completes the execution
+// anyway, so its writes must be there.
+func (l *sqlLedger) Record(ctx context.Context, p Payment) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := l.write(ctx, l.insert, p.ID, p.UserID, p.Amount, p.Currency); err != nil {
@@ -318,82 +334,4 @@ func (l *ledger) Record(ctx context.Context, p payments.Payment) error {
 		<-l.resume
 	}
 	return nil
-}
-
-// Server is an HTTP server Serve can run: *http.Server (see HTTPServer), or
-// a small wrapper around a framework with a server of its own (Fiber).
-type Server interface {
-	Serve(net.Listener) error
-	Shutdown(context.Context) error
-}
-
-// HTTPServer wraps an http.Handler for Serve.
-func HTTPServer(h http.Handler) Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-}
-
-// Serve listens on addr, prints "listening on http://ADDR" once it accepts
-// connections, and serves srv until SIGINT or SIGTERM. Then it shuts srv
-// down (in-flight requests finish), waits for the completions engine is
-// still retrying after a store error (idem.Engine.Close), all within 10s
-// (more than the 5s net/http waits for a connection that has not sent a
-// request yet), and prints "executions N", the provider executions of svc (tests/chaos
-// reads both lines).
-func Serve(addr string, srv Server, engine *idem.Engine, svc *payments.Service) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil {
-		return err
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	if err := engine.Close(shutdown); err != nil {
-		slog.Warn("idem: completions still retrying were abandoned", "err", err)
-	}
-	fmt.Printf("executions %d\n", svc.Stats().Executions)
-	return nil
-}
-
-// Exit prints err and exits with status 1 if err is not nil.
-func Exit(err error) {
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-}
-
-// redisClient opens a client for u: a Sentinel failover client
-// (redis.NewFailoverClient) when u has a master_name parameter, the
-// sentinels being its host and its addr parameters (go-redis's
-// ParseFailoverURL), else a plain client (ParseURL).
-func redisClient(u string) (*redis.Client, error) {
-	if pu, err := url.Parse(u); err == nil && pu.Query().Has("master_name") {
-		opts, err := redis.ParseFailoverURL(u)
-		if err != nil {
-			return nil, err
-		}
-		opts.ContextTimeoutEnabled = true // the engine's store timeout reaches the socket
-		return redis.NewFailoverClient(opts), nil
-	}
-	opts, err := redis.ParseURL(u)
-	if err != nil {
-		return nil, err
-	}
-	opts.ContextTimeoutEnabled = true
-	return redis.NewClient(opts), nil
 }

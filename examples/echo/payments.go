@@ -1,8 +1,10 @@
-// Package payments is the fake payment domain every example serves: a
-// provider that takes time, declines or fails on Stripe-like test amounts,
-// and counts every execution that reached it. It knows nothing about HTTP
-// frameworks or idempotency; the examples wire it.
-package payments
+// This file is the same in every example folder (TestCopiesInStep): the
+// fake payment domain every example serves, a provider that takes time,
+// declines or fails on Stripe-like test amounts, and counts every execution
+// that reached it. It knows nothing about HTTP frameworks or idempotency;
+// main.go wires it. Replace it with your own domain.
+
+package main
 
 import (
 	"context"
@@ -107,9 +109,9 @@ type Service struct {
 	payments   map[string]Payment
 }
 
-// New returns a Service whose provider calls take latency and which
+// newService returns a Service whose provider calls take latency and which
 // records payments in ledger (nil: none).
-func New(latency time.Duration, ledger Ledger) *Service {
+func newService(latency time.Duration, ledger Ledger) *Service {
 	return &Service{latency: latency, ledger: ledger, payments: make(map[string]Payment)}
 }
 
