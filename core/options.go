@@ -102,7 +102,7 @@ func (c *config) validate() error {
 	case len(c.badMethods) > 0:
 		return fmt.Errorf("idem: WithMethods(%q): not an HTTP method token", c.badMethods[0])
 	case c.keep.Uncertain < 0 || c.keep.Tombstone < 0:
-		return fmt.Errorf("idem: WithUncertainAfterCrash and WithTombstones take a duration > 0")
+		return fmt.Errorf("idem: WithUncertainAfterCrash and WithTombstones take a duration >= 0 (0: off)")
 	}
 	if err := c.validateRoutes(); err != nil {
 		return err
@@ -345,9 +345,10 @@ func WithEventHook(fn func(context.Context, Event)) Option {
 // unit (pgstore.Tx, mysqlstore.Tx) takeover is exactly-once already: the
 // crashed execution's writes rolled back. The store must implement
 // [Keeper], else [New] returns an error; a [LocalStore] never has a lapsed
-// lease (its leases end with the process). Optional. Default is takeover.
+// lease (its leases end with the process). keep 0 leaves it off; a
+// negative keep makes [New] fail. Optional. Default is takeover.
 func WithUncertainAfterCrash(keep time.Duration) Option {
-	return func(c *config) { c.keep.Uncertain = positive(keep) }
+	return func(c *config) { c.keep.Uncertain = keep }
 }
 
 // WithTombstones keeps, after a completed record's retention ends, a
@@ -357,16 +358,9 @@ func WithUncertainAfterCrash(keep time.Duration) Option {
 // execution, as the IETF draft's open issue on expired keys and adcp-go's
 // IDEMPOTENCY_EXPIRED suggest; another request with the key still gets
 // 422. The store must implement [Keeper], else [New] returns an error.
-// Its cost per tombstone is in each store's README. Optional. Default is
-// none: after the retention the key executes again.
+// Its cost per tombstone is in each store's README. keep 0 leaves it
+// off; a negative keep makes [New] fail. Optional. Default is none: after
+// the retention the key executes again.
 func WithTombstones(keep time.Duration) Option {
-	return func(c *config) { c.keep.Tombstone = positive(keep) }
-}
-
-// positive returns d, or -1 for d <= 0, so that validate refuses it.
-func positive(d time.Duration) time.Duration {
-	if d <= 0 {
-		return -1
-	}
-	return d
+	return func(c *config) { c.keep.Tombstone = keep }
 }

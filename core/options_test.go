@@ -21,7 +21,7 @@ func TestNewValidates(t *testing.T) {
 		"body":      WithMaxBodyBytes(0),
 		"response":  WithMaxResponseBytes(0),
 		"header":    WithHeader(""),
-		"uncertain": WithUncertainAfterCrash(0),
+		"uncertain": WithUncertainAfterCrash(-time.Second),
 		"tombstone": WithTombstones(-time.Hour),
 	} {
 		if _, err := New(nopStore{}, opt); err == nil {

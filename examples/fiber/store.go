@@ -45,6 +45,9 @@ type config struct {
 	TTL           time.Duration // idem.WithRetention
 	Lease         time.Duration // idem.WithLease
 	StoreTimeout  time.Duration // idem.WithStoreTimeout
+	// UncertainAfterCrash > 0 keeps a crashed request's key uncertain
+	// that long (idem.WithUncertainAfterCrash); 0: takeover.
+	UncertainAfterCrash time.Duration
 	// RedisWaitReplicas > 0 makes completions wait for that many Redis
 	// replicas (redisstore.WithWaitReplicas, default WAIT timeout).
 	RedisWaitReplicas int
@@ -80,6 +83,7 @@ func parseFlags() config {
 	flag.DurationVar(&f.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
 	flag.DurationVar(&f.Lease, "lease", idem.DefaultLease, "lease of an in-progress request")
 	flag.DurationVar(&f.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store operation")
+	flag.DurationVar(&f.UncertainAfterCrash, "uncertain-after-crash", 0, "keep a crashed request's key uncertain this long (409 operation-uncertain until idemctl resolves it); 0: the next retry takes over")
 	flag.IntVar(&f.RedisWaitReplicas, "redis-wait-replicas", 0, "with -store redis: replicas that must acknowledge each completion (Redis WAIT)")
 	flag.BoolVar(&f.NoIdem, "no-idem", false, "serve without idempotency (for benchmarks only)")
 	flag.StringVar(&f.PostgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL URL for -store postgres and -payments-postgres")

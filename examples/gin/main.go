@@ -71,6 +71,7 @@ func run(flags config) error {
 		idem.WithRetention(flags.TTL),
 		idem.WithLease(flags.Lease),
 		idem.WithStoreTimeout(flags.StoreTimeout),
+		idem.WithUncertainAfterCrash(flags.UncertainAfterCrash),
 		idem.WithEventHook(hook),
 	)
 	if err != nil {
