@@ -68,9 +68,9 @@ func TestTxUnderKeep(t *testing.T) {
 	db := newDB(t)
 	s, table := newStore(t, db)
 	payments := createPayments(t, db, table)
-	const lease, retention = 400 * time.Millisecond, 500 * time.Millisecond
+	const lease, retention = 2 * time.Second, 2 * time.Second
 	e, err := idem.New(keepStore{s, idem.Keep{Uncertain: time.Hour, Tombstone: time.Hour}},
-		idem.WithGlobalScope(), idem.WithLease(lease), idem.WithStoreTimeout(100*time.Millisecond), idem.WithRetention(retention))
+		idem.WithGlobalScope(), idem.WithLease(lease), idem.WithStoreTimeout(lease/4), idem.WithRetention(retention))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestTxUnderKeep(t *testing.T) {
 	if err := insertPayment(ctx, tx, payments, "under-keep"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(lease + 200*time.Millisecond) // the lease lapses: the record is uncertain
+	time.Sleep(lease + 300*time.Millisecond) // the lease lapses: the record is uncertain
 	rec, ok, err := s.Acquire(ctxT(t), key, storetest.Token(), "fp", time.Minute)
 	if err != nil || ok || rec.State != idem.StateUncertain {
 		t.Fatalf("Acquire during the handler, its lease lapsed = %+v, %v, %v; want uncertain, not taken over", rec, ok, err)
@@ -97,17 +97,18 @@ func TestTxUnderKeep(t *testing.T) {
 		t.Fatal(err)
 	}
 	x.Finish(http.StatusCreated, http.Header{"Content-Type": {"application/json"}})
+	finished := time.Now()
 	if n := countRows(t, db, payments, "under-keep"); n != 1 {
 		t.Fatalf("%d payment rows after the uncertain owner's completion; want its 1", n)
 	}
 	if r := readRow(t, db, table, key); r.state != 2 || r.responseNull || r.keepTombstone.Int64 != time.Hour.Microseconds() {
 		t.Fatalf("row after the completion = %+v; want completed with its response and the tombstone keep", r)
 	}
-	if _, resp := e.Begin(ctxT(t), req); resp == nil || !resp.IsReplay() {
+	if _, resp := e.Begin(ctxT(t), req); time.Since(finished) < retention && (resp == nil || !resp.IsReplay()) {
 		t.Fatalf("retry within the retention = %+v; want a replay", resp)
 	}
 
-	time.Sleep(retention + 200*time.Millisecond)
+	time.Sleep(time.Until(finished.Add(retention + 300*time.Millisecond)))
 	rec, ok, err = s.AcquireKeep(ctxT(t), key, storetest.Token(), "fp", time.Minute, idem.Keep{})
 	if err != nil || ok || rec.State != idem.StateExpired || rec.Response != nil || rec.Token != "" {
 		t.Fatalf("Acquire after the retention = %+v, %v, %v; want its tombstone", rec, ok, err)
@@ -139,7 +140,7 @@ func TestPurgeKeep(t *testing.T) {
 		}
 		return key, tok
 	}
-	long, short := time.Hour, 300*time.Millisecond
+	long, short := time.Hour, 3*time.Second // short: longer than the checks below take on a loaded machine
 	tomb, tok := acquire(time.Minute, idem.Keep{Tombstone: long})
 	if err := s.Complete(ctxT(t), tomb, tok, []byte("response"), time.Millisecond); err != nil {
 		t.Fatal(err)
@@ -150,6 +151,7 @@ func TestPurgeKeep(t *testing.T) {
 	}
 	uncertain, _ := acquire(time.Millisecond, idem.Keep{Uncertain: long})
 	shortUncertain, _ := acquire(time.Millisecond, idem.Keep{Uncertain: short})
+	last := time.Now() // the short keeps end before last + short
 	completed, tok := acquire(time.Minute, idem.Keep{})
 	if err := s.Complete(ctxT(t), completed, tok, []byte("response"), time.Millisecond); err != nil {
 		t.Fatal(err)
@@ -182,7 +184,7 @@ func TestPurgeKeep(t *testing.T) {
 		}
 	}
 
-	time.Sleep(short + 100*time.Millisecond)
+	time.Sleep(time.Until(last.Add(short + 300*time.Millisecond)))
 	if n, err := s.Purge(ctxT(t)); err != nil || n != 2 {
 		t.Fatalf("Purge after the short keeps ended = %d, %v; want 2 deleted", n, err)
 	}
