@@ -3,6 +3,7 @@ package mysqlstore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -48,7 +49,7 @@ func readRow(t *testing.T, db *sql.DB, table, key string) rawRow {
 	var r rawRow
 	err := db.QueryRowContext(ctxT(t), "SELECT state, token, response IS NULL, keep_tombstone FROM `"+table+"` WHERE `key` = ?", key).
 		Scan(&r.state, &r.token, &r.responseNull, &r.keepTombstone)
-	if err == sql.ErrNoRows {
+	if errors.Is(err, sql.ErrNoRows) {
 		return rawRow{gone: true}
 	}
 	if err != nil {
@@ -305,7 +306,7 @@ AND COLUMN_NAME IN ('ends_at', 'keep_uncertain', 'keep_tombstone')`, table).Scan
 	if _, ok, err := s.AcquireKeep(ctxT(t), lapsed, "new", "fp", time.Minute, idem.Keep{Uncertain: time.Hour}); err != nil || !ok {
 		t.Fatalf("AcquireKeep of a lapsed v2 lease = %v, %v; want it taken over", ok, err)
 	}
-	if err := s.Resolve(ctxT(t), completed, nil, 0); err != idem.ErrRecordChanged {
+	if err := s.Resolve(ctxT(t), completed, nil, 0); !errors.Is(err, idem.ErrRecordChanged) {
 		t.Fatalf("Resolve of an evicted key = %v", err)
 	}
 }
@@ -425,4 +426,3 @@ func TestTombstoneCost(t *testing.T) {
 			tombstones, completed, v2)
 	}
 }
-

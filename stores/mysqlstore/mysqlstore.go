@@ -158,9 +158,9 @@ func New(db *sql.DB, opts ...Option) *Store {
 // completion at the end of a long transaction judges its lease by the time
 // it runs). Durations are passed in microseconds.
 type queries struct {
-	acquire, complete, release, extend, get, completedBy, inspect, evict, list string
-	resolveRelease, resolveComplete                                           string
-	purgeSelect, purgeDelete, purgeFree                                       string
+	acquire, acquireKeep, complete, release, extend, get, completedBy, inspect, evict, list string
+	resolveRelease, resolveComplete                                                         string
+	purgeSelect, purgeDelete, purgeFree                                                     string
 }
 
 // SQL fragments on a row, by the server's clock (see [Store.SchemaSQL] for
@@ -200,7 +200,10 @@ func newQueries(t, proc string) queries {
 	owned := "`key` = ? AND token = ? AND state = 1 AND expires_at > " + now
 	keys := "`key` IN (?" + strings.Repeat(", ?", PurgeBatch-1) + ")"
 	return queries{
-		acquire: `CALL ` + proc + `(?, ?, ?, ?, ?, ?)`,
+		// The zero Keep's CALL passes no more parameters than before keeps
+		// existed (each costs the driver bytes on every acquire).
+		acquire:     `CALL ` + proc + `(?, ?, ?, ?, 0, 0)`,
+		acquireKeep: `CALL ` + proc + `(?, ?, ?, ?, ?, ?)`,
 		// The keep_tombstone of the row stays: it is carried to the
 		// completed record.
 		complete: `UPDATE ` + t + ` SET state = 2, response = ?, ends_at = NULL, keep_uncertain = NULL, expires_at = ` + now +
@@ -336,7 +339,11 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 	if err := checkIDs(key, token, fingerprint); err != nil {
 		return idem.Record{}, false, err
 	}
-	st, err := s.stmt(ctx, s.q.acquire)
+	query, args := s.q.acquire, []any{key, token, fingerprint, micros(lease)}
+	if keep != (idem.Keep{}) {
+		query, args = s.q.acquireKeep, append(args, micros(keep.Uncertain), micros(keep.Tombstone))
+	}
+	st, err := s.stmt(ctx, query)
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("mysqlstore: acquire: %w", err)
 	}
@@ -347,8 +354,7 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 			raw     []byte
 			leftUS  int64 // the time left until the record's state changes, by the server's clock
 		)
-		err := st.QueryRowContext(ctx, key, token, fingerprint, micros(lease), micros(keep.Uncertain), micros(keep.Tombstone)).
-			Scan(&state, &tok, &fp, &raw, &leftUS)
+		err := st.QueryRowContext(ctx, args...).Scan(&state, &tok, &fp, &raw, &leftUS)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			continue // the record it saw was deleted or expired before its answer
