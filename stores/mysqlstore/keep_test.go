@@ -125,6 +125,18 @@ func TestTxUnderKeep(t *testing.T) {
 	if n := countRows(t, db, payments, "under-keep"); n != 1 {
 		t.Fatalf("%d payment rows; want 1", n)
 	}
+	// An operator sees the tombstone, until its keep ends, and evicts it.
+	info, found, err := s.Inspect(ctxT(t), key)
+	if err != nil || !found || info.State != idem.StateExpired || info.Token != "" || info.Response != nil ||
+		info.TTL <= time.Hour-time.Minute || info.TTL > time.Hour {
+		t.Fatalf("Inspect of the tombstone = %+v, %v, %v; want expired, TTL about 1h", info, found, err)
+	}
+	if err := s.Evict(ctxT(t), key, info.Record); err != nil {
+		t.Fatalf("Evict of the tombstone: %v", err)
+	}
+	if r := readRow(t, db, table, key); !r.gone {
+		t.Fatalf("row after Evict = %+v; want none", r)
+	}
 }
 
 // TestPurgeKeep: the purger frees a tombstone's response when its
