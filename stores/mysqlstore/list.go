@@ -14,8 +14,10 @@ var _ idem.Lister = (*Store)(nil)
 // List implements [idem.Lister]: one SELECT ordered by (expires_at, key),
 // through the expires_at index, or the primary key's range for a key
 // prefix (key LIKE 'prefix%'). In-progress rows whose lease lapsed are
-// listed (TTL <= 0) until purged or taken over; expired completed rows are
-// not. The cursor is the last row's expiry (2006-01-02T15:04:05.000000)
+// listed (TTL <= 0) until purged or taken over, as uncertain
+// ([idem.StateUncertain], TTL until the keep ends) under
+// [idem.Keep.Uncertain]; expired completed rows and tombstones are not.
+// The cursor is the last row's expires_at (2006-01-02T15:04:05.000000)
 // and key.
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
 	if err := q.Check(); err != nil {

@@ -49,10 +49,15 @@ var ErrTooLarge = fmt.Errorf("mysqlstore: response exceeds max_allowed_packet: %
 // "stored-result-unreadable" until the row is deleted.
 var ErrCorrupt = fmt.Errorf("mysqlstore: corrupt record: %w", idem.ErrCorrupt)
 
-// Values of the state column.
+// Values of the state column, and of the state the statements derive from
+// a row by the server's clock (the numbers of [idem.State]): a row stores
+// 1, 2 or 4; 3 (uncertain) is only ever derived, from an in-progress row
+// whose lease (ends_at) lapsed while its keep (expires_at) has not ended.
 const (
 	stateInProgress int8 = 1
 	stateCompleted  int8 = 2
+	stateUncertain  int8 = 3
+	stateExpired    int8 = 4 // a tombstone: fingerprint kept, response freed
 )
 
 // maxAcquireAttempts bounds Acquire's retries when a concurrent transition
@@ -71,6 +76,7 @@ var (
 	_ idem.Extender      = (*Store)(nil)
 	_ idem.Transactional = (*Store)(nil)
 	_ idem.Inspector     = (*Store)(nil)
+	_ idem.Keeper        = (*Store)(nil)
 )
 
 // Store is an idem.Store on MySQL 8 or MariaDB (InnoDB), safe for
@@ -152,39 +158,92 @@ func New(db *sql.DB, opts ...Option) *Store {
 // completion at the end of a long transaction judges its lease by the time
 // it runs). Durations are passed in microseconds.
 type queries struct {
-	acquire, complete, release, extend, get, completedBy, inspect, evict, list, purgeSelect, purgeDelete string
+	acquire, acquireKeep, complete, release, extend, get, completedBy, inspect, evict, list string
+	resolveRelease, resolveComplete                                                         string
+	purgeSelect, purgeDelete, purgeFree                                                     string
 }
 
-// live is the condition on a live row.
-const live = `expires_at > UTC_TIMESTAMP(6)`
+// SQL fragments on a row, by the server's clock (see [Store.SchemaSQL] for
+// what each column holds).
+const (
+	now = `UTC_TIMESTAMP(6)`
+	// live: the row is not gone. expires_at is when it goes, except for a
+	// completed row kept as a tombstone whose response is not freed yet:
+	// expires_at is its response's end, and it goes keep_tombstone later.
+	// Never NULL (keep_tombstone is tested first), so NOT live is safe.
+	live = `(expires_at > ` + now + ` OR (state = 2 AND keep_tombstone IS NOT NULL AND expires_at + INTERVAL keep_tombstone MICROSECOND > ` + now + `))`
+	// shown is the state of a live row (idem.State's numbers): an
+	// in-progress row whose lease (ends_at, set only under a keep) lapsed
+	// is uncertain (3) until its keep ends; a completed row past its
+	// response's end is a tombstone (4). A gone in-progress row shows 1
+	// (List lists it, as a lapsed lease).
+	shown = `IF(state = 1, IF(ends_at <= ` + now + ` AND expires_at > ` + now + `, 3, 1), IF(state = 2 AND expires_at <= ` + now + `, 4, state))`
+	// ttlAt is when the live row changes state or goes: the lease's end
+	// (in progress), the response's end (completed), the keep's end
+	// (uncertain, tombstone).
+	ttlAt = `IF(state = 1 AND ends_at > ` + now + `, ends_at, IF(state = 2 AND expires_at <= ` + now +
+		` AND keep_tombstone IS NOT NULL, expires_at + INTERVAL keep_tombstone MICROSECOND, expires_at))`
+	// uncertain: an in-progress row whose lease lapsed under a keep that
+	// has not ended.
+	uncertain = `state = 1 AND ends_at <= ` + now + ` AND expires_at > ` + now
+	// freeTombstone turns a completed row past its response's end, kept as a
+	// tombstone, into one: state 4, response and token dropped, expires_at
+	// moved to the keep's end (assigned before keep_tombstone is cleared).
+	freeTombstone = `SET state = 4, response = NULL, token = '', expires_at = expires_at + INTERVAL keep_tombstone MICROSECOND, keep_tombstone = NULL`
+	// tombstoneDue: a completed row kept as a tombstone whose response's end passed.
+	tombstoneDue = `state = 2 AND keep_tombstone IS NOT NULL AND expires_at <= ` + now
+)
 
 func newQueries(t, proc string) queries {
-	owned := "`key` = ? AND token = ? AND state = 1 AND " + live
+	// The owner's in-progress row, its lease live or, under a keep,
+	// uncertain: expires_at is the keep's end for in-progress rows.
+	owned := "`key` = ? AND token = ? AND state = 1 AND expires_at > " + now
+	keys := "`key` IN (?" + strings.Repeat(", ?", PurgeBatch-1) + ")"
 	return queries{
-		acquire:  `CALL ` + proc + `(?, ?, ?, ?)`,
-		complete: `UPDATE ` + t + ` SET state = 2, response = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE ` + owned,
-		release:  `DELETE FROM ` + t + ` WHERE ` + owned,
-		extend:   `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE ` + owned,
-		get:      `SELECT state, token, fingerprint, response FROM ` + t + " WHERE `key` = ? AND " + live,
+		// The zero Keep's CALL passes no more parameters than before keeps
+		// existed (each costs the driver bytes on every acquire).
+		acquire:     `CALL ` + proc + `(?, ?, ?, ?, 0, 0)`,
+		acquireKeep: `CALL ` + proc + `(?, ?, ?, ?, ?, ?)`,
+		// The keep_tombstone of the row stays: it is carried to the
+		// completed record.
+		complete: `UPDATE ` + t + ` SET state = 2, response = ?, ends_at = NULL, keep_uncertain = NULL, expires_at = ` + now +
+			` + INTERVAL ? MICROSECOND WHERE ` + owned,
+		release: `DELETE FROM ` + t + ` WHERE ` + owned,
+		// The lease twice: for ends_at (kept only under an uncertain keep)
+		// and for expires_at (the lease's end plus that keep).
+		extend: `UPDATE ` + t + ` SET ends_at = IF(keep_uncertain IS NULL, NULL, ` + now + ` + INTERVAL ? MICROSECOND), ` +
+			`expires_at = ` + now + ` + INTERVAL ? + IFNULL(keep_uncertain, 0) MICROSECOND WHERE ` + owned,
+		get: `SELECT ` + shown + `, token, fingerprint, response FROM ` + t + " WHERE `key` = ? AND " + live,
 		completedBy: `SELECT EXISTS (SELECT 1 FROM ` + t +
 			" WHERE `key` = ? AND token = ? AND state = 2 AND " + live + `)`,
-		inspect: `SELECT state, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM ` +
+		inspect: `SELECT ` + shown + `, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, ` + now + `, ` + ttlAt + `) FROM ` +
 			t + " WHERE `key` = ? AND " + live,
-		evict: `DELETE FROM ` + t + " WHERE `key` = ? AND state = ? AND token = ? AND fingerprint = ? AND " + live,
+		// A tombstone shows no token (the purger drops it).
+		evict: `DELETE FROM ` + t + " WHERE `key` = ? AND " + shown + ` = ? AND IF(state = 4 OR (state = 2 AND expires_at <= ` + now +
+			`), '', token) = ? AND fingerprint = ? AND ` + live,
 		// List's page: key prefix (LIKE 'hex%'), state (0: any), the
-		// cursor's expiry (twice) and key, the limit.
-		list: "SELECT `key`, state, token, fingerprint, DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), " +
-			"TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM " + t +
-			" WHERE `key` LIKE ? AND (? = 0 OR state = ?) AND (state = 1 OR " + live + ")" +
+		// cursor's expiry (twice) and key, the limit. Tombstones are
+		// never listed; in-progress rows are, lapsed or not.
+		list: "SELECT `key`, " + shown + ", token, fingerprint, DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), " +
+			"TIMESTAMPDIFF(MICROSECOND, " + now + ", " + ttlAt + ") FROM " + t +
+			" WHERE `key` LIKE ? AND (? = 0 OR " + shown + " = ?) AND (state = 1 OR (state = 2 AND expires_at > " + now + "))" +
 			" AND (expires_at > ? OR (expires_at = ? AND `key` > ?)) ORDER BY expires_at, `key` LIMIT ?",
-		// A plain (non-locking) read through the expires_at index: the
-		// DELETE that follows locks only the rows it deletes, by primary
-		// key, so purging takes no gap locks on the index under
-		// REPEATABLE READ.
-		purgeSelect: "SELECT `key` FROM " + t + ` WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?`,
-		// PurgeBatch keys (NULL for none), and still expired: a row taken
-		// over since the read stays.
-		purgeDelete: "DELETE FROM " + t + " WHERE `key` IN (?" + strings.Repeat(", ?", PurgeBatch-1) + ") AND expires_at <= UTC_TIMESTAMP(6)",
+		resolveRelease: `DELETE FROM ` + t + " WHERE `key` = ? AND " + uncertain,
+		// The token is dropped: the old owner's completion check must not
+		// take the operator's response for its own commit.
+		resolveComplete: `UPDATE ` + t + ` SET state = 2, response = ?, token = '', ends_at = NULL, keep_uncertain = NULL, expires_at = ` +
+			now + " + INTERVAL ? MICROSECOND WHERE `key` = ? AND " + uncertain,
+		// A plain (non-locking) read through the expires_at index, of the
+		// rows due (expires_at is when the purger acts on a row: it deletes
+		// it, or frees a tombstone's response), each with whether it is a
+		// tombstone to free. The DELETE or UPDATE that follows locks only
+		// the rows it changes, by primary key, so purging takes no gap
+		// locks on the index under REPEATABLE READ.
+		purgeSelect: "SELECT `key`, " + tombstoneDue + " FROM " + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?`,
+		// PurgeBatch keys (NULL for none), and still due: a row taken
+		// over since the read stays, and so does a tombstone to free.
+		purgeDelete: "DELETE FROM " + t + " WHERE " + keys + " AND expires_at <= " + now + " AND (state <> 2 OR keep_tombstone IS NULL)",
+		purgeFree:   "UPDATE " + t + " " + freeTombstone + " WHERE " + keys + " AND " + tombstoneDue,
 	}
 }
 
@@ -228,8 +287,10 @@ func mysqlErrno(err error) uint16 {
 	return 0
 }
 
-// toRecord builds a record from a row. A completed record's response is
-// the row's own copy of the engine's bytes, handed out as they are.
+// toRecord builds a record from a row and the state shown for it (see
+// shown). A completed record's response is the row's own copy of the
+// engine's bytes, handed out as they are; other states carry none, and a
+// tombstone no token.
 func toRecord(state int8, token, fp string, raw []byte) (idem.Record, error) {
 	rec := idem.Record{Token: token, Fingerprint: fp}
 	switch state {
@@ -240,21 +301,36 @@ func toRecord(state int8, token, fp string, raw []byte) (idem.Record, error) {
 			return idem.Record{}, fmt.Errorf("%w: completed record without a response", ErrCorrupt)
 		}
 		rec.State, rec.Response = idem.StateCompleted, raw
+	case stateUncertain:
+		rec.State = idem.StateUncertain
+	case stateExpired:
+		rec.State, rec.Token = idem.StateExpired, ""
 	default:
 		return idem.Record{}, fmt.Errorf("%w: state %d", ErrCorrupt, state)
 	}
 	return rec, nil
 }
 
-// Acquire implements [idem.Store]: one CALL of the table's acquire
-// procedure (see [Store.SchemaSQL]), one round trip; an in-progress record
-// comes with its [idem.Record.LeaseLeft]. A replay, a conflict
-// or a mismatch is answered from a plain read; only a free or expired key
-// is written, by an INSERT … ON DUPLICATE KEY UPDATE whose takeover
-// condition InnoDB evaluates on the latest row version under the row's
-// exclusive lock, so among racing takeovers exactly one wins.
+// Acquire implements [idem.Store]: it is AcquireKeep with the zero
+// [idem.Keep].
 func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (idem.Record, bool, error) {
-	if lease <= 0 {
+	return s.AcquireKeep(ctx, key, token, fingerprint, lease, idem.Keep{})
+}
+
+// AcquireKeep implements [idem.Keeper]: one CALL of the table's acquire
+// procedure (see [Store.SchemaSQL]), one round trip; an in-progress record
+// comes with its [idem.Record.LeaseLeft]. A replay, a conflict, a mismatch,
+// an uncertain record or a tombstone is answered from a plain read (a
+// completed row found past its response's end under a tombstone keep is
+// first turned into its tombstone, freeing the response); only a free or
+// expired key is written, by an INSERT … ON DUPLICATE KEY UPDATE whose
+// takeover condition InnoDB evaluates on the latest row version under the
+// row's exclusive lock, so among racing takeovers exactly one wins. The
+// record carries keep (in microseconds, rounded up) through Extend and
+// Complete. Errors: [idem.ErrInvalidDuration] for lease <= 0 or a negative
+// keep, [ErrInvalidID], [ErrContention], ctx's error, server errors wrapped.
+func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (idem.Record, bool, error) {
+	if lease <= 0 || keep.Uncertain < 0 || keep.Tombstone < 0 {
 		return idem.Record{}, false, idem.ErrInvalidDuration
 	}
 	if err := ctx.Err(); err != nil {
@@ -263,7 +339,11 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 	if err := checkIDs(key, token, fingerprint); err != nil {
 		return idem.Record{}, false, err
 	}
-	st, err := s.stmt(ctx, s.q.acquire)
+	query, args := s.q.acquire, []any{key, token, fingerprint, micros(lease)}
+	if keep != (idem.Keep{}) {
+		query, args = s.q.acquireKeep, append(args, micros(keep.Uncertain), micros(keep.Tombstone))
+	}
+	st, err := s.stmt(ctx, query)
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("mysqlstore: acquire: %w", err)
 	}
@@ -272,9 +352,9 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 			state   int8
 			tok, fp string
 			raw     []byte
-			leftUS  int64 // the record's time left, by the server's clock
+			leftUS  int64 // the time left until the record's state changes, by the server's clock
 		)
-		err := st.QueryRowContext(ctx, key, token, fingerprint, micros(lease)).Scan(&state, &tok, &fp, &raw, &leftUS)
+		err := st.QueryRowContext(ctx, args...).Scan(&state, &tok, &fp, &raw, &leftUS)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			continue // the record it saw was deleted or expired before its answer
@@ -282,12 +362,12 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 			continue // rolled back as a deadlock victim: nothing was written
 		case err != nil:
 			return idem.Record{}, false, fmt.Errorf("mysqlstore: acquire: %w", err)
-		case state == stateInProgress && tok == token:
-			return idem.Record{}, true, nil
+		case tok == token && (state == stateInProgress || state == stateUncertain):
+			return idem.Record{}, true, nil // its own row (a very short lease may have lapsed already)
 		}
 		rec, err := toRecord(state, tok, fp, raw)
 		if rec.State == idem.StateInProgress {
-			rec.LeaseLeft = max(time.Duration(leftUS)*time.Microsecond, 1) // live: expires_at was ahead
+			rec.LeaseLeft = max(time.Duration(leftUS)*time.Microsecond, 1) // live: the lease's end was ahead
 		}
 		return rec, false, err
 	}
@@ -296,7 +376,8 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 
 // Complete implements [idem.Store]: one conditional UPDATE. The token is
 // kept in the completed row (so a completion whose reply was lost can be
-// recognised).
+// recognised), and so is the row's tombstone keep ([idem.Keep.Tombstone]).
+// The owner of an uncertain record may complete it.
 func (s *Store) Complete(ctx context.Context, key, token string, response []byte, retention time.Duration) error {
 	if retention <= 0 {
 		return idem.ErrInvalidDuration
@@ -372,7 +453,9 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	return ownedRow(res, "release")
 }
 
-// Extend implements [idem.Extender]: one conditional UPDATE.
+// Extend implements [idem.Extender]: one conditional UPDATE, keeping the
+// record's keep ([idem.Keep.Uncertain] counts from the new lease's end).
+// The owner of an uncertain record may extend it: it is in progress again.
 func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
 	if lease <= 0 {
 		return idem.ErrInvalidDuration
@@ -387,14 +470,16 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	if err != nil {
 		return fmt.Errorf("mysqlstore: extend: %w", err)
 	}
-	res, err := st.ExecContext(ctx, micros(lease), key, token)
+	us := micros(lease)
+	res, err := st.ExecContext(ctx, us, us, key, token)
 	if err != nil {
 		return fmt.Errorf("mysqlstore: extend: %w", err)
 	}
 	return ownedRow(res, "extend")
 }
 
-// Get implements [idem.Store]: one SELECT of the live row.
+// Get implements [idem.Store]: one SELECT of the live row, uncertain
+// records and tombstones included (as in [idem.Keeper]).
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
@@ -423,7 +508,8 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 }
 
 // Inspect implements [idem.Inspector]: one SELECT of the live row and its
-// time to live by the server's clock.
+// time to live by the server's clock (for an uncertain record or a
+// tombstone, until its keep ends).
 func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecordInfo{}, false, err
@@ -452,8 +538,8 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 }
 
 // Evict implements [idem.Inspector]: one DELETE of the live row conditional
-// on the state, owner token and fingerprint of seen; [idem.ErrRecordChanged]
-// when it matched none.
+// on the state, owner token (none for a tombstone) and fingerprint of
+// seen; [idem.ErrRecordChanged] when it matched none.
 func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -466,6 +552,47 @@ func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 		return fmt.Errorf("mysqlstore: evict: %w", err)
 	}
 	if err := ownedRow(res, "evict"); err != nil {
+		if errors.Is(err, idem.ErrNotOwner) {
+			return idem.ErrRecordChanged
+		}
+		return err
+	}
+	return nil
+}
+
+// Resolve implements [idem.Keeper]: one conditional statement on the
+// uncertain row (an in-progress row whose lease lapsed under a keep that
+// has not ended): a DELETE for a nil response, else an UPDATE completing
+// it for retention (and its tombstone keep after it) without an owner
+// token. [idem.ErrRecordChanged] when no uncertain row matched; a response
+// above max_allowed_packet is [ErrTooLarge]; [idem.ErrInvalidDuration]
+// for a response with retention <= 0.
+func (s *Store) Resolve(ctx context.Context, key string, response []byte, retention time.Duration) error {
+	if response != nil && retention <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkIDs(key); err != nil {
+		return err
+	}
+	var (
+		res sql.Result
+		err error
+	)
+	if response == nil {
+		res, err = s.db.ExecContext(ctx, s.q.resolveRelease, key)
+	} else {
+		res, err = s.db.ExecContext(ctx, s.q.resolveComplete, response, micros(retention), key)
+	}
+	if err != nil {
+		if tooLarge(err) {
+			return fmt.Errorf("%w (%d bytes): %w", ErrTooLarge, len(response), err)
+		}
+		return fmt.Errorf("mysqlstore: resolve: %w", err)
+	}
+	if err := ownedRow(res, "resolve"); err != nil {
 		if errors.Is(err, idem.ErrNotOwner) {
 			return idem.ErrRecordChanged
 		}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	idem "github.com/idemkit/idem/core"
@@ -16,74 +17,139 @@ import (
 const PurgeBatch = 1000
 
 // procVersion is the acquire procedure's COMMENT: EnsureSchema replaces a
-// procedure whose comment differs (one written by another version).
-const procVersion = "idem mysqlstore acquire v2"
+// procedure whose comment differs (one written by another version). v3
+// takes the record's keep ([idem.Keep]) and knows uncertain records and
+// tombstones.
+const procVersion = "idem mysqlstore acquire v3"
+
+// keepColumns are the columns v3 added to the table, in order, with their
+// definitions: EnsureSchema adds those missing from a table created by an
+// earlier version (see [Store.UpgradeSQL]).
+var keepColumns = [...][2]string{
+	{"ends_at", "DATETIME(6) NULL"},
+	{"keep_uncertain", "BIGINT NULL"},
+	{"keep_tombstone", "BIGINT NULL"},
+}
 
 // SchemaSQL returns the statements EnsureSchema runs, one per string (the
 // procedure's body holds semicolons, so they cannot be split on them), for
 // a migration tool: the records table with its primary key on the scoped
-// key and the index on expires_at that keeps [Store.Purge] to the expired
-// rows, then the acquire procedure (dropped and created again, so running
-// them again upgrades it).
+// key and the index on expires_at that keeps [Store.Purge] to the rows
+// due, then the acquire procedure (dropped and created again, so running
+// them again upgrades it). A table created by an earlier version also
+// needs [Store.UpgradeSQL], once.
 //
-//	key          VARBINARY(255) PRIMARY KEY  the engine's scoped key (64 hex characters)
-//	state        TINYINT                     1 in-progress, 2 completed
-//	token        VARBINARY(255)              owner of the lease (kept once completed)
-//	fingerprint  VARBINARY(255)              fingerprint of the request that created the record
-//	response     LONGBLOB                    the engine's response bytes (completed only)
-//	expires_at   DATETIME(6)                 end of the lease, or of retention once completed, in UTC
+//	key             VARBINARY(255) PRIMARY KEY  the engine's scoped key (64 hex characters)
+//	state           TINYINT                     1 in-progress, 2 completed, 4 tombstone
+//	token           VARBINARY(255)              owner of the lease (kept once completed; '' in a tombstone)
+//	fingerprint     VARBINARY(255)              fingerprint of the request that created the record
+//	response        LONGBLOB                    the engine's response bytes (completed only)
+//	expires_at      DATETIME(6)                 when the purger acts on the row, in UTC: the end of
+//	                                            the lease (plus keep_uncertain), of retention, or
+//	                                            of a tombstone
+//	ends_at         DATETIME(6) NULL            the lease's end, only under keep_uncertain
+//	keep_uncertain  BIGINT NULL                 [idem.Keep.Uncertain] in µs, NULL for none (in progress only)
+//	keep_tombstone  BIGINT NULL                 [idem.Keep.Tombstone] in µs, NULL for none
+//
+// A record acquired with the zero Keep leaves the three last columns NULL
+// (no bytes but the row's NULL bitmap), as rows written before they
+// existed read. Under a keep, an in-progress row whose lease (ends_at)
+// lapsed is uncertain until expires_at; a completed row past expires_at
+// (its response's end) under keep_tombstone is a tombstone until
+// keep_tombstone later, and the purger (or the next acquire of the key)
+// turns it into one: state 4, response and token dropped, expires_at the
+// tombstone's end.
 //
 // The acquire procedure is one round trip: it answers a live record
-// (replay, conflict, mismatch) from a plain read; otherwise it inserts the
-// record or takes an expired one over with INSERT … ON DUPLICATE KEY
-// UPDATE, whose assignments all test the takeover condition (expired, or
+// (replay, conflict, mismatch, uncertain, tombstone) from a plain read,
+// first freeing the response of a tombstone still holding one; otherwise
+// it inserts the record or takes a gone one over with INSERT … ON DUPLICATE
+// KEY UPDATE, whose assignments all test the takeover condition (gone, or
 // this token's own in-progress record) on the row it locked, expires_at
 // last so the condition holds while the others are assigned; then it
-// returns the live row, whoever won, or this token's own row even if its
-// lease (however short) lapsed meanwhile. Each statement in it is its own
-// transaction (autocommit), so the final read sees the latest commit at
-// either isolation level.
+// returns the live row with the state shown for it, whoever won, or this
+// token's own row even if its lease (however short) lapsed meanwhile. Each
+// statement in it is its own transaction (autocommit), so the final read
+// sees the latest commit at either isolation level.
 func (s *Store) SchemaSQL() []string {
 	t := s.table
-	cond := `(expires_at <= UTC_TIMESTAMP(6) OR (state = 1 AND token = p_token))`
+	gone := `NOT ` + live
+	cond := `(` + gone + ` OR (state = 1 AND token = p_token))`
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (
-  ` + "`key`" + `      VARBINARY(255) NOT NULL,
-  state       TINYINT NOT NULL,
-  token       VARBINARY(255) NOT NULL,
-  fingerprint VARBINARY(255) NOT NULL,
-  response    LONGBLOB NULL,
-  expires_at  DATETIME(6) NOT NULL,
+  ` + "`key`" + `         VARBINARY(255) NOT NULL,
+  state          TINYINT NOT NULL,
+  token          VARBINARY(255) NOT NULL,
+  fingerprint    VARBINARY(255) NOT NULL,
+  response       LONGBLOB NULL,
+  expires_at     DATETIME(6) NOT NULL,
+  ends_at        DATETIME(6) NULL,
+  keep_uncertain BIGINT NULL,
+  keep_tombstone BIGINT NULL,
   PRIMARY KEY (` + "`key`" + `),
   KEY ` + quote(s.names.table+"_expires_at") + ` (expires_at)
 ) ENGINE=InnoDB`,
 		`DROP PROCEDURE IF EXISTS ` + s.proc,
-		`CREATE PROCEDURE ` + s.proc + `(IN p_key VARBINARY(255), IN p_token VARBINARY(255), IN p_fp VARBINARY(255), IN p_lease BIGINT)
+		`CREATE PROCEDURE ` + s.proc + `(IN p_key VARBINARY(255), IN p_token VARBINARY(255), IN p_fp VARBINARY(255), IN p_lease BIGINT,
+  IN p_uncertain BIGINT, IN p_tombstone BIGINT)
   MODIFIES SQL DATA
   COMMENT '` + procVersion + `'
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM ` + t + " WHERE `key` = p_key AND " + live + ` AND NOT (state = 1 AND token = p_token)) THEN
-    INSERT INTO ` + t + " (`key`, state, token, fingerprint, response, expires_at)" + `
-    VALUES (p_key, 1, p_token, p_fp, NULL, UTC_TIMESTAMP(6) + INTERVAL p_lease MICROSECOND)
+  DECLARE v_seen TINYINT;
+  SET v_seen = (SELECT ` + tombstoneDue + ` FROM ` + t + " WHERE `key` = p_key AND " + live + ` AND NOT (state = 1 AND token = p_token));
+  IF v_seen IS NULL THEN
+    INSERT INTO ` + t + " (`key`, state, token, fingerprint, response, expires_at, ends_at, keep_uncertain, keep_tombstone)" + `
+    VALUES (p_key, 1, p_token, p_fp, NULL, ` + now + ` + INTERVAL (p_lease + p_uncertain) MICROSECOND,
+      IF(p_uncertain > 0, ` + now + ` + INTERVAL p_lease MICROSECOND, NULL), NULLIF(p_uncertain, 0), NULLIF(p_tombstone, 0))
     ON DUPLICATE KEY UPDATE
       fingerprint = IF(` + cond + `, p_fp, fingerprint),
       response = IF(` + cond + `, NULL, response),
       state = IF(` + cond + `, 1, state),
       token = IF(` + cond + `, p_token, token),
-      expires_at = IF(` + cond + `, UTC_TIMESTAMP(6) + INTERVAL p_lease MICROSECOND, expires_at);
+      ends_at = IF(` + cond + `, IF(p_uncertain > 0, ` + now + ` + INTERVAL p_lease MICROSECOND, NULL), ends_at),
+      keep_uncertain = IF(` + cond + `, NULLIF(p_uncertain, 0), keep_uncertain),
+      keep_tombstone = IF(` + cond + `, NULLIF(p_tombstone, 0), keep_tombstone),
+      expires_at = IF(` + cond + `, ` + now + ` + INTERVAL (p_lease + p_uncertain) MICROSECOND, expires_at);
+  ELSEIF v_seen THEN
+    UPDATE ` + t + " " + freeTombstone + " WHERE `key` = p_key AND " + tombstoneDue + `;
   END IF;
-  SELECT state, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) AS left_us
+  SELECT ` + shown + `, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, ` + now + `, ` + ttlAt + `) AS left_us
     FROM ` + t + " WHERE `key` = p_key AND (" + live + ` OR (state = 1 AND token = p_token));
 END`,
 	}
 }
 
-// EnsureSchema creates the table and its index when they are missing, and
-// the acquire procedure when it is missing or another version (see
-// [Store.SchemaSQL]), under the named lock GET_LOCK('idem mysqlstore
+// UpgradeSQL returns the statement that adds to a table created by an
+// earlier version of this package the columns of [idem.Keep] (see
+// [Store.SchemaSQL]), for a migration tool: run it once, then SchemaSQL
+// (MySQL has no ADD COLUMN IF NOT EXISTS; EnsureSchema adds only the
+// missing ones). Adding NULL columns at the end is instant on MySQL 8.0.12+
+// and MariaDB 10.3+: rows are not rewritten, and read as records without a
+// keep.
+func (s *Store) UpgradeSQL() []string {
+	q := `ALTER TABLE ` + s.table
+	for i, c := range keepColumns {
+		if i > 0 {
+			q += ","
+		}
+		q += " ADD COLUMN " + c[0] + " " + c[1]
+	}
+	return []string{q}
+}
+
+// EnsureSchema creates the table and its index when they are missing, adds
+// the columns an earlier version's table lacks (see [Store.UpgradeSQL]),
+// and creates the acquire procedure when it is missing or another version
+// (see [Store.SchemaSQL]), under the named lock GET_LOCK('idem mysqlstore
 // schema <table>'), so several instances starting together don't race.
-// It needs the CREATE and CREATE ROUTINE privileges (ALTER ROUTINE to
-// upgrade). It is idempotent. Errors: ctx's error, server errors wrapped.
+// It needs the CREATE and CREATE ROUTINE privileges (ALTER and ALTER
+// ROUTINE to upgrade). It is idempotent. Errors: ctx's error, server
+// errors wrapped.
+//
+// Upgrading replaces the procedure that instances of the earlier version
+// call with other arguments: their acquires fail (503) until they run this
+// version too, so upgrade every instance together, or accept those errors
+// during a rolling deploy.
 func (s *Store) EnsureSchema(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -109,6 +175,9 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 	if _, err := conn.ExecContext(ctx, stmts[0]); err != nil {
 		return fmt.Errorf("mysqlstore: ensure schema: %w", err)
 	}
+	if err := s.addKeepColumns(ctx, conn); err != nil {
+		return fmt.Errorf("mysqlstore: ensure schema: %w", err)
+	}
 	schema := s.names.schema
 	var comment string
 	err = conn.QueryRowContext(ctx, `SELECT ROUTINE_COMMENT FROM information_schema.ROUTINES
@@ -128,61 +197,129 @@ WHERE ROUTINE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND ROUTINE_NAME = ? 
 	return nil
 }
 
+// addKeepColumns adds the columns of keepColumns the table lacks (a table
+// created before they existed), in one ALTER TABLE.
+func (s *Store) addKeepColumns(ctx context.Context, conn *sql.Conn) error {
+	rows, err := conn.QueryContext(ctx, `SELECT COLUMN_NAME FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?`, s.names.schema, s.names.table)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			_ = rows.Close()
+			return err
+		}
+		have[strings.ToLower(c)] = true
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var add []string
+	for _, c := range keepColumns {
+		if !have[c[0]] {
+			add = append(add, "ADD COLUMN "+c[0]+" "+c[1])
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	_, err = conn.ExecContext(ctx, `ALTER TABLE `+s.table+` `+strings.Join(add, ", "))
+	return err
+}
+
 // Purge deletes the expired rows (expires_at <= the server's clock) and
-// returns how many it deleted: it reads up to [PurgeBatch] expired keys
-// through the expires_at index, deletes them by primary key (still only if
-// expired: a row taken over meanwhile stays), and repeats while batches
-// are full. Reads ignore expired rows whether purged or not; purging only
-// frees space. Errors: ctx's error, server errors wrapped (with the count
-// deleted so far).
+// frees the responses of tombstones ([idem.Keep.Tombstone]) whose
+// retention ended, and returns how many rows it deleted: it reads up to
+// [PurgeBatch] due keys through the expires_at index, turns the completed
+// rows kept as tombstones among them into tombstones (response and token
+// dropped, expires_at moved to the tombstone's end, when it deletes them),
+// deletes the others by primary key (still only if due: a row taken over
+// meanwhile stays), and repeats while batches are full. Reads ignore
+// expired rows, and tombstones' responses, whether purged or not; purging
+// only frees space. Errors: ctx's error, server errors wrapped (with the
+// count deleted so far).
 func (s *Store) Purge(ctx context.Context) (deleted int64, err error) {
+	deleted, _, err = s.purge(ctx)
+	return deleted, err
+}
+
+// purge is Purge, also counting the tombstones whose response it freed.
+func (s *Store) purge(ctx context.Context) (deleted, freed int64, err error) {
 	for {
 		if err := ctx.Err(); err != nil {
-			return deleted, err
+			return deleted, freed, err
 		}
-		keys, err := s.expiredKeys(ctx)
+		keys, tombstones, err := s.dueKeys(ctx)
 		if err != nil {
-			return deleted, fmt.Errorf("mysqlstore: purge: %w", err)
+			return deleted, freed, fmt.Errorf("mysqlstore: purge: %w", err)
 		}
-		if len(keys) == 0 {
-			return deleted, nil
+		if len(keys)+len(tombstones) == 0 {
+			return deleted, freed, nil
 		}
-		st, err := s.stmt(ctx, s.q.purgeDelete)
+		full := len(keys)+len(tombstones) == PurgeBatch
+		n, err := s.purgeBatch(ctx, s.q.purgeFree, tombstones)
+		freed += n
 		if err != nil {
-			return deleted, fmt.Errorf("mysqlstore: purge: %w", err)
+			return deleted, freed, fmt.Errorf("mysqlstore: purge: %w", err)
 		}
-		full := len(keys) == PurgeBatch
-		keys = append(keys, make([]any, PurgeBatch-len(keys))...) // NULL matches no key
-		res, err := st.ExecContext(ctx, keys...)
-		if err != nil {
-			return deleted, fmt.Errorf("mysqlstore: purge: %w", err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return deleted, fmt.Errorf("mysqlstore: purge: %w", err)
-		}
+		n, err = s.purgeBatch(ctx, s.q.purgeDelete, keys)
 		deleted += n
+		if err != nil {
+			return deleted, freed, fmt.Errorf("mysqlstore: purge: %w", err)
+		}
 		if !full {
-			return deleted, nil
+			return deleted, freed, nil
 		}
 	}
 }
 
-func (s *Store) expiredKeys(ctx context.Context) ([]any, error) {
+// purgeBatch runs query, a statement of PurgeBatch keys, on keys (none: no
+// statement), and returns the rows it affected.
+func (s *Store) purgeBatch(ctx context.Context, query string, keys []any) (int64, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	st, err := s.stmt(ctx, query)
+	if err != nil {
+		return 0, err
+	}
+	keys = append(keys, make([]any, PurgeBatch-len(keys))...) // NULL matches no key
+	res, err := st.ExecContext(ctx, keys...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// dueKeys returns up to PurgeBatch due keys: those to delete, and the
+// tombstones whose response to free.
+func (s *Store) dueKeys(ctx context.Context) (keys, tombstones []any, err error) {
 	rows, err := s.db.QueryContext(ctx, s.q.purgeSelect, PurgeBatch)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rows.Close()
-	var keys []any
 	for rows.Next() {
-		var k []byte
-		if err := rows.Scan(&k); err != nil {
-			return nil, err
+		var (
+			k    []byte
+			free bool
+		)
+		if err := rows.Scan(&k, &free); err != nil {
+			return nil, nil, err
 		}
-		keys = append(keys, k)
+		if free {
+			tombstones = append(tombstones, k)
+		} else {
+			keys = append(keys, k)
+		}
 	}
-	return keys, rows.Err()
+	return keys, tombstones, rows.Err()
 }
 
 // StartPurger starts a goroutine that calls Purge every interval, each call
@@ -219,13 +356,13 @@ func (s *Store) purger(ctx context.Context, interval time.Duration, stopped chan
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, min(interval, time.Minute))
-		n, err := s.Purge(pctx)
+		n, freed, err := s.purge(pctx)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
 			s.logger.Warn("mysqlstore: purge failed", "table", s.table, "error", err)
-		case n > 0:
-			s.logger.Debug("mysqlstore: purged expired records", "table", s.table, "deleted", n)
+		case n > 0 || freed > 0:
+			s.logger.Debug("mysqlstore: purged expired records", "table", s.table, "deleted", n, "tombstones", freed)
 		}
 	}
 }
