@@ -102,7 +102,7 @@ func testIncident(t *testing.T, b testStore) {
 	if code, out, _ := ctl(ctx, t, b, "", "show", "-scoped-key", strings.ToUpper(logKey)); code != exitOK || !strings.Contains(out, "scoped key   "+scoped) {
 		t.Fatalf("show -scoped-key <16 hex> = %d\n%s", code, out)
 	}
-	if code, out, errOut := ctl(ctx, t, b, "", "show", "-body", logKey); code != exitFail || out != "" || !strings.Contains(errOut, "no body: the record is in progress") {
+	if code, out, errOut := ctl(ctx, t, b, "", "show", "-body", logKey); code != exitFail || out != "" || !strings.Contains(errOut, "no body: the record is in-progress") {
 		t.Fatalf("show -body of an in-progress record = %d, stdout %q\n%s", code, out, errOut)
 	}
 	if code, out, errOut := ctl(ctx, t, b, "", "evict", "-yes", logKey); code != exitOK || !strings.Contains(out, "evicted: a request with this key executes again") {
