@@ -322,7 +322,11 @@ func resolve(ctx context.Context, b *backend, prefix string, stdout, stderr io.W
 			fmt.Fprintf(stderr, "idemctl: look the key prefix up in %s: %v\n", b.layout, err)
 			return "", exitFail
 		}
-		found = append(found, page.Records...)
+		for _, r := range page.Records { // Redis SCAN may return a key twice
+			if !slices.ContainsFunc(found, func(f idem.ListedRecord) bool { return f.Key == r.Key }) {
+				found = append(found, r)
+			}
+		}
 		if page.Next == "" || len(found) > 1 {
 			break
 		}
