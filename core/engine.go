@@ -45,17 +45,20 @@ type Request struct {
 // execute and record. It holds all policy (keys, scope, fingerprint, which
 // responses and header lines are stored); adapters only translate between
 // their framework and [Engine.Begin] and the [Execution] it returns. An
-// Engine is safe for concurrent use. Besides the lease renewal timers of
-// running executions (see [Extender]), it runs goroutines only to retry
-// completions that failed on a store error ([WithCompletionRetry]) and to
-// release leases a failed store call may have left; [Engine.Close] stops
-// them.
+// Engine is safe for concurrent use. Besides the lease renewals of running
+// executions (see [Extender]: one goroutine for all of them, while there
+// are any), it runs goroutines only to retry completions that failed on a
+// store error ([WithCompletionRetry]) and to release leases a failed store
+// call may have left; [Engine.Close] stops them.
 type Engine struct {
 	store    Store
 	extender Extender
 	tx       Transactional // nil unless the store offers transactional completion
 	local    bool          // the store does no I/O: no timeout contexts
 	cfg      config
+
+	deadlines *deadlines // of store calls (storeCall)
+	renewals  renewals   // the lease renewals of running executions
 
 	tokenPrefix string
 	tokens      atomic.Uint64
@@ -94,6 +97,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		cfg.logger = slog.Default()
 	}
 	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
+	e.deadlines = newDeadlines(cfg.storeTimeout)
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
 	if l, ok := store.(LocalStore); ok {
@@ -421,7 +425,7 @@ func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease
 			}
 			waited += pause
 			start := time.Now()
-			rctx, cancel := context.WithTimeout(ctx, e.cfg.storeTimeout)
+			rctx, cancel := e.storeCall(ctx)
 			err := e.store.Release(rctx, ev.Key, token)
 			cancel()
 			if err == nil {
@@ -441,11 +445,13 @@ func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease
 // when there was none), or abandons it when ctx is done, leaving its keys
 // in progress until their leases lapse, and returns ctx.Err(). Call it
 // after the server has shut down; Begin still works after Close, without
-// background work.
+// background work. Lease renewals go on while executions run; their
+// goroutine exits when none is left.
 func (e *Engine) Close(ctx context.Context) error {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
+	e.renewals.close()
 	e.drainOnce.Do(func() { close(e.draining) })
 	done := make(chan struct{})
 	go func() { e.wg.Wait(); close(done) }()
@@ -475,7 +481,7 @@ func (e *Engine) acquire(ctx context.Context, key, token, fp string, lease time.
 		}
 	} else {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.cfg.storeTimeout)
+		ctx, cancel = e.storeCall(ctx)
 		defer cancel()
 	}
 	return e.store.Acquire(ctx, key, token, fp, lease)
