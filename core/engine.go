@@ -39,6 +39,8 @@ type Request struct {
 	// the same bytes to the handler.
 	Body       []byte
 	BodyReader io.Reader
+
+	bodyHint int64 // BodyReader's length + 1 when known (BeginHTTP: Content-Length), else 0
 }
 
 // Engine decides, for each request, one of: pass through, reject, replay, or
@@ -174,7 +176,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		return nil, e.problems.noPrincipal
 	}
 	if req.BodyReader != nil {
-		req.Body, err = io.ReadAll(io.LimitReader(req.BodyReader, e.cfg.maxBodyBytes+1))
+		req.Body, err = readBody(req.BodyReader, e.cfg.maxBodyBytes, req.bodyHint)
 		req.BodyReader = nil
 		if err != nil {
 			e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
@@ -368,6 +370,30 @@ func (e *Engine) ids(req *Request, route, key string, f *Fingerprinter) (scoped,
 	b = strconv.AppendUint(b, e.tokens.Add(1), 36)
 	s := string(b)
 	return s[:64], s[64:n], s[n:]
+}
+
+// readBody reads at most limit+1 bytes from r. hint is r's length + 1
+// when known (0: unknown): a body of that length within the limit is read
+// into one buffer of its size, then r is checked for more (a declared
+// length may be wrong outside a server), which is appended as it comes.
+func readBody(r io.Reader, limit, hint int64) ([]byte, error) {
+	if hint <= 0 || hint-1 > limit {
+		return io.ReadAll(io.LimitReader(r, limit+1))
+	}
+	b := make([]byte, hint-1)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	var one [1]byte
+	n, err := io.ReadFull(r, one[:])
+	switch {
+	case n == 0 && (err == io.EOF || err == io.ErrUnexpectedEOF):
+		return b, nil
+	case n == 0:
+		return nil, err
+	}
+	rest, err := io.ReadAll(io.LimitReader(r, limit-int64(len(b))))
+	return append(append(b, one[0]), rest...), err
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

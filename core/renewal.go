@@ -17,7 +17,7 @@ const renewIdle = 100 * time.Millisecond
 // timer (and its closure) per execution. Executions wait in a heap ordered
 // by their next renewal; each renewal due runs in a goroutine of its own,
 // so that a slow store call delays no other. The goroutine runs while
-// executions are registered, and for renewIdle after the last.
+// executions are registered, and for up to two renewIdle after the last.
 type renewals struct {
 	mu      sync.Mutex
 	h       renewHeap
@@ -99,8 +99,13 @@ func (r *renewals) run(e *Engine) {
 			}
 			r.wakeAt = idleSince.Add(renewIdle)
 		} else {
+			// Wake at least every renewIdle: executions that end are not
+			// signalled, so an emptied heap is noticed then.
 			idleSince = time.Time{}
 			r.wakeAt = r.h[0].due
+			if limit := now.Add(renewIdle); r.wakeAt.After(limit) {
+				r.wakeAt = limit
+			}
 		}
 		d := r.wakeAt.Sub(now)
 		r.mu.Unlock()
