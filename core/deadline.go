@@ -23,9 +23,8 @@ type deadlines struct {
 // [start, start+slot): context.WithDeadline(context.Background(),
 // start+timeout). Its timer cancels it; it is never cancelled sooner.
 type deadlineSlot struct {
-	start  time.Time
-	ctx    context.Context
-	cancel context.CancelFunc // kept for vet; the deadline cancels it
+	start time.Time
+	ctx   context.Context
 }
 
 func newDeadlines(timeout time.Duration) *deadlines {
@@ -43,7 +42,10 @@ func (d *deadlines) at(now time.Time) context.Context {
 		return s.ctx
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), now.Add(d.timeout))
-	d.cur.Store(&deadlineSlot{start: now, ctx: ctx, cancel: cancel})
+	// The deadline cancels ctx; cancelling it sooner would end calls under
+	// way, so cancel runs only once the deadline is past (a no-op then).
+	time.AfterFunc(d.timeout+d.slot, cancel)
+	d.cur.Store(&deadlineSlot{start: now, ctx: ctx})
 	return ctx
 }
 

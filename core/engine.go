@@ -387,7 +387,7 @@ func readBody(r io.Reader, limit, hint int64) ([]byte, error) {
 	var one [1]byte
 	n, err := io.ReadFull(r, one[:])
 	switch {
-	case n == 0 && (err == io.EOF || err == io.ErrUnexpectedEOF):
+	case n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)):
 		return b, nil
 	case n == 0:
 		return nil, err
