@@ -87,12 +87,3 @@ func (e *Engine) storeCall(ctx context.Context) (context.Context, context.Cancel
 	}
 	return &storeCtx{parent: ctx, slot: e.deadlines.at(time.Now())}, noCancel
 }
-
-// call returns the context of a store call of x's (complete, release,
-// landed), bounded by the store timeout. Those calls are made one at a
-// time (by the handler's goroutine, then possibly by a completion retry),
-// so they share one storeCtx held in x: no allocation.
-func (x *Execution) call() context.Context {
-	x.callCtx = storeCtx{parent: x.ctx, slot: x.e.deadlines.at(time.Now())}
-	return &x.callCtx
-}

@@ -44,14 +44,12 @@ type Execution struct {
 
 	renewFailed atomic.Bool // a failed renewal was logged
 
-	callCtx storeCtx // the context of complete, release and landed (call)
+	due  time.Duration // next renewal (renewClock), under the engine's renewals.mu
+	slot int           // index in the renewals heap, -1 out of it; under renewals.mu
 
-	renewing bool      // startRenewal registered x with the engine's renewals
-	due      time.Time // next renewal, under the engine's renewals.mu
-	slot     int       // index in the renewals heap, -1 out of it; under renewals.mu
-
+	renewing bool // startRenewal registered x with the engine's renewals
+	finished bool // Finish or Fail was called; under mu
 	mu       sync.Mutex
-	finished bool // Finish or Fail was called
 }
 
 // Write captures response body bytes for storage. It keeps at most one byte
@@ -236,7 +234,9 @@ func (x *Execution) complete(enc []byte) error {
 	if x.e.local {
 		err = x.storeComplete(x.ctx, enc)
 	} else {
-		err = x.storeComplete(x.call(), enc)
+		ctx, cancel := x.e.storeCall(x.ctx)
+		err = x.storeComplete(ctx, enc)
+		cancel()
 	}
 	x.storeDur = x.e.clock().Sub(start)
 	return err
@@ -294,7 +294,9 @@ func (e *Engine) retryInBackground(x *Execution, enc []byte, ev Event) bool {
 // that drop the token on completion are matched by fingerprint and
 // response bytes, so that a takeover's completion is not taken for this one.
 func (x *Execution) landed(enc []byte) bool {
-	rec, found, err := x.e.store.Get(x.call(), x.ev.Key)
+	ctx, cancel := x.e.storeCall(x.ctx)
+	defer cancel()
+	rec, found, err := x.e.store.Get(ctx, x.ev.Key)
 	if err != nil || !found || rec.State != StateCompleted || rec.Fingerprint != x.fp {
 		return false
 	}
@@ -330,13 +332,14 @@ func (x *Execution) Fail() {
 
 func (x *Execution) release() {
 	start := x.e.clock()
-	ctx := x.call()
+	ctx, cancel := x.e.storeCall(x.ctx)
 	var err error
 	if x.unit != nil {
 		err = x.unit.Release(ctx)
 	} else {
 		err = x.e.store.Release(ctx, x.ev.Key, x.token)
 	}
+	cancel()
 	ev := x.ended(x.ev, OpRelease, x.e.clock().Sub(start))
 	switch {
 	case errors.Is(err, ErrNotOwner):

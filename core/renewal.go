@@ -7,6 +7,13 @@ import (
 	"time"
 )
 
+// renewStart is the origin of renewClock.
+var renewStart = time.Now()
+
+// renewClock is the monotonic time since renewStart: 8 bytes in each
+// Execution instead of a time.Time's 24.
+func renewClock() time.Duration { return time.Since(renewStart) }
+
 // renewIdle is how long the renewal goroutine stays with no execution to
 // renew before it exits (it starts again with the next one); after
 // [Engine.Close] it exits as soon as none is left.
@@ -22,7 +29,7 @@ type renewals struct {
 	mu      sync.Mutex
 	h       renewHeap
 	running bool          // the goroutine runs
-	wakeAt  time.Time     // when the goroutine wakes up by itself
+	wakeAt  time.Duration // when the goroutine wakes up by itself (renewClock; 0: not waiting)
 	wake    chan struct{} // wakes it sooner (capacity 1)
 	closed  bool          // Close was called: exit when idle
 }
@@ -31,7 +38,7 @@ type renewals struct {
 func (r *renewals) add(x *Execution) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	x.due = time.Now().Add(x.pol.lease / 3)
+	x.due = renewClock() + x.pol.lease/3
 	heap.Push(&r.h, x)
 	switch {
 	case !r.running:
@@ -40,7 +47,7 @@ func (r *renewals) add(x *Execution) {
 		}
 		r.running = true
 		go r.run(x.e)
-	case x.due.Before(r.wakeAt):
+	case r.wakeAt != 0 && x.due < r.wakeAt:
 		r.signal()
 	}
 }
@@ -77,37 +84,34 @@ func (r *renewals) signal() {
 func (r *renewals) run(e *Engine) {
 	t := time.NewTimer(renewIdle)
 	defer t.Stop()
-	idleSince := time.Time{}
+	idleSince := time.Duration(-1)
 	for {
 		r.mu.Lock()
-		now := time.Now()
-		for len(r.h) > 0 && !r.h[0].due.After(now) {
+		now := renewClock()
+		for len(r.h) > 0 && r.h[0].due <= now {
 			x := r.h[0]
-			x.due = now.Add(x.pol.lease / 3)
+			x.due = now + x.pol.lease/3
 			heap.Fix(&r.h, 0)
 			go e.renew(x)
 		}
 		if len(r.h) == 0 {
-			if idleSince.IsZero() {
+			if idleSince < 0 {
 				idleSince = now
 			}
-			if r.closed || now.Sub(idleSince) >= renewIdle {
+			if r.closed || now-idleSince >= renewIdle {
 				r.running = false
-				r.wakeAt = time.Time{}
+				r.wakeAt = 0
 				r.mu.Unlock()
 				return
 			}
-			r.wakeAt = idleSince.Add(renewIdle)
+			r.wakeAt = idleSince + renewIdle
 		} else {
 			// Wake at least every renewIdle: executions that end are not
 			// signalled, so an emptied heap is noticed then.
-			idleSince = time.Time{}
-			r.wakeAt = r.h[0].due
-			if limit := now.Add(renewIdle); r.wakeAt.After(limit) {
-				r.wakeAt = limit
-			}
+			idleSince = -1
+			r.wakeAt = min(r.h[0].due, now+renewIdle)
 		}
-		d := r.wakeAt.Sub(now)
+		d := r.wakeAt - now
 		r.mu.Unlock()
 		t.Reset(d)
 		select {
@@ -151,7 +155,7 @@ func (e *Engine) renew(x *Execution) {
 type renewHeap []*Execution
 
 func (h renewHeap) Len() int           { return len(h) }
-func (h renewHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h renewHeap) Less(i, j int) bool { return h[i].due < h[j].due }
 func (h renewHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].slot, h[j].slot = i, j
