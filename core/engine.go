@@ -40,17 +40,19 @@ type Request struct {
 	// the same bytes to the handler.
 	Body       []byte
 	BodyReader io.Reader
+
+	bodyHint int64 // BodyReader's length + 1 when known (BeginHTTP: Content-Length), else 0
 }
 
 // Engine decides, for each request, one of: pass through, reject, replay, or
 // execute and record. It holds all policy (keys, scope, fingerprint, which
 // responses and header lines are stored); adapters only translate between
 // their framework and [Engine.Begin] and the [Execution] it returns. An
-// Engine is safe for concurrent use. Besides the lease renewal timers of
-// running executions (see [Extender]), it runs goroutines only to retry
-// completions that failed on a store error ([WithCompletionRetry]) and to
-// release leases a failed store call may have left; [Engine.Close] stops
-// them.
+// Engine is safe for concurrent use. Besides the lease renewals of running
+// executions (see [Extender]: one goroutine for all of them, while there
+// are any), it runs goroutines only to retry completions that failed on a
+// store error ([WithCompletionRetry]) and to release leases a failed store
+// call may have left; [Engine.Close] stops them.
 type Engine struct {
 	store    Store
 	extender Extender
@@ -58,6 +60,9 @@ type Engine struct {
 	keeper   Keeper        // set when the engine keeps records (WithUncertainAfterCrash, WithTombstones)
 	local    bool          // the store does no I/O: no timeout contexts
 	cfg      config
+
+	deadlines *deadlines // of store calls (storeCall)
+	renewals  renewals   // the lease renewals of running executions
 
 	tokenPrefix string
 	tokens      atomic.Uint64
@@ -96,6 +101,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		cfg.logger = slog.Default()
 	}
 	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
+	e.deadlines = newDeadlines(cfg.storeTimeout)
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
 	if cfg.keep != (Keep{}) {
@@ -182,7 +188,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		return nil, e.problems.noPrincipal
 	}
 	if req.BodyReader != nil {
-		req.Body, err = io.ReadAll(io.LimitReader(req.BodyReader, e.cfg.maxBodyBytes+1))
+		req.Body, err = readBody(req.BodyReader, e.cfg.maxBodyBytes, req.bodyHint)
 		req.BodyReader = nil
 		if err != nil {
 			e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
@@ -395,6 +401,30 @@ func (e *Engine) ids(req *Request, route, key string, f *Fingerprinter) (scoped,
 	return s[:64], s[64:n], s[n:]
 }
 
+// readBody reads at most limit+1 bytes from r. hint is r's length + 1
+// when known (0: unknown): a body of that length within the limit is read
+// into one buffer of its size, then r is checked for more (a declared
+// length may be wrong outside a server), which is appended as it comes.
+func readBody(r io.Reader, limit, hint int64) ([]byte, error) {
+	if hint <= 0 || hint-1 > limit {
+		return io.ReadAll(io.LimitReader(r, limit+1))
+	}
+	b := make([]byte, hint-1)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	var one [1]byte
+	n, err := io.ReadFull(r, one[:])
+	switch {
+	case n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)):
+		return b, nil
+	case n == 0:
+		return nil, err
+	}
+	rest, err := io.ReadAll(io.LimitReader(r, limit-int64(len(b))))
+	return append(append(b, one[0]), rest...), err
+}
+
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -450,7 +480,7 @@ func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease
 			}
 			waited += pause
 			start := time.Now()
-			rctx, cancel := context.WithTimeout(ctx, e.cfg.storeTimeout)
+			rctx, cancel := e.storeCall(ctx)
 			err := e.store.Release(rctx, ev.Key, token)
 			cancel()
 			if err == nil {
@@ -470,11 +500,13 @@ func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease
 // when there was none), or abandons it when ctx is done, leaving its keys
 // in progress until their leases lapse, and returns ctx.Err(). Call it
 // after the server has shut down; Begin still works after Close, without
-// background work.
+// background work. Lease renewals go on while executions run; their
+// goroutine exits when none is left.
 func (e *Engine) Close(ctx context.Context) error {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
+	e.renewals.close()
 	e.drainOnce.Do(func() { close(e.draining) })
 	done := make(chan struct{})
 	go func() { e.wg.Wait(); close(done) }()
@@ -504,7 +536,7 @@ func (e *Engine) acquire(ctx context.Context, key, token, fp string, lease time.
 		}
 	} else {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.cfg.storeTimeout)
+		ctx, cancel = e.storeCall(ctx)
 		defer cancel()
 	}
 	if e.keeper != nil {

@@ -44,10 +44,12 @@ type Execution struct {
 
 	renewFailed atomic.Bool // a failed renewal was logged
 
+	due  time.Duration // next renewal (renewClock), under the engine's renewals.mu
+	slot int           // index in the renewals heap, -1 out of it; under renewals.mu
+
+	renewing bool // startRenewal registered x with the engine's renewals
+	finished bool // Finish or Fail was called; under mu
 	mu       sync.Mutex
-	timer    *time.Timer
-	finished bool // Finish or Fail was called
-	done     bool // renewal stopped
 }
 
 // Write captures response body bytes for storage. It keeps at most one byte
@@ -232,7 +234,7 @@ func (x *Execution) complete(enc []byte) error {
 	if x.e.local {
 		err = x.storeComplete(x.ctx, enc)
 	} else {
-		ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+		ctx, cancel := x.e.storeCall(x.ctx)
 		err = x.storeComplete(ctx, enc)
 		cancel()
 	}
@@ -292,7 +294,7 @@ func (e *Engine) retryInBackground(x *Execution, enc []byte, ev Event) bool {
 // that drop the token on completion are matched by fingerprint and
 // response bytes, so that a takeover's completion is not taken for this one.
 func (x *Execution) landed(enc []byte) bool {
-	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	ctx, cancel := x.e.storeCall(x.ctx)
 	defer cancel()
 	rec, found, err := x.e.store.Get(ctx, x.ev.Key)
 	if err != nil || !found || rec.State != StateCompleted || rec.Fingerprint != x.fp {
@@ -330,7 +332,7 @@ func (x *Execution) Fail() {
 
 func (x *Execution) release() {
 	start := x.e.clock()
-	ctx, cancel := context.WithTimeout(x.ctx, x.e.cfg.storeTimeout)
+	ctx, cancel := x.e.storeCall(x.ctx)
 	var err error
 	if x.unit != nil {
 		err = x.unit.Release(ctx)
@@ -358,44 +360,13 @@ func (x *Execution) release() {
 // renewal timer per execution. About 146 years: now plus it never overflows.
 const localLease = time.Duration(1 << 62)
 
+// startRenewal registers x with the engine's renewals when its store can
+// renew leases and does I/O.
 func (x *Execution) startRenewal() {
 	if x.e.extender != nil && !x.e.local {
-		x.mu.Lock()
-		x.timer = time.AfterFunc(x.pol.lease/3, x.renew)
-		x.mu.Unlock()
+		x.renewing = true
+		x.e.renewals.add(x)
 	}
-}
-
-func (x *Execution) renew() {
-	start := time.Now()
-	every := x.pol.lease / 3
-	ctx, cancel := context.WithTimeout(x.ctx, min(x.e.cfg.storeTimeout, every)) // a slow renewal must not outlast the lease
-	err := x.e.extender.Extend(ctx, x.ev.Key, x.token, x.pol.lease)
-	cancel()
-	ev := x.ev
-	ev.Op, ev.StoreDuration = OpExtend, time.Since(start)
-	if errors.Is(err, ErrNotOwner) {
-		x.mu.Lock()
-		finished := x.finished
-		x.mu.Unlock()
-		if !finished { // after Finish or Fail, the record is legitimately no longer ours
-			x.e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
-		}
-		return
-	}
-	if err != nil {
-		if x.renewFailed.Swap(true) { // logged once per execution; every failure is an event
-			ev.Kind, ev.Err = EventStoreError, err
-			x.e.emit(x.ctx, ev)
-		} else {
-			x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: lease renewal failed; retrying (further failures of this execution are reported as events only)")
-		}
-	}
-	x.mu.Lock()
-	if !x.done {
-		x.timer.Reset(max(0, every-time.Since(start))) // fixed rate from the previous start
-	}
-	x.mu.Unlock()
 }
 
 // finishing marks the handler as done and measures how long it ran;
@@ -419,14 +390,11 @@ func (*detached) Err() error { return nil }
 
 func (d *detached) Value(key any) any { return d.parent.Value(key) }
 
+// stopRenewal ends x's renewals; a renewal under way still ends.
 func (x *Execution) stopRenewal() {
-	if x.timer == nil {
-		return
+	if x.renewing {
+		x.e.renewals.remove(x)
 	}
-	x.mu.Lock()
-	x.done = true
-	x.timer.Stop()
-	x.mu.Unlock()
 }
 
 func (x *Execution) event(k EventKind) Event {

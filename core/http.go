@@ -3,7 +3,6 @@ package idem
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
 )
 
@@ -26,12 +25,24 @@ func (e *Engine) BeginHTTP(r *http.Request, route, principal string) (*Execution
 		Principal:   principal,
 		BodyReader:  r.Body,
 	}
+	if r.ContentLength >= 0 && r.Body != nil && r.Body != http.NoBody {
+		req.bodyHint = r.ContentLength + 1
+	}
 	x, resp := e.Begin(r.Context(), &req)
 	if req.BodyReader == nil && r.Body != nil {
-		r.Body = io.NopCloser(bytes.NewReader(req.Body))
+		b := &bodyBuffer{}
+		b.Reset(req.Body)
+		r.Body = b
 	}
 	return x, resp
 }
+
+// bodyBuffer is the request body BeginHTTP hands back to the handler: the
+// bytes Begin read (io.NopCloser(bytes.NewReader(body)) in one allocation).
+type bodyBuffer struct{ bytes.Reader }
+
+// Close does nothing: the bytes are in memory.
+func (*bodyBuffer) Close() error { return nil }
 
 // WithInfo returns ctx carrying [Info] about x (its scoped key), for the
 // handler, and, with a [Transactional] store, x's [Unit] (see

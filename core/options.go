@@ -189,7 +189,10 @@ func WithRetention(d time.Duration) Option { return func(c *config) { c.retentio
 // WithStoreTimeout bounds every store operation; a store that doesn't answer in
 // time counts as unavailable (503). Completion runs detached from the request
 // context under this timeout, so a client that hangs up doesn't lose the
-// result. Optional. Default is 2s.
+// result. Calls made without a cancellable context (completion, renewal,
+// or a request context that cannot be cancelled) share a deadline with the
+// calls started within d/16 of them, so each gets between 15/16 of d and d.
+// Optional. Default is 2s.
 func WithStoreTimeout(d time.Duration) Option { return func(c *config) { c.storeTimeout = d } }
 
 // WithMaxBodyBytes sets the largest request body, in bytes, that a covered

@@ -1,0 +1,33 @@
+package idem
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+// TestReadBody: a declared length (hint) only sizes the buffer; the bytes
+// read are the reader's, within the limit + 1, whatever was declared.
+func TestReadBody(t *testing.T) {
+	const limit = 8
+	for _, tc := range []struct {
+		name, body string
+		hint       int64
+		want       string
+		err        error
+	}{
+		{"unknown", "hello", 0, "hello", nil},
+		{"exact", "hello", 6, "hello", nil},
+		{"empty", "", 1, "", nil},
+		{"declared short", "hello world", 6, "hello wor", nil}, // limit + 1
+		{"declared short within limit", "hello!", 3, "hello!", nil},
+		{"declared long", "hi", 6, "", io.ErrUnexpectedEOF},
+		{"above limit", strings.Repeat("x", 20), 21, strings.Repeat("x", limit+1), nil},
+	} {
+		got, err := readBody(strings.NewReader(tc.body), limit, tc.hint)
+		if !errors.Is(err, tc.err) || (err == nil && string(got) != tc.want) {
+			t.Errorf("%s: readBody = %q, %v; want %q, %v", tc.name, got, err, tc.want, tc.err)
+		}
+	}
+}
