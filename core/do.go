@@ -230,6 +230,7 @@ func Do[T any](ctx context.Context, e *Engine, op Operation, fn func(ctx context
 		return zero, ErrMismatch
 	case errors.Is(err, errUncertain):
 		ev.Kind = EventUncertain
+		e.reportUncertain(ctx, ev)
 		e.emit(ctx, ev)
 		return zero, ErrUncertain
 	case errors.Is(err, errKeyExpired):

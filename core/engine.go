@@ -70,7 +70,7 @@ type Engine struct {
 	problems    problems
 
 	unreadableMu sync.Mutex
-	unreadable   map[string]struct{} // keys logged as unreadable
+	unreadable   map[string]struct{} // keys logged once: unreadable, or "uncertain:"+key (firstReport)
 
 	mu        sync.Mutex // guards closed and wg.Add
 	closed    bool
@@ -226,6 +226,9 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		if r := e.forbidden(ctx, req, ev, rec.State, 0, ev.Kind); r != nil {
 			return nil, r
 		}
+		if ev.Kind == EventUncertain {
+			e.reportUncertain(ctx, ev)
+		}
 		e.emit(ctx, ev)
 		return nil, resp
 	case errors.Is(err, errMismatch):
@@ -355,7 +358,7 @@ func (e *Engine) executing(ctx context.Context) bool {
 	return ok && p.engine == e
 }
 
-// maxUnreadableLogged bounds the keys remembered as logged unreadable;
+// maxUnreadableLogged bounds the keys remembered as logged (firstReport);
 // past it the set starts again (a key may then be logged once more).
 const maxUnreadableLogged = 1024
 
@@ -365,20 +368,36 @@ const maxUnreadableLogged = 1024
 // the log.
 func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 	ev.Kind, ev.Err = EventStoreError, err
-	e.unreadableMu.Lock()
-	_, seen := e.unreadable[ev.Key]
-	if !seen {
-		if len(e.unreadable) >= maxUnreadableLogged {
-			clear(e.unreadable)
-		}
-		e.unreadable[ev.Key] = struct{}{}
-	}
-	e.unreadableMu.Unlock()
-	if !seen {
+	if e.firstReport(ev.Key) {
 		e.cfg.logger.ErrorContext(ctx, "idem: stored record unreadable; answering 500 until it is deleted from the store (README: Clearing an unreadable record)",
 			"key", ev.Key, "method", ev.Method, "route", ev.Route, "err", err)
 	}
 	e.emit(ctx, ev)
+}
+
+// reportUncertain logs, once per key, a key found uncertain
+// ([WithUncertainAfterCrash]), with the whole hashed key that idemctl
+// resolves it by; the caller emits the event.
+func (e *Engine) reportUncertain(ctx context.Context, ev Event) {
+	if e.firstReport("uncertain:" + ev.Key) {
+		e.cfg.logger.WarnContext(ctx, "idem: operation uncertain (its holder stopped mid-request); answering 409 until an operator resolves the key with idemctl release or complete (README: After a crash)",
+			"key", ev.Key, "method", ev.Method, "route", ev.Route)
+	}
+}
+
+// firstReport reports whether name was not reported before, remembering
+// it; past maxUnreadableLogged names the set starts again.
+func (e *Engine) firstReport(name string) bool {
+	e.unreadableMu.Lock()
+	defer e.unreadableMu.Unlock()
+	if _, seen := e.unreadable[name]; seen {
+		return false
+	}
+	if len(e.unreadable) >= maxUnreadableLogged {
+		clear(e.unreadable)
+	}
+	e.unreadable[name] = struct{}{}
+	return true
 }
 
 // ids returns the scoped key ([ScopedKey]), the fingerprint by f
