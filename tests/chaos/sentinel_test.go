@@ -62,23 +62,26 @@ var failoverModes = []failoverMode{
 }
 
 // sentinelSet is a primary, a replica and three sentinels monitoring them
-// as master "idem".
+// as master "idem-<random hex>", its own per set.
 type sentinelSet struct {
 	t         *testing.T
 	nodes     []*redisServer // the two data nodes; which is primary changes
 	sentinels []*sentinelProc
+	// master is the name the sentinels monitor the data nodes under, its
+	// own per set: sentinels ignore the hello messages of another master
+	// name, so two sets never join even when a port of one set's dead
+	// server is taken by another set's.
+	master string
 }
-
-const sentinelMaster = "idem"
 
 func startSentinelSet(t *testing.T) *sentinelSet {
 	t.Helper()
 	server := []string{"--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"}
 	primary := startRedis(t, server...)
 	replica := startRedis(t, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.port)}, server...)...)
-	s := &sentinelSet{t: t, nodes: []*redisServer{primary, replica}}
+	s := &sentinelSet{t: t, nodes: []*redisServer{primary, replica}, master: "idem-" + hexID()}
 	for range 3 {
-		s.sentinels = append(s.sentinels, startSentinel(t, primary))
+		s.sentinels = append(s.sentinels, startSentinel(t, primary, s.master))
 	}
 	if p := s.waitHealthy(); p != primary {
 		t.Fatalf("the sentinels chose %s as the master; want %s", p.Addr(), primary.Addr())
@@ -98,10 +101,10 @@ type sentinelProc struct {
 // startSentinel starts a sentinel monitoring primary on a free port. A port
 // that another test's server took between freePort and the sentinel's bind
 // makes that sentinel exit at once: it is started again on another port.
-func startSentinel(t *testing.T, primary *redisServer) *sentinelProc {
+func startSentinel(t *testing.T, primary *redisServer, master string) *sentinelProc {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
-		sp := tryStartSentinel(t, primary)
+		sp := tryStartSentinel(t, primary, master)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := sp.c.Ping(ctx).Err()
 		for err != nil && ctx.Err() == nil {
@@ -133,7 +136,7 @@ func startSentinel(t *testing.T, primary *redisServer) *sentinelProc {
 	}
 }
 
-func tryStartSentinel(t *testing.T, primary *redisServer) *sentinelProc {
+func tryStartSentinel(t *testing.T, primary *redisServer, master string) *sentinelProc {
 	t.Helper()
 	dir := t.TempDir()
 	sp := &sentinelProc{port: freePort(t), done: make(chan struct{}), log: filepath.Join(dir, "sentinel.log")}
@@ -150,7 +153,7 @@ sentinel monitor %s 127.0.0.1 %d 2
 sentinel down-after-milliseconds %s 1500
 sentinel failover-timeout %s 3000
 sentinel parallel-syncs %s 1
-`, sp.port, dir, sp.log, sentinelMaster, primary.port, sentinelMaster, sentinelMaster, sentinelMaster)
+`, sp.port, dir, sp.log, master, primary.port, master, master, master)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +177,7 @@ func (sp *sentinelProc) addr() string { return "127.0.0.1:" + strconv.Itoa(sp.po
 // url is the -redis-url of the example services: the failover client,
 // seeded with every sentinel.
 func (s *sentinelSet) url() string {
-	u := "redis://" + s.sentinels[0].addr() + "/0?master_name=" + sentinelMaster
+	u := "redis://" + s.sentinels[0].addr() + "/0?master_name=" + s.master
 	for _, sp := range s.sentinels[1:] {
 		u += "&addr=" + sp.addr()
 	}
@@ -185,7 +188,7 @@ func (s *sentinelSet) url() string {
 func (s *sentinelSet) masterAddr(ctx context.Context) string {
 	var agreed string
 	for i, sp := range s.sentinels {
-		a, err := sp.c.GetMasterAddrByName(ctx, sentinelMaster).Result()
+		a, err := sp.c.GetMasterAddrByName(ctx, s.master).Result()
 		if err != nil || len(a) != 2 {
 			return ""
 		}
@@ -235,12 +238,12 @@ func (s *sentinelSet) waitHealthy() *redisServer {
 		}
 		replica := s.other(primary)
 		for _, sp := range s.sentinels {
-			others, err := sp.c.Sentinels(ctx, sentinelMaster).Result()
+			others, err := sp.c.Sentinels(ctx, s.master).Result()
 			if err != nil || len(others) != 2 {
 				why = fmt.Sprintf("sentinel %s knows %d other sentinels (%v)", sp.addr(), len(others), err)
 				break
 			}
-			reps, err := sp.c.Replicas(ctx, sentinelMaster).Result()
+			reps, err := sp.c.Replicas(ctx, s.master).Result()
 			ok := false
 			for _, r := range reps {
 				if r["ip"]+":"+r["port"] == replica.Addr() && r["flags"] == "slave" && r["master-link-status"] == "ok" {
@@ -437,7 +440,7 @@ func sentinelScenario(t *testing.T, kind string, m failoverMode) {
 		r.start = time.Now()
 		switch kind {
 		case "sentinel-failover":
-			if err := set.sentinels[n%3].c.Failover(ctx, sentinelMaster).Err(); err != nil {
+			if err := set.sentinels[n%3].c.Failover(ctx, set.master).Err(); err != nil {
 				t.Fatalf("SENTINEL FAILOVER: %v", err)
 			}
 		case "sigkill":
