@@ -169,7 +169,7 @@ func (s *suite) testUncertain(t *testing.T) {
 		t.Fatalf("%T: the suite's store must implement idem.Keeper", store)
 	}
 	app, base := s.serve(t, keptStore{Store: store, Keeper: k},
-		idem.WithStoreTimeout(50*time.Millisecond), idem.WithLease(300*time.Millisecond), idem.WithUncertainAfterCrash(time.Hour))
+		idem.WithStoreTimeout(250*time.Millisecond), idem.WithLease(time.Second), idem.WithUncertainAfterCrash(time.Hour))
 	var wg sync.WaitGroup
 	var first result
 	wg.Add(1)
@@ -186,7 +186,7 @@ func (s *suite) testUncertain(t *testing.T) {
 			t.Fatal("held request never reached the handler")
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // the 300ms lease lapses: the holder looks crashed
+	time.Sleep(1500 * time.Millisecond) // the 1s lease lapses: the holder looks crashed
 	dup := s.do(t, base, call{path: "/a?hold=1", body: `{"amount":1}`, keys: []string{"charge"}})
 	wantProblem(t, dup, http.StatusConflict, "operation-uncertain")
 	if ra := dup.header.Get("Retry-After"); ra != "" {
