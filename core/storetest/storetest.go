@@ -70,6 +70,16 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"Lister", testLister},
 		{"CompleteThroughEngine", testCompleteThroughEngine},
 		{"FingerprintWithID", testFingerprintWithID},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
+	}
+	// The Keeper cases mostly wait for leases and retentions to lapse, each
+	// on its own store: they wait together.
+	keep := []struct {
+		name string
+		fn   func(*testing.T, idem.Store)
+	}{
 		{"KeepUncertain", testKeepUncertain},
 		{"UncertainOwner", testUncertainOwner},
 		{"Resolve", testResolve},
@@ -77,9 +87,14 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"KeepTransitions", testKeepTransitions},
 		{"KeepInspector", testKeepInspector},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
-	}
+	t.Run("Keeper", func(t *testing.T) {
+		for _, tt := range keep {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				tt.fn(t, newStore(t))
+			})
+		}
+	})
 }
 
 // Key returns a fresh random key shaped like the engine's (64 hex characters).
