@@ -459,34 +459,11 @@ func (s *Store) Complete(ctx context.Context, key, token string, response []byte
 	if size, limit := len(response)+len(key)+len(token)+docOverhead, s.clk.maxDocSize(); size > limit {
 		return fmt.Errorf("mongostore: complete %.16s: record of about %d bytes, limit %d: %w", key, size, limit, ErrTooLarge)
 	}
-	// The Keep this Store acquired the record with, else none: one round
-	// trip when right; when not (acquired elsewhere, under another Keep),
-	// read the record's keep and complete again pinned to it.
-	k, _ := s.keeps.get(key, token)
-	for try := 0; ; try++ {
-		filter := append(owned(key, token, now), keepIs(k)...)
-		res, err := s.coll.UpdateOne(ctx, filter, completion(now, response, retention, k))
-		if err != nil {
-			return fmt.Errorf("mongostore: complete: %w", err)
-		}
-		if res.MatchedCount == 1 {
-			s.keeps.drop(key, token)
-			return nil
-		}
-		if try > 0 {
-			s.keeps.drop(key, token)
-			return idem.ErrNotOwner
-		}
-		stored, err := s.readKeep(ctx, key, token, now)
-		switch {
-		case errors.Is(err, idem.ErrNotOwner), err == nil && stored == k:
-			s.keeps.drop(key, token)
-			return idem.ErrNotOwner
-		case err != nil:
-			return fmt.Errorf("mongostore: complete: %w", err)
-		}
-		k = stored
+	err = s.updateKept(ctx, "complete", key, token, now, func(k keepMs) bson.D { return completion(now, response, retention, k) })
+	if err == nil {
+		s.keeps.drop(key, token)
 	}
+	return err
 }
 
 // Release implements [idem.Store.Release] in three round trips: a find of
@@ -576,17 +553,27 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	if err != nil {
 		return err
 	}
-	// As Complete: the Keep this Store acquired the record with, else
-	// none, and the record's own keep when that was not it.
-	k, _ := s.keeps.get(key, token)
-	for try := 0; ; try++ {
+	return s.updateKept(ctx, "extend", key, token, now, func(k keepMs) bson.D {
 		set := bson.D{{Key: fieldExpiresAt, Value: date(now.Add(lease + time.Duration(k.u)*time.Millisecond))}}
 		if k != (keepMs{}) {
 			set = append(set, bson.E{Key: fieldUntil, Value: date(now.Add(lease))})
 		}
-		res, err := s.coll.UpdateOne(ctx, append(owned(key, token, now), keepIs(k)...), bson.D{{Key: "$set", Value: set}})
+		return bson.D{{Key: "$set", Value: set}}
+	})
+}
+
+// updateKept applies update, built for the record's keep, to the record
+// token owns, for Complete and Extend: pinned to the Keep this Store
+// acquired the record with (none if another Store did), one round trip
+// when that is right; when it matches nothing, pinned once more to the
+// keep read from the record (acquired elsewhere, under another Keep).
+// [idem.ErrNotOwner] when token owns no record.
+func (s *Store) updateKept(ctx context.Context, op, key, token string, now time.Time, update func(keepMs) bson.D) error {
+	k, _ := s.keeps.get(key, token)
+	for try := 0; ; try++ {
+		res, err := s.coll.UpdateOne(ctx, append(owned(key, token, now), keepIs(k)...), update(k))
 		if err != nil {
-			return fmt.Errorf("mongostore: extend: %w", err)
+			return fmt.Errorf("mongostore: %s: %w", op, err)
 		}
 		if res.MatchedCount == 1 {
 			return nil
@@ -601,7 +588,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 			s.keeps.drop(key, token)
 			return idem.ErrNotOwner
 		case err != nil:
-			return fmt.Errorf("mongostore: extend: %w", err)
+			return fmt.Errorf("mongostore: %s: %w", op, err)
 		}
 		k = stored
 	}
