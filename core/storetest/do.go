@@ -21,10 +21,7 @@ import (
 // resolved; a spent key under [idem.WithTombstones] is refused.
 // newStore is called once per subtest, as for [Run].
 func RunDo(t *testing.T, newStore func(t *testing.T) idem.Store) {
-	tests := []struct {
-		name string
-		fn   func(*testing.T, idem.Store)
-	}{
+	tests := []storeCase{
 		{"DuplicateGetsStoredResult", testDoDuplicate},
 		{"ConcurrentDuplicatesRunOnce", testDoConcurrent},
 		{"Mismatch", testDoMismatch},

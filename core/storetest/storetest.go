@@ -43,10 +43,7 @@ const (
 // Run runs the conformance suite. newStore is called once per subtest and
 // must return a store isolated from the others (e.g. by a random key prefix).
 func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
-	tests := []struct {
-		name string
-		fn   func(*testing.T, idem.Store)
-	}{
+	tests := []storeCase{
 		{"AcquireAbsent", testAcquireAbsent},
 		{"AcquireInProgress", testAcquireInProgress},
 		{"LeaseLeft", testLeaseLeft},
@@ -76,10 +73,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	}
 	// The Keeper cases mostly wait for leases and retentions to lapse, each
 	// on its own store: they wait together.
-	keep := []struct {
-		name string
-		fn   func(*testing.T, idem.Store)
-	}{
+	keep := []storeCase{
 		{"KeepUncertain", testKeepUncertain},
 		{"UncertainOwner", testUncertainOwner},
 		{"Resolve", testResolve},
@@ -95,6 +89,12 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 			})
 		}
 	})
+}
+
+// storeCase is one case of a suite, run on a store of its own.
+type storeCase struct {
+	name string
+	fn   func(*testing.T, idem.Store)
 }
 
 // Key returns a fresh random key shaped like the engine's (64 hex characters).
