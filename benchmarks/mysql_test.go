@@ -57,7 +57,7 @@ func newMyDB(tb testing.TB, conns int) (*sql.DB, string, *atomic.Int64) {
 	name := fmt.Sprintf("idem_bench_%s_%d", runID, keySeq.Add(1))
 	tb.Cleanup(func() {
 		for _, q := range []string{"DROP TABLE IF EXISTS `" + name + "`", "DROP TABLE IF EXISTS `" + name + "_floor`",
-			"DROP PROCEDURE IF EXISTS `" + name + "_acquire`"} {
+			"DROP PROCEDURE IF EXISTS `" + name + mysqlstore.ProcSuffix + "`"} {
 			_, _ = db.Exec(q)
 		}
 		_ = db.Close()

@@ -139,7 +139,7 @@ func mysqlBackend(t *testing.T) testStore {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+table+"`")
-		_, _ = db.ExecContext(ctx, "DROP PROCEDURE IF EXISTS `"+table+"_acquire`")
+		_, _ = db.ExecContext(ctx, "DROP PROCEDURE IF EXISTS `"+table+mysqlstore.ProcSuffix+"`")
 		_ = db.Close()
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

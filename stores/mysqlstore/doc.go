@@ -8,7 +8,7 @@
 //
 // One table (default "idem_records", see [WithTable]) with one row per
 // record, primary key on the engine's scoped key, an index on expires_at
-// for [Store.Purge], and a stored procedure (table + "_acquire") for the
+// for [Store.Purge], and a stored procedure (table + [ProcSuffix]) for the
 // acquire. Create them with [Store.EnsureSchema] at startup, or run
 // [Store.SchemaSQL] in a migration. Servers without stored procedures
 // (TiDB, some proxies) are not supported.

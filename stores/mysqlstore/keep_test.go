@@ -244,9 +244,10 @@ END`,
 }
 
 // TestUpgradeFromV2: EnsureSchema on a table and procedure of the previous
-// version adds the keep columns and replaces the procedure, once (a second
-// run changes nothing); the records that version wrote read as before, as
-// records without a keep, and every transition works on them.
+// version adds the keep columns and this version's procedure, once (a
+// second run changes nothing), and leaves the v2 procedure working for v2
+// instances; the records that version wrote read as before, as records
+// without a keep, and every transition works on them.
 func TestUpgradeFromV2(t *testing.T) {
 	t.Parallel()
 	db := newDB(t)
@@ -292,8 +293,15 @@ AND COLUMN_NAME IN ('ends_at', 'keep_uncertain', 'keep_tombstone')`, table).Scan
 	}
 	var comment string
 	if err := db.QueryRowContext(ctxT(t), `SELECT ROUTINE_COMMENT FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ?`,
-		table+"_acquire").Scan(&comment); err != nil || !strings.HasSuffix(comment, "v3") {
+		table+mysqlstore.ProcSuffix).Scan(&comment); err != nil || !strings.HasSuffix(comment, "v3") {
 		t.Fatalf("procedure comment %q, %v; want v3", comment, err)
+	}
+	// The v2 procedure is left to the instances still running v2 (a
+	// rolling deploy): their acquires keep working on the upgraded table.
+	v2Key := storetest.Key()
+	call(v2Key, "tok-v2", time.Hour.Microseconds())
+	if rec, ok, err := s.Acquire(ctxT(t), v2Key, "other", "fp", time.Minute); err != nil || ok || rec.State != idem.StateInProgress || rec.Token != "tok-v2" {
+		t.Fatalf("Acquire of a row a v2 instance acquired after the upgrade = %+v, %v, %v; want it held by tok-v2", rec, ok, err)
 	}
 
 	if rec, ok, err := s.Acquire(ctxT(t), inProgress, "other", "fp", time.Minute); err != nil || ok || rec.State != idem.StateInProgress || rec.Token != "tok-p" || rec.LeaseLeft <= 0 {

@@ -94,7 +94,7 @@ func newTable(tb testing.TB, db *sql.DB) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, q := range []string{"DROP TABLE IF EXISTS `" + name + "`", "DROP TABLE IF EXISTS `" + name + "_payments`",
-			"DROP PROCEDURE IF EXISTS `" + name + "_acquire`"} {
+			"DROP PROCEDURE IF EXISTS `" + name + "_acquire`", "DROP PROCEDURE IF EXISTS `" + name + mysqlstore.ProcSuffix + "`"} {
 			_, _ = db.ExecContext(ctx, q)
 		}
 	})

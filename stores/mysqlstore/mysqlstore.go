@@ -107,7 +107,7 @@ type Option func(*Store)
 // WithTable sets the table holding the records, "table" or
 // "database.table" (each part quoted as an identifier, so case and any
 // characters are kept as given). The acquire procedure is named after it
-// (table + "_acquire", in the same database), so the name must leave room
+// (table + [ProcSuffix], in the same database), so the name must leave room
 // for that suffix within MySQL's 64 characters. Optional. Default is
 // "idem_records" ([DefaultTable]) in the connection's database.
 func WithTable(name string) Option {
@@ -115,11 +115,11 @@ func WithTable(name string) Option {
 		if db, t, ok := strings.Cut(name, "."); ok {
 			s.names = names{db, t}
 			s.table = quote(db) + "." + quote(t)
-			s.proc = quote(db) + "." + quote(t+"_acquire")
+			s.proc = quote(db) + "." + quote(t+ProcSuffix)
 		} else {
 			s.names = names{"", name}
 			s.table = quote(name)
-			s.proc = quote(name + "_acquire")
+			s.proc = quote(name + ProcSuffix)
 		}
 	}
 }

@@ -147,7 +147,8 @@ func TestPurger(t *testing.T) {
 }
 
 // TestEnsureSchemaConcurrent starts several instances at once on a new
-// table, then upgrades a procedure of another version.
+// table, then replaces a procedure of this version's name with another
+// body.
 func TestEnsureSchemaConcurrent(t *testing.T) {
 	t.Parallel()
 	db := newDB(t)
@@ -166,11 +167,11 @@ func TestEnsureSchemaConcurrent(t *testing.T) {
 	if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), "tok", "fp", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire on the ensured table = %v, %v", ok, err)
 	}
-	// An older procedure (another comment) is replaced.
-	if _, err := db.ExecContext(ctxT(t), "DROP PROCEDURE `"+table+"_acquire`"); err != nil {
+	// A procedure of this name with another body (another comment) is replaced.
+	if _, err := db.ExecContext(ctxT(t), "DROP PROCEDURE `"+table+mysqlstore.ProcSuffix+"`"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.ExecContext(ctxT(t), "CREATE PROCEDURE `"+table+"_acquire`(IN a VARBINARY(255), IN b VARBINARY(255), IN c VARBINARY(255), IN d BIGINT) COMMENT 'old' SELECT 1"); err != nil {
+	if _, err := db.ExecContext(ctxT(t), "CREATE PROCEDURE `"+table+mysqlstore.ProcSuffix+"`(IN a VARBINARY(255), IN b VARBINARY(255), IN c VARBINARY(255), IN d BIGINT) COMMENT 'old' SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.EnsureSchema(ctxT(t)); err != nil {

@@ -16,10 +16,18 @@ import (
 // large table for long.
 const PurgeBatch = 1000
 
+// ProcSuffix ends the acquire procedure's name (the table's name + this
+// suffix, in the table's database). The suffix carries the procedure's
+// version, so that a version whose procedure takes other arguments creates
+// a procedure of its own and leaves the earlier one to the instances still
+// running it during a rolling deploy: v3 takes the record's keep
+// ([idem.Keep]) and knows uncertain records and tombstones; v1 and v2 were
+// named table + "_acquire".
+const ProcSuffix = "_acquire_v3"
+
 // procVersion is the acquire procedure's COMMENT: EnsureSchema replaces a
-// procedure whose comment differs (one written by another version). v3
-// takes the record's keep ([idem.Keep]) and knows uncertain records and
-// tombstones.
+// procedure of this name whose comment differs (a body written by another
+// build of the same version).
 const procVersion = "idem mysqlstore acquire v3"
 
 // keepColumns are the columns v3 added to the table, in order, with their
@@ -146,10 +154,10 @@ func (s *Store) UpgradeSQL() []string {
 // ROUTINE to upgrade). It is idempotent. Errors: ctx's error, server
 // errors wrapped.
 //
-// Upgrading replaces the procedure that instances of the earlier version
-// call with other arguments: their acquires fail (503) until they run this
-// version too, so upgrade every instance together, or accept those errors
-// during a rolling deploy.
+// Upgrading from an earlier version adds the columns and this version's
+// procedure beside the earlier one (table + "_acquire"), which instances
+// still running that version keep calling during a rolling deploy; drop
+// it once every instance runs this version.
 func (s *Store) EnsureSchema(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -182,7 +190,7 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 	var comment string
 	err = conn.QueryRowContext(ctx, `SELECT ROUTINE_COMMENT FROM information_schema.ROUTINES
 WHERE ROUTINE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`,
-		schema, s.names.table+"_acquire").Scan(&comment)
+		schema, s.names.table+ProcSuffix).Scan(&comment)
 	switch {
 	case err == nil && comment == procVersion:
 		return nil
