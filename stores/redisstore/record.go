@@ -31,8 +31,11 @@ import (
 // clock alone decides). A '4' record keeps its response in a second key,
 // the response key ([Store.respKey]), whose TTL is the retention: it is
 // completed while that key lives and a tombstone (expired) after. The
-// owner check of Complete, Release and Extend decodes the value and
-// compares its token with the caller's.
+// owner check of Release and Extend decodes the value and compares its
+// token with the caller's; Complete first compares the value's start with
+// '1' lp(token) and, when it matches, takes lp(fingerprint) as the rest of
+// the value (a '1' value with the caller's token), decoding only other
+// values.
 const (
 	stateInProgress     = '1'
 	stateCompleted      = '2'
@@ -222,8 +225,11 @@ func parseBulkReply(b []byte) (old string, exists, ok bool) {
 	return "", false, false
 }
 
-// setCmd holds the arguments of SET key value PX ms NX GET.
+// setCmd holds the arguments of SET key value PX ms NX GET, and the raw
+// command of its first attempt (see rawCommand): one allocation for both.
 type setCmd struct {
+	raw             redis.RawCmd
+	sent            bool // raw was handed out
 	args            [7]any
 	key, value, ttl string
 }
@@ -254,6 +260,20 @@ func newAcquire(prefix, key, token, fingerprint string, leaseMillis, u, t int64)
 	return c
 }
 
+// rawCommand returns the SET as a raw command (its reply unparsed): the
+// one c holds on the first call, a new one after; each attempt needs its
+// own.
+func (c *setCmd) rawCommand(ctx context.Context) *redis.RawCmd {
+	cmd := &c.raw
+	if c.sent {
+		cmd = new(redis.RawCmd)
+	}
+	c.sent = true
+	*cmd = *redis.NewRawCmd(ctx, c.args[:]...)
+	cmd.SetFirstKeyPos(1)
+	return cmd
+}
+
 // command returns a new SET command; each attempt needs its own.
 func (c *setCmd) command(ctx context.Context) *redis.StringCmd {
 	cmd := redis.NewStringCmd(ctx, c.args[:]...)
@@ -276,12 +296,14 @@ func newScript(src string) *script {
 
 // evalCmd holds the arguments of EVALSHA sha numkeys key... argv...: up
 // to five keys and arguments in all (no more than the two-key completion
-// needs, for the size of the struct: 216 bytes, allocated on every
-// completion).
+// needs, for the size of the struct: 336 bytes, allocated on every
+// completion), and the command of its first attempt (see command).
 type evalCmd struct {
-	args [8]any
-	strs [5]string
-	n    int
+	first redis.IntCmd
+	sent  bool // first was handed out
+	args  [8]any
+	strs  [5]string
+	n     int
 }
 
 // newEval returns EVALSHA sc numKeys KEYS... ARGV... where buf holds each
@@ -300,14 +322,20 @@ func newEval(sc *script, numKeys int, buf []byte, ends ...int) *evalCmd {
 	return c
 }
 
-// command returns a new EVALSHA command, or EVAL with the script's source
-// when source is set; each attempt needs its own.
+// command returns an EVALSHA command, or EVAL with the script's source
+// when source is set: the one c holds on the first call, a new one after;
+// each attempt needs its own.
 func (c *evalCmd) command(ctx context.Context, sc *script, source bool) *redis.IntCmd {
 	args := c.args[:c.n:c.n]
 	if source {
 		args = append([]any{"eval", sc.srcArg}, args[2:]...)
 	}
-	cmd := redis.NewIntCmd(ctx, args...)
+	cmd := &c.first
+	if c.sent {
+		cmd = new(redis.IntCmd)
+	}
+	c.sent = true
+	*cmd = *redis.NewIntCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	return cmd
 }

@@ -258,32 +258,61 @@ local function complete(fp, t, ret, resp)
 end
 `
 
-// luaOwned reads the record at KEYS[1] and returns 0 unless it is in
-// progress ('1' or '3', lease live or lapsed: the key lives) and its token
-// is ARGV[1]. It leaves the decoded fields in fp, u and t.
+// luaGet reads the value at KEYS[1] into v: a string, false for no key, or
+// an error table for a key of another type (redis.pcall).
+const luaGet = `
+local v = redis.pcall('GET', KEYS[1])
+`
+
+// luaOwned returns 0 unless v (see luaGet) is a record in progress ('1' or
+// '3', lease live or lapsed: the key lives) whose token is ARGV[1]. It
+// leaves the decoded fields in fp, u and t.
 const luaOwned = `
-local k, tok, fp, u, t = decode(redis.pcall('GET', KEYS[1]))
+local k, tok, fp, u, t = decode(v)
 if (k ~= '1' and k ~= '3') or tok ~= ARGV[1] then
   return 0
+end
+`
+
+// luaCompleteOwn is completeScript's path for the value of every
+// completion under the zero Keep: v (see luaGet) is a '1' value whose
+// token is ARGV[1] when it starts with '1' lp(ARGV[1]), and what follows
+// is then the fingerprint as the completed value holds it, lp(fp), which
+// it checks as decode does (digits without a leading zero, at most 10,
+// ':' and exactly that many bytes to the end). Such a value completes
+// with one SET, with no decoding of the record and no helper functions
+// defined (the Lua run is part of Redis's time for every fresh request);
+// any other value goes on to decode, which decides as before.
+const luaCompleteOwn = `
+if type(v) == 'string' then
+  local p = '1' .. #ARGV[1] .. ':' .. ARGV[1]
+  if string.sub(v, 1, #p) == p then
+    local f = string.sub(v, #p + 1)
+    local d = string.match(f, '^%d+')
+    if d and #d <= 10 and (#d == 1 or string.byte(d) ~= 48) and #f == #d + 1 + tonumber(d) and string.byte(f, #d + 1) == 58 then
+      redis.call('SET', KEYS[1], '2' .. f .. ARGV[3], 'PX', ARGV[2])
+      return 1
+    end
+  end
 end
 `
 
 // completeScript: KEYS record[, response key]; ARGV token, retention ms,
 // encoded response. It returns 1 when completed (see luaComplete), 2 when
 // it needs the response key, 0 when token holds no in-progress record.
-var completeScript = newScript(luaDecode + luaComplete + luaOwned + `
+var completeScript = newScript(luaGet + luaCompleteOwn + luaDecode + luaComplete + luaOwned + `
 return complete(fp, t, ARGV[2], ARGV[3])
 `)
 
 // releaseScript: KEYS record; ARGV token. It returns 1 when deleted.
-var releaseScript = newScript(luaDecode + luaOwned + `
+var releaseScript = newScript(luaGet + luaDecode + luaOwned + `
 redis.call('DEL', KEYS[1])
 return 1
 `)
 
 // extendScript: KEYS record; ARGV token, lease ms. It returns 1 when
 // renewed: the key's TTL is the lease plus the record's Keep.Uncertain.
-var extendScript = newScript(luaDecode + luaOwned + `
+var extendScript = newScript(luaGet + luaDecode + luaOwned + `
 redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(ARGV[2]) + tonumber(u)))
 return 1
 `)
@@ -493,8 +522,7 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 // means the SET did not run, and had it run, its value under the same token
 // reads as acquired.
 func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists bool, err error) {
-	raw := redis.NewRawCmd(ctx, set.args[:]...)
-	raw.SetFirstKeyPos(1)
+	raw := set.rawCommand(ctx)
 	_ = s.c.Process(ctx, raw)
 	b, err := raw.Result()
 	if err != nil {

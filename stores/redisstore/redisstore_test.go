@@ -570,16 +570,24 @@ func TestCorruptRecords(t *testing.T) {
 		"list": func(k string) error { return c.RPush(ctxT(t), k, "a", "b").Err() },
 		"set":  func(k string) error { return c.SAdd(ctxT(t), k, "a").Err() },
 		// Strings of the current layout.
-		"foreign string":       func(k string) error { return c.Set(ctxT(t), k, "a string", 0).Err() },
-		"empty string":         func(k string) error { return c.Set(ctxT(t), k, "", 0).Err() },
-		"unknown state":        func(k string) error { return c.Set(ctxT(t), k, "93:tok2:fp", 0).Err() },
-		"token overruns":       func(k string) error { return c.Set(ctxT(t), k, "199:tok2:fp", 0).Err() },
-		"no fingerprint":       func(k string) error { return c.Set(ctxT(t), k, "13:tok", 0).Err() },
-		"trailing bytes":       func(k string) error { return c.Set(ctxT(t), k, "13:tok2:fpX", 0).Err() },
-		"leading zero":         func(k string) error { return c.Set(ctxT(t), k, "103:tok2:fp", 0).Err() },
-		"bad response":         func(k string) error { return c.Set(ctxT(t), k, "22:fp\x07garbage", 0).Err() },
-		"completed, no answer": func(k string) error { return c.Set(ctxT(t), k, "22:fp", 0).Err() },
-		"hash":                 func(k string) error { return c.HSet(ctxT(t), k, "s", "2", "f", "x").Err() },
+		"foreign string": func(k string) error { return c.Set(ctxT(t), k, "a string", 0).Err() },
+		"empty string":   func(k string) error { return c.Set(ctxT(t), k, "", 0).Err() },
+		"unknown state":  func(k string) error { return c.Set(ctxT(t), k, "93:tok2:fp", 0).Err() },
+		"token overruns": func(k string) error { return c.Set(ctxT(t), k, "199:tok2:fp", 0).Err() },
+		"no fingerprint": func(k string) error { return c.Set(ctxT(t), k, "13:tok", 0).Err() },
+		"trailing bytes": func(k string) error { return c.Set(ctxT(t), k, "13:tok2:fpX", 0).Err() },
+		"leading zero":   func(k string) error { return c.Set(ctxT(t), k, "103:tok2:fp", 0).Err() },
+		// After '1' lp("tok"), what Complete's owner check matches for the
+		// token "tok" before it reads the rest as the fingerprint.
+		"fingerprint leading zero": func(k string) error { return c.Set(ctxT(t), k, "13:tok02:fp", 0).Err() },
+		"fingerprint overruns":     func(k string) error { return c.Set(ctxT(t), k, "13:tok9:fp", 0).Err() },
+		"fingerprint short":        func(k string) error { return c.Set(ctxT(t), k, "13:tok1:fp", 0).Err() },
+		"fingerprint no colon":     func(k string) error { return c.Set(ctxT(t), k, "13:tok2;fp", 0).Err() },
+		"fingerprint no length":    func(k string) error { return c.Set(ctxT(t), k, "13:tok:fp", 0).Err() },
+		"fingerprint 11 digits":    func(k string) error { return c.Set(ctxT(t), k, "13:tok10000000000:", 0).Err() },
+		"bad response":             func(k string) error { return c.Set(ctxT(t), k, "22:fp\x07garbage", 0).Err() },
+		"completed, no answer":     func(k string) error { return c.Set(ctxT(t), k, "22:fp", 0).Err() },
+		"hash":                     func(k string) error { return c.HSet(ctxT(t), k, "s", "2", "f", "x").Err() },
 	}
 	for name, w := range write {
 		t.Run(name, func(t *testing.T) {
