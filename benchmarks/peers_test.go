@@ -15,11 +15,12 @@ import (
 
 // The Go libraries named in issue #27 (github.com/fco-gt/gopotency,
 // github.com/bright-room/idem, github.com/repenguin22/idemlease) are not
-// served by the module proxy this repository builds from (every version:
-// 403 "not available"), so they cannot be measured here. On Gin and
-// net/http idem is paired instead with internal/floor, the least work a
-// correct in-process idempotency middleware does (its doc says what it
-// skips).
+// served by the module proxy this module builds from (every version: 403
+// "not available"), so they are measured by benchmarks/peers, a module
+// outside go.work built from their extracted source (scripts/peers.sh).
+// Here idem on Gin and net/http is paired with internal/floor, the least
+// work a correct in-process idempotency middleware does (its doc says
+// what it skips).
 
 // newNetHTTPFloor and newGinFloor are the apps of BenchmarkMiddleware on
 // net/http and Gin with the floor instead of idem.
