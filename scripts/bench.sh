@@ -61,8 +61,8 @@ gopeers() { # the Go peers in benchmarks/peers (GOWORK=off: not in go.work)
   (
     cd peers
     export GOWORK=off
-    go test -run '^$' -bench '^BenchmarkPeers$' -benchtime=50000x -count=6 . | tee -a "$res" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
-    go test -run '^$' -bench '^BenchmarkPeersRedis$' -benchtime=10000x -count=6 . | tee -a "$res" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
+    go test -run '^$' -bench '^BenchmarkPeers$' -benchtime=50000x -count=6 -timeout 60m . | tee -a "$res" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
+    go test -run '^$' -bench '^BenchmarkPeersRedis$' -benchtime=10000x -count=6 -timeout 60m . | tee -a "$res" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
     echo "go-peers-load-end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$res"
     if grep -qE '^(--- FAIL|FAIL|panic)' "$res"; then echo "bench: a Go peers benchmark failed; see $res" >&2; exit 1; fi
     "$BENCHSTAT" "$res" >"$ROOT/benchmarks/$OUT/go-peers-benchstat.txt"
