@@ -18,8 +18,9 @@ bench:
 bench-peers:
 	./scripts/bench.sh peers
 
-# Load over real sockets (about 3 minutes, after make bench): payments services on
-# Gin and Fiber, idem vs each peer per store, vegeta at LOAD_LEVELS workers (8,64)
+# Load over real sockets (about 5 minutes, after make bench): payments services on
+# Gin and Fiber, idem vs each peer per store (the Go peers served by
+# benchmarks/peers/cmd/peerserve, built from scripts/peers.sh's sources), vegeta at LOAD_LEVELS workers (8,64)
 # for LOAD_DURATION each (2s), LOAD_COUNT rounds (3, medians); generator and
 # servers pinned to one CPU each.
 bench-load:

@@ -4,8 +4,9 @@
 # writes benchmarks/RESULTS.md and benchmarks/overhead.png with
 # benchmarks/cmd/report. Raw output: benchmarks/results/.
 # `make bench-load` (`scripts/bench.sh load`): only the load benchmark over
-# real sockets (benchmarks/cmd/load, 2-3 minutes), then RESULTS.md again
-# from the last bench.txt and this load.txt.
+# real sockets (benchmarks/cmd/load, 3-5 minutes; the Go peers' rows served
+# by benchmarks/peers/cmd/peerserve), then RESULTS.md again from the last
+# bench.txt and this load.txt.
 # `scripts/bench.sh peers` (`make bench-peers`): only the paired peer
 # benchmarks (-count 6, with benchstat) and TestPeersExecutions of this
 # module, then the Go peers (go-peers below), then RESULTS.md again
@@ -101,8 +102,17 @@ if [ "${1:-}" = load ]; then
   BIN=$ROOT/.tmp/bin/idem-load
   mkdir -p "$(dirname "$BIN")"
   go build -o "$BIN" ./cmd/load
+  # The Go peers' rows: served by benchmarks/peers/cmd/peerserve (GOWORK=off),
+  # built from the sources scripts/peers.sh extracts; without them, no such rows.
+  PEERBIN=$ROOT/.tmp/bin/idem-peerserve
+  peerflag=()
+  if "$ROOT/scripts/peers.sh" && (cd peers && GOWORK=off go build -o "$PEERBIN" ./cmd/peerserve); then
+    peerflag=(-peerserve "$PEERBIN")
+  else
+    echo "bench-load: the Go peers could not be built; their rows are left out" >&2
+  fi
   # The generator re-executes itself on CPU 1 and starts each server on CPU 0 (taskset).
-  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}"
+  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}" "${peerflag[@]}"
   report
   exit 0
 fi
