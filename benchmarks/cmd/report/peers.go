@@ -35,13 +35,13 @@ func writePeers(w io.Writer, r *results) {
 	p("| | idem | fco-gt/gopotency | bright-room/idem | repenguin22/idemlease | Fiber v2/v3 built-in |\n|---|---|---|---|---|---|\n")
 	p("| scope (principal, route) | principal + method + route, required | none: its middlewares take the raw `Idempotency-Key` header (a `KeyStrategy` is consulted only when the header is missing) | none | principal (`KeyScope`; here the same principal function as idem's), not route | none |\n")
 	p("| fingerprint → 422 | method, path, query, media type, body | SHA-256 of the body only (default `RequestHasher`), compared with the stored record only | none: another payload under the same key is replayed | method, path, query, body | none: replayed |\n")
-	p("| concurrent duplicate | 409 (or bounded wait) | 409, but `Check` reads the record before `Lock` takes the lock and nothing re-reads it: a duplicate that read before the first request locked and locks after it finished executes again | waits for the key's lock (memory: a mutex per key, one goroutine per request to wait on it; Redis: `SET NX` polled every 50 ms, bounded only by the request context), then replays | 409 + Retry-After | waits on a process-local lock |\n")
+	p("| concurrent duplicate | 409 (or bounded wait) | 409, but `Check` reads the record before `Lock` takes the lock and nothing re-reads it: a duplicate that read before the first request locked and locks after it finished executes again (rare in the in-process count below, seen under load in section 9) | waits for the key's lock (memory: a mutex per key, one goroutine per request to wait on it; Redis: `SET NX` polled every 50 ms, bounded only by the request context), then replays | 409 + Retry-After | waits on a process-local lock |\n")
 	p("| lease separate from retention, renewed | yes | lock timeout (default 5 min; here idem's 30 s), not renewed | lock TTL = record TTL (default 24 h), not renewed: a crash holds the key that long | lease 30 s, not renewed | no stored lock |\n")
 	p("| multi-instance lock | every shared store | Redis (`SET NX`), SQL | Redis | Redis (Lua), PostgreSQL | no (lock is in-process) |\n")
 	p("| Redis commands, fresh / replay | 2 / 1 | 6 / 1 (`GET`, `SET NX` lock, `SET` pending, `GET`, `SET`, `DEL` lock) | 4 / 3 (`SET NX` lock, `GET`, `SET`, unlock script) | 2 / 1 (reserve and complete scripts) | 3 / 1 |\n")
 	p("| Redis client | borrowed, any prefix | dials its own from address and password: database 0, no key prefix | borrowed, prefixes | borrowed, prefix | any `fiber.Storage` |\n")
 	p("| stores | memory, Redis, PostgreSQL, MySQL, MongoDB | memory (a cleanup goroutine nothing stops; hands out the stored record, which completion then mutates: a data race), Redis, SQL, GORM | memory, Redis | memory, Redis, PostgreSQL | any `fiber.Storage` |\n")
-	p("| frameworks | net/http, Gin, Echo v4/v5, Fiber v2/v3 | net/http, Gin, Echo, Fiber | net/http, Gin (its `gin` module) | net/http, Gin, gRPC | Fiber only |\n\n")
+	p("| frameworks | net/http, Gin, Echo v4/v5, Fiber v2/v3 | net/http, Gin, Echo, Fiber (its Fiber middleware keeps the key from `c.Get` and the body from `c.Body()`, which alias fasthttp buffers, in the record: with Fiber's default `Immutable: false` its memory storage loses keys to later requests, which then run again; section 9 counts them) | net/http, Gin (its `gin` module) | net/http, Gin, gRPC | Fiber only |\n\n")
 	writeGoPeers(w, r)
 	p("Beside them, idem on Gin and net/http is paired with **the floor** (`benchmarks/internal/floor`): the least work a correct in-process middleware does — the raw key looked up in a sharded map, 409 while the first request runs, status, Content-Type and body stored and replayed; no scope, no fingerprint, no lease, no key syntax check, no retention. No configuration of any peer above does less, so idem ÷ floor bounds what any of them could win. Same app, same 36-character keys, chunks of 500 requests alternating (as for Fiber in section 2).\n\n")
 	p("| framework | path | paired: idem / floor per request | **idem ÷ floor** |\n|---|---|---|---|\n")
@@ -98,11 +98,13 @@ func writeGoPeers(w io.Writer, r *results) {
 		return
 	}
 	p("**idem ÷ each Go peer, paired** (`benchmarks/peers` BenchmarkPeers and BenchmarkPeersRedis: the app, handler, requests and 36-character keys of section 1, idem and the peer alternating in chunks of 500 requests inside one benchmark; memory: idem on memstore and the peer's memory store, 50,000 requests per side; Redis: idem on redisstore and the peer's Redis store, each its own client of the same Redis, 10,000 per side; medians of 6 runs, benchstat below), %s, machine load %s at the start and %s at the end. Ratio < 1: idem faster. *keys executed twice*: of 50 keys sent by 20 concurrent copies each (`TestPeersExecutions` of `benchmarks/peers`, table below; with Redis also over two instances); idem's is 0 in every case (asserted).\n\n", r.config["go-peers-date"], r.config["go-peers-load-start"], r.config["go-peers-load-end"])
-	p("| peer | framework | store | fresh: idem / peer per request | **idem ÷ peer, fresh** | replay: idem / peer per request | **idem ÷ peer, replay** | keys executed twice (1 instance; 2) |\n|---|---|---|---|---|---|---|---|\n")
+	p("*allocs*: heap allocations per request of each side (idem / peer, fresh; replay), counted around every chunk (`runtime.MemStats.Mallocs`); the request itself (recorder, key) is in both.\n\n")
+	p("| peer | framework | store | fresh: idem / peer per request | **idem ÷ peer, fresh** | replay: idem / peer per request | **idem ÷ peer, replay** | allocs | keys executed twice (1 instance; 2) |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, gp := range goPeers {
 		for _, fw := range []struct{ name, label string }{{"gin", "Gin"}, {"nethttp", "net/http"}} {
 			for _, st := range []struct{ bench, store string }{{"BenchmarkPeers", "memory"}, {"BenchmarkPeersRedis", "redis"}} {
 				cells := make([]string, 0, 4)
+				var allocs []string
 				found := false
 				for _, path := range []string{"fresh", "replay"} {
 					n := st.bench + "/fw=" + fw.name + "/peer=" + gp.name + "/path=" + path
@@ -115,6 +117,10 @@ func writeGoPeers(w io.Writer, r *results) {
 					pi, _ := r.get(n, "idem-ns/op")
 					pp, _ := r.get(n, gp.name+"-ns/op")
 					cells = append(cells, dur(pi)+" / "+dur(pp), fmt.Sprintf("**%.2f**", ratio))
+					if ai, ok := r.get(n, "idem-allocs/op"); ok {
+						ap, _ := r.get(n, gp.name+"-allocs/op")
+						allocs = append(allocs, fmt.Sprintf("%.0f / %.0f", ai, ap))
+					}
 				}
 				if !found {
 					continue
@@ -133,7 +139,11 @@ func writeGoPeers(w io.Writer, r *results) {
 				if len(twice) > 0 {
 					tw = strings.Join(twice, "; ")
 				}
-				p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", gp.label, fw.label, st.store, cells[0], cells[1], cells[2], cells[3], tw)
+				ac := na
+				if len(allocs) > 0 {
+					ac = strings.Join(allocs, "; ")
+				}
+				p("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", gp.label, fw.label, st.store, cells[0], cells[1], cells[2], cells[3], ac, tw)
 			}
 		}
 	}

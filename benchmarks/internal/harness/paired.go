@@ -2,6 +2,7 @@ package harness
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -13,13 +14,21 @@ import (
 // Paired runs bm.N ops of a and bm.N ops of b in alternating chunks of 500,
 // so that both sides see the same machine load even when it drifts (the
 // machine is shared), and reports each side's ns per op
-// (<nameA>-ns/op, <nameB>-ns/op) and the ratio a ÷ b (<nameA>/<nameB>).
-// parallel > 0 spreads every chunk over that many goroutines. ns/op of the
+// (<nameA>-ns/op, <nameB>-ns/op), the ratio a ÷ b (<nameA>/<nameB>) and
+// each side's heap allocations per op (<nameA>-allocs/op,
+// <nameB>-allocs/op: runtime.MemStats.Mallocs around each chunk, outside
+// the timed part; whatever else allocates meanwhile counts too). parallel
+// > 0 spreads every chunk over that many goroutines. ns/op of the
 // benchmark itself covers both sides.
 func Paired(bm *testing.B, nameA, nameB string, parallel int, a, b func() error) {
 	const chunk = 500
 	var ta, tb time.Duration
-	run := func(fn func() error, n int) time.Duration {
+	var ma, mb uint64
+	var ms runtime.MemStats
+	mallocs := func() uint64 { runtime.ReadMemStats(&ms); return ms.Mallocs }
+	run := func(fn func() error, n int, m *uint64) time.Duration {
+		before := mallocs()
+		defer func() { *m += mallocs() - before }()
 		start := time.Now()
 		if parallel <= 0 {
 			for range n {
@@ -50,17 +59,19 @@ func Paired(bm *testing.B, nameA, nameB string, parallel int, a, b func() error)
 	for done := 0; done < bm.N; done += chunk {
 		n := min(chunk, bm.N-done)
 		if (done/chunk)%2 == 0 {
-			ta += run(a, n)
-			tb += run(b, n)
+			ta += run(a, n, &ma)
+			tb += run(b, n, &mb)
 		} else {
-			tb += run(b, n)
-			ta += run(a, n)
+			tb += run(b, n, &mb)
+			ta += run(a, n, &ma)
 		}
 	}
 	bm.StopTimer()
 	bm.ReportMetric(float64(ta)/float64(bm.N), nameA+"-ns/op")
 	bm.ReportMetric(float64(tb)/float64(bm.N), nameB+"-ns/op")
 	bm.ReportMetric(float64(ta)/float64(tb), nameA+"/"+nameB)
+	bm.ReportMetric(float64(ma)/float64(bm.N), nameA+"-allocs/op")
+	bm.ReportMetric(float64(mb)/float64(bm.N), nameB+"-allocs/op")
 }
 
 // Concurrent duplicates of Duplicates: DupKeys keys, each sent by
