@@ -66,7 +66,7 @@ gopeers() { # the Go peers in benchmarks/peers (GOWORK=off: not in go.work)
     go test -run '^$' -bench '^BenchmarkPeersRedis$' -benchtime=10000x -count=6 -timeout 60m . | tee -a "$res" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
     echo "go-peers-load-end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$res"
     if grep -qE '^(--- FAIL|FAIL|panic)' "$res"; then echo "bench: a Go peers benchmark failed; see $res" >&2; exit 1; fi
-    "$BENCHSTAT" "$res" >"$ROOT/benchmarks/$OUT/go-peers-benchstat.txt"
+    (cd .. && "$BENCHSTAT" "$GOPEERS" >"$OUT/go-peers-benchstat.txt")
     echo "bench: the Go peers' executions under concurrent duplicates (benchmarks/peers TestPeersExecutions)"
     go test -count=1 -run '^TestPeersExecutions$' . -peers.out "$res" >/dev/null || { echo "bench: benchmarks/peers TestPeersExecutions failed" >&2; exit 1; }
   )
