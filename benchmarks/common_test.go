@@ -28,6 +28,8 @@ const (
 	principal = harness.Principal
 )
 
+// newMemEngine (an engine on a memstore that never fills up) and
+// requireEnv (an environment variable, or skip) are harness's.
 var (
 	newMemEngine = harness.NewMemEngine
 	requireEnv   = harness.RequireEnv
