@@ -541,7 +541,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 
 	p("\n## How to reproduce\n\n")
 	p("```sh\nmake bench            # starts Redis and the FerretDB test server if needed; about 5–10 minutes on 2 cores\n")
-	p("make bench-load       # section 9 only (2–3 minutes), after make bench\n")
+	p("make bench-load       # section 9 only (about 5 minutes, the Go peers' rows included), after make bench\n")
 	p("make bench-peers      # sections 2 and 2b only (-count 6, benchstat), the execution counts and the Go peers (scripts/bench.sh peers)\n")
 	p("./scripts/bench.sh go-peers  # the Go peers of section 2b only: scripts/peers.sh, then benchmarks/peers with GOWORK=off\n")
 	p("# or one part, e.g.:\ncd benchmarks && go test -run '^$' -bench 'Middleware|Fiber.*Builtin|Fiber.*Peer' -benchtime=100000x -count=5 .\n")
