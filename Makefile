@@ -1,5 +1,5 @@
 # The test command is `make test` (README.md). It starts what the tests need.
-.PHONY: test demo bench bench-load soak fuzz lint vulncheck
+.PHONY: test demo bench bench-load bench-peers soak fuzz lint vulncheck
 
 test:
 	./scripts/test.sh
@@ -11,8 +11,16 @@ demo:
 bench:
 	./scripts/bench.sh
 
-# Load over real sockets (about 3 minutes, after make bench): payments services on
-# Gin and Fiber, idem vs each peer per store, vegeta at LOAD_LEVELS workers (8,64)
+# Peers only (about 10 minutes, after make bench): the paired peer benchmarks
+# -count 6 with benchstat and the execution counts, then the Go peers
+# (gopotency, bright-room/idem, idemlease: extracted by scripts/peers.sh,
+# measured by the benchmarks/peers module with GOWORK=off); RESULTS.md again.
+bench-peers:
+	./scripts/bench.sh peers
+
+# Load over real sockets (about 5 minutes, after make bench): payments services on
+# Gin and Fiber, idem vs each peer per store (the Go peers served by
+# benchmarks/peers/cmd/peerserve, built from scripts/peers.sh's sources), vegeta at LOAD_LEVELS workers (8,64)
 # for LOAD_DURATION each (2s), LOAD_COUNT rounds (3, medians); generator and
 # servers pinned to one CPU each.
 bench-load:

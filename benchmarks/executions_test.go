@@ -1,15 +1,11 @@
 package benchmarks
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,17 +15,11 @@ import (
 	redisstorage "github.com/gofiber/storage/redis/v3"
 	"github.com/valyala/fasthttp"
 
+	"github.com/idemkit/idem/benchmarks/internal/harness"
 	idem "github.com/idemkit/idem/core"
 )
 
 var executionsOut = flag.String("peers.out", "", "append TestPeersExecutions' counts to this file as benchmark lines (make bench)")
-
-// Concurrent duplicates of TestPeersExecutions: dupKeys keys, each sent by
-// dupCopies goroutines released together.
-const (
-	dupKeys   = 50
-	dupCopies = 20
-)
 
 // library is one idempotency middleware with one store, mounted on one
 // framework's app of BenchmarkMiddleware; build returns n apps (instances)
@@ -95,16 +85,8 @@ func libraries() []library {
 // call at the same time (d.do reuses one request).
 func concurrentDo(t *testing.T, d driver) func(key string) int {
 	switch d := d.(type) {
-	case *httpDriver:
-		return func(key string) int {
-			r := httptest.NewRequest(http.MethodPost, route, bytes.NewReader(reqBody))
-			r.Header.Set("Content-Type", "application/json")
-			r.Header.Set("X-User-Id", principal)
-			r.Header.Set(idem.DefaultHeader, key)
-			w := httptest.NewRecorder()
-			d.h.ServeHTTP(w, r)
-			return w.Code
-		}
+	case httpDriver:
+		return harness.ConcurrentHTTP(d.H)
 	case *fiberDriver:
 		return func(key string) int {
 			ctx := new(fasthttp.RequestCtx)
@@ -121,61 +103,6 @@ func concurrentDo(t *testing.T, d driver) func(key string) int {
 	}
 	t.Fatalf("no concurrent driver for %T", d)
 	return nil
-}
-
-// dupResult is what one library did with the concurrent duplicates.
-type dupResult struct {
-	executions, keysTwice, maxPerKey, missing int
-	status                                    map[int]int
-}
-
-// duplicates sends dupCopies concurrent copies of each of dupKeys fresh
-// keys (all dupKeys*dupCopies goroutines released together), spread round
-// robin over the instances' request functions, and counts the handler's
-// executions per key.
-func duplicates(dos []func(key string) int) dupResult {
-	counts := new(sync.Map)
-	keyCounts.Store(counts)
-	defer keyCounts.Store(nil)
-	keys := make([]string, dupKeys)
-	for i := range keys {
-		keys[i] = newKey()
-	}
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	res := dupResult{status: map[int]int{}}
-	for _, k := range keys {
-		for i := range dupCopies {
-			do := dos[i%len(dos)]
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				code := do(k)
-				mu.Lock()
-				res.status[code]++
-				mu.Unlock()
-			}()
-		}
-	}
-	close(start)
-	wg.Wait()
-	for _, k := range keys {
-		n := int64(0)
-		if v, ok := counts.Load(k); ok {
-			n = v.(*atomic.Int64).Load()
-		}
-		res.executions += int(n)
-		res.maxPerKey = max(res.maxPerKey, int(n))
-		switch {
-		case n == 0:
-			res.missing++
-		case n > 1:
-			res.keysTwice++
-		}
-	}
-	return res
 }
 
 // TestPeersExecutions sends 20 concurrent duplicates of each of 50 keys
@@ -216,27 +143,17 @@ func checkDuplicates(t *testing.T, l library, n int, name string) string {
 	for _, d := range l.build(t, n) {
 		dos = append(dos, concurrentDo(t, d))
 	}
-	res := duplicates(dos)
-	codes := make([]int, 0, len(res.status))
-	for c := range res.status {
-		codes = append(codes, c)
-	}
-	slices.Sort(codes)
-	var st strings.Builder
-	for _, c := range codes {
-		fmt.Fprintf(&st, " %d status-%d", res.status[c], c)
-	}
-	line := fmt.Sprintf("BenchmarkExecutions/%s 1 %d requests %d keys %d executions %d keys-executed-twice %d max-executions/key%s",
-		name, dupKeys*dupCopies, dupKeys, res.executions, res.keysTwice, res.maxPerKey, st.String())
+	res := harness.Duplicates(dos)
+	line := res.Line(name)
 	t.Log(line)
-	if res.missing > 0 {
-		t.Errorf("%d of %d keys never executed: the harness lost requests (statuses %v)", res.missing, dupKeys, res.status)
+	if res.Missing > 0 {
+		t.Errorf("%d of %d keys never executed: the harness lost requests (statuses %v)", res.Missing, harness.DupKeys, res.Status)
 	}
 	if l.idem {
-		if res.keysTwice > 0 {
-			t.Errorf("idem executed %d of %d keys more than once (max %d)", res.keysTwice, dupKeys, res.maxPerKey)
+		if res.KeysTwice > 0 {
+			t.Errorf("idem executed %d of %d keys more than once (max %d)", res.KeysTwice, harness.DupKeys, res.MaxPerKey)
 		}
-		for code, n := range res.status {
+		for code, n := range res.Status {
 			if code != http.StatusCreated && code != http.StatusConflict {
 				t.Errorf("idem answered %d duplicates %s", n, statusText(code))
 			}

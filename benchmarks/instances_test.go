@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/adapters/idemhttp"
+	"github.com/idemkit/idem/benchmarks/internal/harness"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/redisstore"
 )
@@ -44,7 +45,7 @@ func BenchmarkInstances(b *testing.B) {
 					b.Fatal(err)
 				}
 				mux := http.NewServeMux()
-				mux.Handle("POST "+route, idemhttp.New(e, idemhttp.WithScope(func(*http.Request) string { return principal }))(http.HandlerFunc(handleHTTP)))
+				mux.Handle("POST "+route, idemhttp.New(e, idemhttp.WithScope(func(*http.Request) string { return principal }))(http.HandlerFunc(harness.HandleHTTP)))
 				srv := httptest.NewServer(mux)
 				b.Cleanup(srv.Close)
 				urls[i] = srv.URL + route

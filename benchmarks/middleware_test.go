@@ -1,24 +1,17 @@
 package benchmarks
 
 import (
-	"bytes"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"slices"
-	"sync/atomic"
 	"testing"
 
-	"github.com/gin-gonic/gin"
-
-	"github.com/idemkit/idem/adapters/idemgin"
-	"github.com/idemkit/idem/adapters/idemhttp"
+	"github.com/idemkit/idem/benchmarks/internal/harness"
 	idem "github.com/idemkit/idem/core"
 )
 
-// executions counts handler runs, so that replay and conflict cases can
-// assert that the handler did not run.
-var executions atomic.Int64
+// executions counts handler runs (harness.Executions), so that replay and
+// conflict cases can assert that the handler did not run.
+var executions = &harness.Executions
 
 // driver performs one in-process request (no network) and returns its status.
 type driver interface {
@@ -39,94 +32,26 @@ var frameworks = []framework{
 	{name: "gin", route: route, build: buildGin},
 }
 
-func handleHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	executions.Add(1)
-	if keyCounts.Load() != nil {
-		countKey(r.Header.Get(idem.DefaultHeader))
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if r.Method == http.MethodGet {
-		w.WriteHeader(http.StatusOK)
-	} else {
-		w.WriteHeader(http.StatusCreated)
-	}
-	_, _ = w.Write(respBody)
-}
-
 func buildNetHTTP(e *idem.Engine) driver {
-	var h http.Handler = http.HandlerFunc(handleHTTP)
-	if e != nil {
-		h = idemhttp.New(e, idemhttp.WithScope(func(*http.Request) string { return principal }))(h)
+	if e == nil {
+		return newHTTPDriver(harness.NetHTTPApp(nil))
 	}
-	mux := http.NewServeMux()
-	mux.Handle("POST "+route, h)
-	mux.Handle("GET "+route, h)
-	return newHTTPDriver(mux)
+	return newHTTPDriver(harness.NetHTTPApp(harness.IdemHTTP(e)))
 }
 
 func buildGin(e *idem.Engine) driver {
-	gin.SetMode(gin.ReleaseMode)
-	r := gin.New()
-	if e != nil {
-		r.Use(idemgin.New(e, idemgin.WithScope(func(*gin.Context) string { return principal })))
+	if e == nil {
+		return newHTTPDriver(harness.GinApp(nil))
 	}
-	r.POST(route, ginHandler)
-	r.GET(route, ginHandler)
-	return newHTTPDriver(r)
+	return newHTTPDriver(harness.GinApp(harness.IdemGin(e)))
 }
 
-func ginHandler(c *gin.Context) {
-	_, _ = io.Copy(io.Discard, c.Request.Body)
-	executions.Add(1)
-	if keyCounts.Load() != nil {
-		countKey(c.GetHeader(idem.DefaultHeader))
-	}
-	status := http.StatusCreated
-	if c.Request.Method == http.MethodGet {
-		status = http.StatusOK
-	}
-	c.Data(status, "application/json", respBody)
-}
+// httpDriver drives an http.Handler in process (harness.HTTPDriver).
+type httpDriver struct{ *harness.HTTPDriver }
 
-// httpDriver drives an http.Handler with reused requests and a fresh
-// httptest.ResponseRecorder per request.
-type httpDriver struct {
-	h         http.Handler
-	post, get *http.Request
-	body      *bytes.Reader
-	rc        io.ReadCloser
-	keys      []string
-}
+func newHTTPDriver(h http.Handler) httpDriver { return httpDriver{harness.NewHTTPDriver(h)} }
 
-func newHTTPDriver(h http.Handler) *httpDriver {
-	d := &httpDriver{h: h, body: bytes.NewReader(reqBody), keys: []string{""}}
-	d.rc = io.NopCloser(d.body)
-	d.post = httptest.NewRequest(http.MethodPost, route, nil)
-	d.post.Header.Set("Content-Type", "application/json")
-	d.post.ContentLength = int64(len(reqBody))
-	d.get = httptest.NewRequest(http.MethodGet, route, nil)
-	for _, r := range []*http.Request{d.post, d.get} {
-		r.Header.Set("X-User-Id", principal)
-	}
-	return d
-}
-
-func (d *httpDriver) do(method, key string) int {
-	r := d.post
-	if method == http.MethodGet {
-		r = d.get
-	}
-	d.body.Reset(reqBody)
-	r.Body = d.rc
-	if key != "" {
-		d.keys[0] = key
-		r.Header[idem.DefaultHeader] = d.keys
-	}
-	w := httptest.NewRecorder()
-	d.h.ServeHTTP(w, r)
-	return w.Code
-}
+func (d httpDriver) do(method, key string) int { return d.Do(method, key) }
 
 // BenchmarkMiddleware measures one request through each framework with a
 // memory store: bare (no idem), fresh (first execution, a new key each

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/idemkit/idem/benchmarks/internal/harness"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/mysqlstore"
 )
@@ -54,7 +55,7 @@ func newMyDB(tb testing.TB, conns int) (*sql.DB, string, *atomic.Int64) {
 	if err := db.Ping(); err != nil {
 		tb.Fatalf("mysql at IDEM_MYSQL_DSN: %v", err)
 	}
-	name := fmt.Sprintf("idem_bench_%s_%d", runID, keySeq.Add(1))
+	name := fmt.Sprintf("idem_bench_%s_%d", harness.RunID, harness.Seq())
 	tb.Cleanup(func() {
 		for _, q := range []string{"DROP TABLE IF EXISTS `" + name + "`", "DROP TABLE IF EXISTS `" + name + "_floor`",
 			"DROP PROCEDURE IF EXISTS `" + name + mysqlstore.ProcSuffix + "`"} {

@@ -2,46 +2,31 @@ package benchmarks
 
 import (
 	"net/http"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	idempotencyv2 "github.com/gofiber/fiber/v2/middleware/idempotency"
 	idempotencyv3 "github.com/gofiber/fiber/v3/middleware/idempotency"
 	redisstorage "github.com/gofiber/storage/redis/v3"
 
 	"github.com/idemkit/idem/benchmarks/internal/floor"
+	"github.com/idemkit/idem/benchmarks/internal/harness"
 )
 
 // The Go libraries named in issue #27 (github.com/fco-gt/gopotency,
 // github.com/bright-room/idem, github.com/repenguin22/idemlease) are not
-// served by the module proxy this repository builds from (every version:
-// 403 "not available"), so they cannot be measured here. On Gin and
-// net/http idem is paired instead with internal/floor, the least work a
-// correct in-process idempotency middleware does (its doc says what it
-// skips).
+// served by the module proxy this module builds from (every version: 403
+// "not available"), so they are measured by benchmarks/peers, a module
+// outside go.work built from their extracted source (scripts/peers.sh).
+// Here idem on Gin and net/http is paired with internal/floor, the least
+// work a correct in-process idempotency middleware does (its doc says
+// what it skips).
 
 // newNetHTTPFloor and newGinFloor are the apps of BenchmarkMiddleware on
 // net/http and Gin with the floor instead of idem.
-func newNetHTTPFloor() driver {
-	h := floor.HTTP(floor.New())(http.HandlerFunc(handleHTTP))
-	mux := http.NewServeMux()
-	mux.Handle("POST "+route, h)
-	mux.Handle("GET "+route, h)
-	return newHTTPDriver(mux)
-}
+func newNetHTTPFloor() driver { return newHTTPDriver(harness.NetHTTPApp(floor.HTTP(floor.New()))) }
 
-func newGinFloor() driver {
-	gin.SetMode(gin.ReleaseMode)
-	r := gin.New()
-	r.Use(floor.Gin(floor.New()))
-	r.POST(route, ginHandler)
-	r.GET(route, ginHandler)
-	return newHTTPDriver(r)
-}
+func newGinFloor() driver { return newHTTPDriver(harness.GinApp(floor.Gin(floor.New()))) }
 
 // BenchmarkNetHTTPPeer pairs idem on net/http (memory store) with the
 // floor middleware, fresh and replay, in alternating chunks of 500 requests
@@ -52,27 +37,11 @@ func BenchmarkNetHTTPPeer(b *testing.B) { benchPeer(b, "nethttp", newNetHTTPFloo
 // BenchmarkNetHTTPPeer does on net/http.
 func BenchmarkGinPeer(b *testing.B) { benchPeer(b, "gin", newGinFloor) }
 
-// keyCounts, when set, counts the handlers' executions per idempotency key
-// (TestPeersExecutions); execDelay makes each counted execution last long
-// enough for concurrent duplicates to overlap it.
-var (
-	keyCounts atomic.Pointer[sync.Map] // key -> *atomic.Int64
-	execDelay = 2 * time.Millisecond
-)
+// keyCounts counts executions per key while set (harness.KeyCounts);
+// countKey records one.
+var keyCounts = &harness.KeyCounts
 
-// countKey records one execution of key when keyCounts is set.
-func countKey(key string) {
-	m := keyCounts.Load()
-	if m == nil {
-		return
-	}
-	v, ok := m.Load(key)
-	if !ok { // fasthttp's strings alias its buffers: the map keeps a copy
-		v, _ = m.LoadOrStore(strings.Clone(key), new(atomic.Int64))
-	}
-	v.(*atomic.Int64).Add(1)
-	time.Sleep(execDelay)
-}
+func countKey(key string) { harness.CountKey(key) }
 
 // BenchmarkFiberRedisPeer pairs idem on Fiber v2 with redisstore and Fiber
 // v2's built-in middleware with gofiber/storage/redis on the same Redis

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/benchmarks/internal/harness"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/pgstore"
 )
@@ -55,7 +56,7 @@ func newPgPool(tb testing.TB, conns int) (*pgxpool.Pool, string, *atomic.Int64) 
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS idem_bench`); err != nil {
 		tb.Fatalf("postgres at IDEM_POSTGRES_URL: %v", err)
 	}
-	name := fmt.Sprintf("b_%s_%d", runID, keySeq.Add(1))
+	name := fmt.Sprintf("b_%s_%d", harness.RunID, harness.Seq())
 	tb.Cleanup(func() {
 		for _, t := range []string{name, name + "_floor"} {
 			_, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{"idem_bench", t}.Sanitize())

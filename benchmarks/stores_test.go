@@ -9,17 +9,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/idemkit/idem/benchmarks/internal/harness"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/stores/memstore"
 	"github.com/idemkit/idem/stores/mongostore"
-	"github.com/idemkit/idem/stores/redisstore"
 )
 
 // benchResponse is what the store benchmarks complete with: the engine's
@@ -47,7 +46,7 @@ func engineEncoding(header http.Header, body []byte) []byte {
 
 // retention of records written by the benchmarks: long enough for a run,
 // short enough to leave nothing behind in a shared Redis.
-const benchRetention = 10 * time.Minute
+const benchRetention = harness.Retention
 
 // storeCase opens one store for a benchmark. trips counts the store's
 // network round trips (commands sent), nil for the memory store.
@@ -70,55 +69,12 @@ func openMem(tb testing.TB) (idem.Store, *atomic.Int64) {
 	return s, nil
 }
 
-// tripHook counts every command and pipeline a go-redis client sends: one
-// round trip each.
-type tripHook struct{ n *atomic.Int64 }
-
-func (h tripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h tripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
-}
-func (h tripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
-}
-
-// newRedisClient returns a client of IDEM_REDIS_URL counting its round
-// trips, and a fresh key prefix whose keys are deleted at cleanup.
-func newRedisClient(tb testing.TB) (*redis.Client, string, *atomic.Int64) {
-	tb.Helper()
-	opts, err := redis.ParseURL(requireEnv(tb, "IDEM_REDIS_URL"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	c := redis.NewClient(opts)
-	ctx := context.Background()
-	if err := c.Ping(ctx).Err(); err != nil {
-		tb.Fatalf("redis at IDEM_REDIS_URL: %v", err)
-	}
-	prefix := fmt.Sprintf("idembench:%s:%d:", runID, keySeq.Add(1))
-	trips := new(atomic.Int64)
-	c.AddHook(tripHook{trips})
-	tb.Cleanup(func() {
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		var batch []string
-		for iter.Next(ctx) {
-			if batch = append(batch, iter.Val()); len(batch) == 1000 {
-				c.Unlink(ctx, batch...)
-				batch = batch[:0]
-			}
-		}
-		if len(batch) > 0 {
-			c.Unlink(ctx, batch...)
-		}
-		c.Close()
-	})
-	return c, prefix, trips
-}
-
-func openRedis(tb testing.TB) (idem.Store, *atomic.Int64) {
-	c, prefix, trips := newRedisClient(tb)
-	return redisstore.New(c, redisstore.WithPrefix(prefix)), trips
-}
+// newRedisClient is harness.NewRedisClient: a client of IDEM_REDIS_URL
+// counting its round trips, and a fresh key prefix deleted at cleanup.
+var (
+	newRedisClient = harness.NewRedisClient
+	openRedis      = harness.OpenRedis
+)
 
 var mongoLabel sync.Once
 
@@ -145,7 +101,7 @@ func openMongo(tb testing.TB) (idem.Store, *atomic.Int64) {
 			fmt.Printf("mongo-server: MongoDB %v\n", info["version"])
 		}
 	})
-	coll := db.Collection(fmt.Sprintf("bench_%s_%d", runID, keySeq.Add(1)))
+	coll := db.Collection(fmt.Sprintf("bench_%s_%d", harness.RunID, harness.Seq()))
 	tb.Cleanup(func() {
 		_ = coll.Drop(ctx)
 		_ = client.Disconnect(ctx)
@@ -376,10 +332,5 @@ func BenchmarkEngine(b *testing.B) {
 	}
 }
 
-func newEngine(tb testing.TB, s idem.Store) *idem.Engine {
-	e, err := idem.New(s, idem.WithRetention(benchRetention))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return e
-}
+// newEngine is harness.NewEngine: an engine on s with benchRetention.
+var newEngine = harness.NewEngine

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/idemkit/idem/benchmarks/internal/payments"
 )
 
 // mixText describes the traffic of attack for RESULTS.md.
@@ -43,7 +45,7 @@ type mix struct {
 func newMix(url string, workers, max int) *mix {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return &mix{url: url + "/v1/payments", user: "user_" + hex.EncodeToString(b[:]), max: max, lag: 4*workers + 10, prefix: hex.EncodeToString(b[:])}
+	return &mix{url: url + payments.Route, user: "user_" + hex.EncodeToString(b[:]), max: max, lag: 4*workers + 10, prefix: hex.EncodeToString(b[:])}
 }
 
 func (m *mix) key(i int) string {

@@ -43,6 +43,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemkit/idem/benchmarks/internal/payments"
 )
 
 func main() {
@@ -57,13 +59,14 @@ func main() {
 		duration  = flag.Duration("duration", 2*time.Second, "attack time per service and level")
 		count     = flag.Int("count", 3, "rounds over every service; the report takes the median of the rounds")
 		only      = flag.String("only", "", "run only the services whose name (fw=…/lib=…/store=…) contains this")
+		peerBin   = flag.String("peerserve", "", "also run the Go peers' rows, each served by this benchmarks/peers/cmd/peerserve binary (scripts/bench.sh load builds it)")
 		pin       = flag.Bool("pin", true, "pin the generator to CPU 1 and each server to CPU 0 (taskset), GOMAXPROCS=1 each")
 		cpuprof   = flag.String("cpuprofile", "", "-serve: write the server's CPU profile here")
 		target    = flag.String("url", "", "attack the service already serving at this URL (e.g. one started with -serve -cpuprofile) instead of starting each")
 	)
 	flag.Parse()
 	if *serveMode {
-		if err := serveMain(service{*fw, *lib, *store}, *addr, *cpuprof); err != nil {
+		if err := serveMain(service{fw: *fw, lib: *lib, store: *store}, *addr, *cpuprof); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -89,7 +92,7 @@ func main() {
 		}
 		return
 	}
-	if err := drive(*out, lv, *duration, *count, *only, *pin); err != nil {
+	if err := drive(*out, lv, *duration, *count, *only, *peerBin, *pin); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -139,7 +142,7 @@ func serveMain(s service, addr, cpuprof string) error {
 		ln.Close()
 		return err
 	}
-	fmt.Println("listening on " + srv.url)
+	fmt.Println(payments.ListeningPrefix + srv.url)
 	<-ctx.Done()
 	return srv.shutdown()
 }
@@ -147,7 +150,7 @@ func serveMain(s service, addr, cpuprof string) error {
 // drive runs every service at every level, count rounds (each round goes
 // over every service, so that a drift of the machine's load reaches all of
 // them alike), and writes the benchmark lines.
-func drive(out string, levels []int, d time.Duration, count int, only string, pin bool) error {
+func drive(out string, levels []int, d time.Duration, count int, only, peerBin string, pin bool) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -163,12 +166,20 @@ func drive(out string, levels []int, d time.Duration, count int, only string, pi
 	}
 	fmt.Fprintf(f, "loadrun-date: %s\nloadrun-pinning: %s\nloadrun-levels: %s workers x %s each, %d rounds (medians), closed loop\nloadrun-mix: %s\nloadrun-start: %s\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), pinning, strings.Trim(fmt.Sprint(levels), "[]"), d, count, mixText, loadavg())
+	all := services
+	if peerBin != "" {
+		all = append(slices.Clone(services), peerServices...)
+	}
 	for range count {
-		for _, s := range services {
+		for _, s := range all {
 			if only != "" && !strings.Contains(s.String(), only) {
 				continue
 			}
-			lines, err := runService(self, s, levels, d, pin)
+			bin := self
+			if s.peer {
+				bin = peerBin
+			}
+			lines, err := runService(bin, s, levels, d, pin)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s, err)
 			}
@@ -187,12 +198,13 @@ func loadavg() string {
 	return strings.Join(strings.Fields(string(b))[:min(3, len(strings.Fields(string(b))))], " ")
 }
 
-// runService starts s as a process and attacks it at each level.
-func runService(self string, s service, levels []int, d time.Duration, pin bool) ([]string, error) {
+// runService starts s as a process of binary bin (this command, or
+// peerserve) and attacks it at each level.
+func runService(bin string, s service, levels []int, d time.Duration, pin bool) ([]string, error) {
 	args := []string{"-serve", "-fw", s.fw, "-lib", s.lib, "-store", s.store}
-	name, env := self, os.Environ()
+	name, env := bin, os.Environ()
 	if pin {
-		name, args = "taskset", append([]string{"-c", "0", self}, args...)
+		name, args = "taskset", append([]string{"-c", "0", bin}, args...)
 		env = append(env, "GOMAXPROCS=1")
 	}
 	cmd := exec.Command(name, args...)
@@ -211,7 +223,7 @@ func runService(self string, s service, levels []int, d time.Duration, pin bool)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if u, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+			if u, ok := strings.CutPrefix(sc.Text(), payments.ListeningPrefix); ok {
 				select {
 				case urls <- u:
 				default:
@@ -268,13 +280,13 @@ func attackLine(url, name string, c int, d time.Duration) (string, error) {
 }
 
 // getStats reads the service's GET /stats.
-func getStats(url string) (stats, error) {
-	resp, err := http.Get(url + "/stats")
+func getStats(url string) (payments.Stats, error) {
+	resp, err := http.Get(url + payments.StatsRoute)
 	if err != nil {
-		return stats{}, err
+		return payments.Stats{}, err
 	}
 	defer resp.Body.Close()
-	var st stats
+	var st payments.Stats
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
 		return st, fmt.Errorf("GET /stats: %s %s", resp.Status, b)

@@ -3,16 +3,10 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -26,87 +20,53 @@ import (
 	"github.com/idemkit/idem/adapters/idemfiber"
 	"github.com/idemkit/idem/adapters/idemgin"
 	"github.com/idemkit/idem/benchmarks/internal/floor"
+	"github.com/idemkit/idem/benchmarks/internal/payments"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/memstore"
 	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-// service is one load case's server: framework, library and store.
+// service is one load case's server: framework, library and store; peer
+// services are served by benchmarks/peers/cmd/peerserve (-peerserve).
 type service struct {
 	fw, lib, store string
+	peer           bool
 }
 
 func (s service) String() string { return "fw=" + s.fw + "/lib=" + s.lib + "/store=" + s.store }
 
 // services are the cases of a load run: on Gin and on Fiber v2, the bare
-// service (lib none), idem on every store, and each peer on the stores it
-// has (Fiber's built-in middleware with its in-memory storage and with
-// gofiber/storage's Redis; on Gin the floor of internal/floor, since the
-// Go peers of issue #27 are not served by the module proxy).
+// service (lib none), idem on every store, and the peers this module can
+// build on the stores they have (Fiber's built-in middleware with its
+// in-memory storage and with gofiber/storage's Redis; on Gin the floor of
+// internal/floor).
 var services = []service{
-	{"gin", "none", "memory"},
-	{"gin", "floor", "memory"},
-	{"gin", "idem", "memory"},
-	{"gin", "idem", "redis"},
-	{"gin", "idem", "postgres"},
-	{"fiber", "none", "memory"},
-	{"fiber", "builtin", "memory"},
-	{"fiber", "builtin", "redis"},
-	{"fiber", "idem", "memory"},
-	{"fiber", "idem", "redis"},
-	{"fiber", "idem", "postgres"},
+	{"gin", "none", "memory", false},
+	{"gin", "floor", "memory", false},
+	{"gin", "idem", "memory", false},
+	{"gin", "idem", "redis", false},
+	{"gin", "idem", "postgres", false},
+	{"fiber", "none", "memory", false},
+	{"fiber", "builtin", "memory", false},
+	{"fiber", "builtin", "redis", false},
+	{"fiber", "idem", "memory", false},
+	{"fiber", "idem", "redis", false},
+	{"fiber", "idem", "postgres", false},
 }
 
-// ledger is the payments service's state: executions per idempotency key,
-// so that a run can tell how many keys a library executed twice.
-type ledger struct {
-	seq        atomic.Int64
-	executions atomic.Int64
-	keysTwice  atomic.Int64
-	byKey      sync.Map // key -> *atomic.Int32
-}
-
-// stats is GET /stats: what the ledger saw since the service started.
-type stats struct {
-	Executions int64 `json:"executions"`
-	KeysTwice  int64 `json:"keys_twice"`
-}
-
-// chargeRequest is POST /v1/payments' body, as in examples/.
-type chargeRequest struct {
-	Amount int64 `json:"amount"`
-}
-
-// payment is POST /v1/payments' 201 body.
-type payment struct {
-	ID     string `json:"id"`
-	Amount int64  `json:"amount"`
-	Status string `json:"status"`
-}
-
-// charge executes one payment for key and returns it, or an error for a
-// body that is not a positive amount.
-func (l *ledger) charge(key string, body []byte) (payment, error) {
-	var req chargeRequest
-	if err := json.Unmarshal(body, &req); err != nil || req.Amount <= 0 {
-		return payment{}, errors.New(`body must be {"amount": N} with N > 0`)
-	}
-	l.executions.Add(1)
-	if key != "" {
-		v, ok := l.byKey.Load(key)
-		if !ok { // fasthttp's strings alias its buffers: the map keeps a copy
-			v, _ = l.byKey.LoadOrStore(strings.Clone(key), new(atomic.Int32))
-		}
-		if v.(*atomic.Int32).Add(1) == 2 {
-			l.keysTwice.Add(1)
-		}
-	}
-	return payment{ID: "pay_" + strconv.FormatInt(l.seq.Add(1), 10), Amount: req.Amount, Status: "succeeded"}, nil
-}
-
-func (l *ledger) stats() stats {
-	return stats{Executions: l.executions.Load(), KeysTwice: l.keysTwice.Load()}
+// peerServices are the Go peers' cases (-peerserve): each on Gin with its
+// memory and Redis store, gopotency (the one with a Fiber middleware) also
+// on Fiber v2.
+var peerServices = []service{
+	{"gin", "gopotency", "memory", true},
+	{"gin", "gopotency", "redis", true},
+	{"gin", "brightroom", "memory", true},
+	{"gin", "brightroom", "redis", true},
+	{"gin", "idemlease", "memory", true},
+	{"gin", "idemlease", "redis", true},
+	{"fiber", "gopotency", "memory", true},
+	{"fiber", "gopotency", "redis", true},
 }
 
 // backend is what a service needs from its store: an idem.Store, or a
@@ -179,10 +139,8 @@ type server struct {
 	shutdown func() error
 }
 
-// serve starts service s on ln: POST /v1/payments (the payments contract of
-// examples/: {"amount": N}, Idempotency-Key, X-User-Id as the principal
-// idem scopes keys by), answered 201 with the payment and a Location, and
-// GET /stats.
+// serve starts service s on ln: the payments service (internal/payments)
+// with s's library in front, and GET /stats.
 func serve(ctx context.Context, s service, ln net.Listener) (*server, error) {
 	b, err := openBackend(ctx, s)
 	if err != nil {
@@ -195,81 +153,50 @@ func serve(ctx context.Context, s service, ln net.Listener) (*server, error) {
 			return nil, err
 		}
 	}
-	l := new(ledger)
-	url := "http://" + ln.Addr().String()
+	l := new(payments.Ledger)
+	var app any
 	switch s.fw {
 	case "gin":
-		srv := &http.Server{Handler: ginApp(s, e, l), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		return &server{url: url, shutdown: func() error {
-			err := srv.Shutdown(context.Background())
-			if e != nil {
-				_ = e.Close(context.Background())
-			}
-			b.close()
-			return err
-		}}, nil
+		app = payments.GinApp(l, ginMiddleware(s, e))
 	case "fiber":
-		app := fiberApp(s, e, b, l)
-		go func() { _ = app.Listener(ln) }()
-		return &server{url: url, shutdown: func() error {
-			err := app.ShutdownWithTimeout(10 * time.Second)
-			if e != nil {
-				_ = e.Close(context.Background())
-			}
-			b.close()
-			return err
-		}}, nil
+		app = payments.FiberApp(l, fiberMiddleware(s, e, b))
+	default:
+		b.close()
+		return nil, fmt.Errorf("unknown framework %q", s.fw)
 	}
-	b.close()
-	return nil, fmt.Errorf("unknown framework %q", s.fw)
+	srv, err := payments.Start(app, ln)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	return &server{url: srv.URL, shutdown: func() error {
+		err := srv.Shutdown()
+		if e != nil {
+			_ = e.Close(context.Background())
+		}
+		b.close()
+		return err
+	}}, nil
 }
 
-func ginApp(s service, e *idem.Engine, l *ledger) http.Handler {
-	gin.SetMode(gin.ReleaseMode)
-	r := gin.New()
-	var mw []gin.HandlerFunc
+// ginMiddleware is s's library on Gin (none for lib none).
+func ginMiddleware(s service, e *idem.Engine) gin.HandlerFunc {
 	switch s.lib {
 	case "idem":
-		mw = append(mw, idemgin.New(e, idemgin.WithScope(func(c *gin.Context) string { return c.GetHeader("X-User-Id") })))
+		return idemgin.New(e, idemgin.WithScope(func(c *gin.Context) string { return c.GetHeader("X-User-Id") }))
 	case "floor":
-		mw = append(mw, floor.Gin(floor.New()))
+		return floor.Gin(floor.New())
 	}
-	r.POST("/v1/payments", append(mw, func(c *gin.Context) {
-		body, err := c.GetRawData()
-		if err != nil {
-			c.Status(http.StatusBadRequest)
-			return
-		}
-		p, err := l.charge(c.GetHeader("Idempotency-Key"), body)
-		if err != nil {
-			c.String(http.StatusBadRequest, err.Error())
-			return
-		}
-		c.Header("Location", "/v1/payments/"+p.ID)
-		c.JSON(http.StatusCreated, p)
-	})...)
-	r.GET("/stats", func(c *gin.Context) { c.JSON(http.StatusOK, l.stats()) })
-	return r
+	return nil
 }
 
-func fiberApp(s service, e *idem.Engine, b backend, l *ledger) *fiber.App {
-	app := fiber.New(fiber.Config{DisableStartupMessage: true})
-	var mw []fiber.Handler
+// fiberMiddleware is s's library on Fiber v2 (none for lib none).
+func fiberMiddleware(s service, e *idem.Engine, b backend) fiber.Handler {
 	switch s.lib {
 	case "idem":
-		mw = append(mw, idemfiber.New(e, idemfiber.WithScope(func(c *fiber.Ctx) string { return c.Get("X-User-Id") })))
+		return idemfiber.New(e, idemfiber.WithScope(func(c *fiber.Ctx) string { return c.Get("X-User-Id") }))
 	case "builtin":
-		mw = append(mw, idempotency.New(idempotency.Config{KeyHeader: "Idempotency-Key", Lifetime: 10 * time.Minute, Storage: b.storage}))
+		return idempotency.New(idempotency.Config{KeyHeader: "Idempotency-Key", Lifetime: 10 * time.Minute, Storage: b.storage})
 	}
-	app.Post("/v1/payments", append(mw, func(c *fiber.Ctx) error {
-		p, err := l.charge(c.Get("Idempotency-Key"), c.Body())
-		if err != nil {
-			return c.Status(http.StatusBadRequest).SendString(err.Error())
-		}
-		c.Set("Location", "/v1/payments/"+p.ID)
-		return c.Status(http.StatusCreated).JSON(p)
-	})...)
-	app.Get("/stats", func(c *fiber.Ctx) error { return c.JSON(l.stats()) })
-	return app
+	return nil
 }

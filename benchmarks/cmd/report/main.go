@@ -223,7 +223,7 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	p("Targets are reported as met or missed with the measured value, never asserted.\n\n")
 	p("## Machine\n\n| | |\n|---|---|\n")
 	for _, k := range r.keys {
-		if strings.HasPrefix(k, "loadrun-") || strings.HasPrefix(k, "peers-") { // sections 9 and 2b say theirs
+		if strings.HasPrefix(k, "loadrun-") || strings.HasPrefix(k, "peers-") || strings.HasPrefix(k, "go-peers-") { // sections 9 and 2b say theirs
 			continue
 		}
 		p("| %s | %s |\n", k, r.config[k])
@@ -541,8 +541,9 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 
 	p("\n## How to reproduce\n\n")
 	p("```sh\nmake bench            # starts Redis and the FerretDB test server if needed; about 5–10 minutes on 2 cores\n")
-	p("make bench-load       # section 9 only (2–3 minutes), after make bench\n")
-	p("./scripts/bench.sh peers  # sections 2 and 2b's pairs (-count 6, benchstat) and the execution counts only\n")
+	p("make bench-load       # section 9 only (about 5 minutes, the Go peers' rows included), after make bench\n")
+	p("make bench-peers      # sections 2 and 2b only (-count 6, benchstat), the execution counts and the Go peers (scripts/bench.sh peers)\n")
+	p("./scripts/bench.sh go-peers  # the Go peers of section 2b only: scripts/peers.sh, then benchmarks/peers with GOWORK=off\n")
 	p("# or one part, e.g.:\ncd benchmarks && go test -run '^$' -bench 'Middleware|Fiber.*Builtin|Fiber.*Peer' -benchtime=100000x -count=5 .\n")
 	p("go test -run '^$' -bench 'Middleware/fw=gin/path=fresh' -benchtime=100000x -cpuprofile cpu.out -memprofile mem.out . && go tool pprof -top cpu.out\n```\n\n")
 	p("`make test` compiles every benchmark and runs each once (`-benchtime=1x`, without `-bench.full`: no 10^6 preload, no end-to-end processes). Raw output: `benchmarks/results/bench.txt`.\n")

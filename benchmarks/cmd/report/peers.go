@@ -31,16 +31,19 @@ func writePeers(w io.Writer, r *results) {
 	if d := r.config["peers-date"]; d != "" {
 		p("The paired ratios of sections 2 and 2b and the execution counts come from a later run of the peers alone (`scripts/bench.sh peers`: every pair -count 6, benchstat below), %s, machine load %s at the start and %s at the end; the separate medians of section 2 and the other sections from the run in the Machine table.\n\n", d, r.config["peers-load-start"], r.config["peers-load-end"])
 	}
-	p("The Go libraries a Gin or net/http team would otherwise pick are **not measured**: the Go module proxy this repository builds from refuses every version of `github.com/fco-gt/gopotency`, `github.com/bright-room/idem` and `github.com/repenguin22/idemlease` (403 \"not available\"), so none of them can be a dependency of this module. What each cannot do, from its own README and code (configured as close to idem as it allows):\n\n")
+	p("The Go libraries a Gin or net/http team would otherwise pick: `github.com/fco-gt/gopotency` v1.0.0, `github.com/bright-room/idem` v1.2.1 (with its `gin` module) and `github.com/repenguin22/idemlease` v1.1.0 (with `ginadapter` and `redistore`). The Go module proxy refuses all three (403 \"not available\"), so they are measured from their source: `scripts/peers.sh` extracts the pinned tags unmodified into `.tmp/peers`, and `benchmarks/peers`, a module outside `go.work` (built with `GOWORK=off`), replaces them with those directories. What each cannot do, read from its code at that tag (each configured as close to idem as it allows; *here* says how it is configured below):\n\n")
 	p("| | idem | fco-gt/gopotency | bright-room/idem | repenguin22/idemlease | Fiber v2/v3 built-in |\n|---|---|---|---|---|---|\n")
-	p("| scope (principal, route) | principal + method + route, required | none (a custom `KeyStrategy` could add one) | none | principal (`KeyScope`), not route | none |\n")
-	p("| fingerprint → 422 | method, path, query, media type, body | body hash only | none: a different payload is replayed | method, path, query, body | none: replayed |\n")
-	p("| concurrent duplicate | 409 (or bounded wait) | 409, but it reads the record before it takes the lock: a duplicate that read before the first request locked and locks after it finished runs again | lock (`Locker`), 409 | 409 + Retry-After | waits on a process-local lock |\n")
-	p("| lease separate from retention, renewed | yes | lock timeout 5 min, no renewal | lock TTL | lease 30 s, no renewal | no stored lock |\n")
-	p("| multi-instance lock | every shared store | Redis, SQL | Redis | Redis | no (lock is in-process) |\n")
-	p("| stores | memory, Redis, PostgreSQL, MongoDB | memory, Redis, SQL, GORM | memory, Redis | memory, Redis (PostgreSQL planned) | any `fiber.Storage` |\n")
-	p("| frameworks | net/http, Gin, Echo v4/v5, Fiber v2/v3 | net/http, Gin, Echo, Fiber | net/http (Gin, Echo by wrapping) | net/http, Echo by wrapping, no Gin adapter, no Fiber | Fiber only |\n\n")
-	p("In their place, idem on Gin and net/http is paired with **the floor** (`benchmarks/internal/floor`): the least work a correct in-process middleware does — the raw key looked up in a sharded map, 409 while the first request runs, status, Content-Type and body stored and replayed; no scope, no fingerprint, no lease, no key syntax check, no retention. No configuration of any peer above does less, so idem ÷ floor bounds what any of them could win. Same app, same 36-character keys, chunks of 500 requests alternating (as for Fiber in section 2).\n\n")
+	p("| scope (principal, route) | principal + method + route, required | none: its middlewares take the raw `Idempotency-Key` header (a `KeyStrategy` is consulted only when the header is missing) | none | principal (`KeyScope`; here the same principal function as idem's), not route | none |\n")
+	p("| fingerprint → 422 | method, path, query, media type, body | SHA-256 of the body only (default `RequestHasher`), compared with the stored record only | none: another payload under the same key is replayed | method, path, query, body | none: replayed |\n")
+	p("| concurrent duplicate | 409 (or bounded wait) | 409, but `Check` reads the record before `Lock` takes the lock and nothing re-reads it: a duplicate that read before the first request locked and locks after it finished executes again (a narrow window: 0–2 of 50 keys in the in-process runs of `TestPeersExecutions` here) | waits for the key's lock (memory: a mutex per key, one goroutine per request to wait on it; Redis: `SET NX` polled every 50 ms, bounded only by the request context), then replays | 409 + Retry-After | waits on a process-local lock |\n")
+	p("| lease separate from retention, renewed | yes | lock timeout (default 5 min; here idem's 30 s), not renewed | lock TTL = record TTL (default 24 h), not renewed: a crash holds the key that long | lease 30 s, not renewed | no stored lock |\n")
+	p("| multi-instance lock | every shared store | Redis (`SET NX`), SQL | Redis | Redis (Lua), PostgreSQL | no (lock is in-process) |\n")
+	p("| Redis commands, fresh / replay | 2 / 1 | 6 / 1 (`GET`, `SET NX` lock, `SET` pending, `GET`, `SET`, `DEL` lock) | 4 / 3 (`SET NX` lock, `GET`, `SET`, unlock script) | 2 / 1 (reserve and complete scripts) | 3 / 1 |\n")
+	p("| Redis client | borrowed, any prefix | dials its own from address and password: database 0, no key prefix | borrowed, prefixes | borrowed, prefix | any `fiber.Storage` |\n")
+	p("| stores | memory, Redis, PostgreSQL, MySQL, MongoDB | memory (a cleanup goroutine nothing stops; hands out the stored record, which completion then mutates: a data race), Redis, SQL, GORM | memory, Redis | memory, Redis, PostgreSQL | any `fiber.Storage` |\n")
+	p("| frameworks | net/http, Gin, Echo v4/v5, Fiber v2/v3 | net/http, Gin, Echo, Fiber (its Fiber middleware keeps the key from `c.Get` and the body from `c.Body()`, which alias fasthttp buffers, in the record: with Fiber's default `Immutable: false` its memory storage loses keys to later requests, which then run again; section 9 counts them) | net/http, Gin (its `gin` module) | net/http, Gin, gRPC | Fiber only |\n\n")
+	writeGoPeers(w, r)
+	p("Beside them, idem on Gin and net/http is paired with **the floor** (`benchmarks/internal/floor`): the least work a correct in-process middleware does — the raw key looked up in a sharded map, 409 while the first request runs, status, Content-Type and body stored and replayed; no scope, no fingerprint, no lease, no key syntax check, no retention. No configuration of any peer above does less, so idem ÷ floor bounds what any of them could win. Same app, same 36-character keys, chunks of 500 requests alternating (as for Fiber in section 2).\n\n")
 	p("| framework | path | paired: idem / floor per request | **idem ÷ floor** |\n|---|---|---|---|\n")
 	for _, fp := range floorPeers {
 		for _, path := range []string{"fresh", "replay"} {
@@ -59,7 +62,7 @@ func writePeers(w io.Writer, r *results) {
 		{"Fiber v3", "BenchmarkFiberV3RedisPeer"},
 	}
 	if _, ok := r.get(redisPeers[0].bench+"/path=fresh", "idem/builtin"); ok {
-		p("\nWith Redis (the only peers with a Redis store here): idem with redisstore against Fiber's built-in middleware with `gofiber/storage/redis` (its lock stays process-local), each its own client of the same Redis, paired the same way. The built-in sends three commands on a fresh request (`GET`, `GET` under its lock, `SET`), idem two; one each on a replay.\n\n")
+		p("\nWith Redis on Fiber: idem with redisstore against Fiber's built-in middleware with `gofiber/storage/redis` (its lock stays process-local), each its own client of the same Redis, paired the same way. The built-in sends three commands on a fresh request (`GET`, `GET` under its lock, `SET`), idem two; one each on a replay.\n\n")
 		p("| framework | path | paired: idem / built-in per request | **idem ÷ built-in** |\n|---|---|---|---|\n")
 		for _, rp := range redisPeers {
 			for _, path := range []string{"fresh", "replay"} {
@@ -75,6 +78,76 @@ func writePeers(w io.Writer, r *results) {
 		}
 	}
 	writeExecutions(w, r)
+}
+
+// goPeers are the libraries of benchmarks/peers, by the name in its
+// benchmarks (peer=<name>, metric idem/<name>).
+var goPeers = []struct{ name, label string }{
+	{"gopotency", "fco-gt/gopotency"},
+	{"brightroom", "bright-room/idem"},
+	{"idemlease", "repenguin22/idemlease"},
+}
+
+// writeGoPeers writes the table of benchmarks/peers: idem ÷ each Go peer,
+// paired, fresh and replay, memory and Redis, with the peer's keys
+// executed twice under concurrent duplicates.
+func writeGoPeers(w io.Writer, r *results) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	if _, ok := r.get("BenchmarkPeers/fw=gin/peer=gopotency/path=fresh", "idem/gopotency"); !ok {
+		p("*The Go peers were not measured in this run* (`make bench-peers` or `scripts/bench.sh go-peers` measures them into `benchmarks/results/go-peers.txt`).\n\n")
+		return
+	}
+	p("**idem ÷ each Go peer, paired** (`benchmarks/peers` BenchmarkPeers and BenchmarkPeersRedis: the app, handler, requests and 36-character keys of section 1, idem and the peer alternating in chunks of 500 requests inside one benchmark; memory: idem on memstore and the peer's memory store, 50,000 requests per side; Redis: idem on redisstore and the peer's Redis store, each its own client of the same Redis, 10,000 per side; medians of 6 runs, benchstat below), %s, machine load %s at the start and %s at the end. Ratio < 1: idem faster. *keys executed twice*: of 50 keys sent by 20 concurrent copies each (`TestPeersExecutions` of `benchmarks/peers`, table below; with Redis also over two instances); idem's is 0 in every case (asserted).\n\n", r.config["go-peers-date"], r.config["go-peers-load-start"], r.config["go-peers-load-end"])
+	p("*allocs*: heap allocations per request of each side (idem / peer, fresh; replay), counted around every chunk (`runtime.MemStats.Mallocs`); the request itself (recorder, key) is in both.\n\n")
+	p("| peer | framework | store | fresh: idem / peer per request | **idem ÷ peer, fresh** | replay: idem / peer per request | **idem ÷ peer, replay** | allocs | keys executed twice (1 instance; 2) |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, gp := range goPeers {
+		for _, fw := range []struct{ name, label string }{{"gin", "Gin"}, {"nethttp", "net/http"}} {
+			for _, st := range []struct{ bench, store string }{{"BenchmarkPeers", "memory"}, {"BenchmarkPeersRedis", "redis"}} {
+				cells := make([]string, 0, 4)
+				var allocs []string
+				found := false
+				for _, path := range []string{"fresh", "replay"} {
+					n := st.bench + "/fw=" + fw.name + "/peer=" + gp.name + "/path=" + path
+					ratio, ok := r.get(n, "idem/"+gp.name)
+					if !ok {
+						cells = append(cells, na, na)
+						continue
+					}
+					found = true
+					pi, _ := r.get(n, "idem-ns/op")
+					pp, _ := r.get(n, gp.name+"-ns/op")
+					cells = append(cells, dur(pi)+" / "+dur(pp), fmt.Sprintf("**%.2f**", ratio))
+					if ai, ok := r.get(n, "idem-allocs/op"); ok {
+						ap, _ := r.get(n, gp.name+"-allocs/op")
+						allocs = append(allocs, fmt.Sprintf("%.0f / %.0f", ai, ap))
+					}
+				}
+				if !found {
+					continue
+				}
+				var twice []string
+				for _, inst := range []string{"1", "2"} {
+					if v, ok := r.get("BenchmarkExecutions/lib="+gp.name+"/fw="+fw.name+"/store="+st.store+"/instances="+inst, "keys-executed-twice"); ok {
+						cell := num(v)
+						if v > 0 {
+							cell = "**" + cell + "**"
+						}
+						twice = append(twice, cell)
+					}
+				}
+				tw := na
+				if len(twice) > 0 {
+					tw = strings.Join(twice, "; ")
+				}
+				ac := na
+				if len(allocs) > 0 {
+					ac = strings.Join(allocs, "; ")
+				}
+				p("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", gp.label, fw.label, st.store, cells[0], cells[1], cells[2], cells[3], ac, tw)
+			}
+		}
+	}
+	p("\n")
 }
 
 // writeExecutions writes the table of TestPeersExecutions' counts.
@@ -161,7 +234,7 @@ func loadCases(r *results) (services []string, levels []int) {
 	}
 	order := func(svc string) string { // bare, peers, then idem by store
 		f := fields(svc)
-		rank := map[string]string{"none": "0", "floor": "1", "builtin": "1", "idem": "2"}[f["lib"]]
+		rank := map[string]string{"none": "0", "floor": "1", "builtin": "1", "gopotency": "1", "brightroom": "1", "idemlease": "1", "idem": "2"}[f["lib"]]
 		st := map[string]string{"memory": "0", "redis": "1", "postgres": "2"}[f["store"]]
 		fw := map[string]string{"gin": "0", "fiber": "1"}[f["fw"]]
 		return fw + rank + st
@@ -179,7 +252,7 @@ func writeLoad(w io.Writer, r *results, png string) {
 	}
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	p("\n## 9. Load over real sockets (`make bench-load`)\n\n")
-	p("`benchmarks/cmd/load`: a payments service as in `examples/` (POST /v1/payments `{\"amount\": N}` with `Idempotency-Key` and `X-User-Id`, 201 with the payment and a `Location`; the handler counts its executions per key) on Gin and on Fiber v2, as its own process, one process per row: no idempotency (*none*), idem on each store, and each peer this module can build (Fiber's built-in middleware with its memory storage and with `gofiber/storage/redis`; on Gin the floor of section 2b). vegeta (as a library, keep-alive, one connection per worker) runs closed loop: each of the *workers* keeps one request outstanding, for the same time per row; every row is the median of the rounds, each round going over every row in turn. Traffic: %s.\n\n", r.config["loadrun-mix"])
+	p("`benchmarks/cmd/load`: a payments service as in `examples/` (POST /v1/payments `{\"amount\": N}` with `Idempotency-Key` and `X-User-Id`, 201 with the payment and a `Location`; the handler counts its executions per key) on Gin and on Fiber v2, as its own process, one process per row: no idempotency (*none*), idem on each store, and each peer (Fiber's built-in middleware with its memory storage and with `gofiber/storage/redis`; on Gin the floor of section 2b; the Go peers of section 2b, gopotency, bright-room/idem and idemlease, with their memory and Redis stores on Gin and gopotency also on Fiber, each served by `benchmarks/peers/cmd/peerserve` when `scripts/peers.sh` could extract them). vegeta (as a library, keep-alive, one connection per worker) runs closed loop: each of the *workers* keeps one request outstanding, for the same time per row; every row is the median of the rounds, each round going over every row in turn. Traffic: %s.\n\n", r.config["loadrun-mix"])
 	p("**Keeping the generator and the server apart on 2 cores**: %s. Redis and PostgreSQL are shared servers of this machine, not pinned: their CPU comes out of both halves, so the Redis and PostgreSQL rows also measure how much of the server's CPU the store takes. Closed loop means the generator never queues work the server has not answered. The generator has one core too, so the highest rows may be bounded by vegeta rather than by the server. *none* executes every request, duplicates and replays included, so it is no upper bound: a stored answer can be cheaper than running the handler again. Run %s: %s; machine load %s at the start, %s at the end.\n\n", r.config["loadrun-pinning"], r.config["loadrun-date"], r.config["loadrun-levels"], r.config["loadrun-start"], r.config["loadrun-end"])
 	p("*errors*: transport errors and answers other than 201 or 409; *409*: duplicates answered in progress; *keys executed twice*: keys the handler ran more than once (duplicates and replays re-executed).\n\n")
 	p("| framework | library | store | workers | requests/s | p50 | p99 | errors | 409 | keys executed twice |\n|---|---|---|---|---|---|---|---|---|---|\n")

@@ -1,0 +1,153 @@
+package harness
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Paired runs bm.N ops of a and bm.N ops of b in alternating chunks of 500,
+// so that both sides see the same machine load even when it drifts (the
+// machine is shared), and reports each side's ns per op
+// (<nameA>-ns/op, <nameB>-ns/op), the ratio a ÷ b (<nameA>/<nameB>) and
+// each side's heap allocations per op (<nameA>-allocs/op,
+// <nameB>-allocs/op: runtime.MemStats.Mallocs around each chunk, outside
+// the timed part; whatever else allocates meanwhile counts too). parallel
+// > 0 spreads every chunk over that many goroutines. ns/op of the
+// benchmark itself covers both sides.
+func Paired(bm *testing.B, nameA, nameB string, parallel int, a, b func() error) {
+	const chunk = 500
+	var ta, tb time.Duration
+	var ma, mb uint64
+	var ms runtime.MemStats
+	mallocs := func() uint64 { runtime.ReadMemStats(&ms); return ms.Mallocs }
+	run := func(fn func() error, n int, m *uint64) time.Duration {
+		before := mallocs()
+		defer func() { *m += mallocs() - before }()
+		start := time.Now()
+		if parallel <= 0 {
+			for range n {
+				if err := fn(); err != nil {
+					bm.Fatal(err)
+				}
+			}
+			return time.Since(start)
+		}
+		var wg sync.WaitGroup
+		per := (n + parallel - 1) / parallel
+		for g := 0; g < parallel; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range per {
+					if err := fn(); err != nil {
+						bm.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return time.Since(start)
+	}
+	bm.ResetTimer()
+	for done := 0; done < bm.N; done += chunk {
+		n := min(chunk, bm.N-done)
+		if (done/chunk)%2 == 0 {
+			ta += run(a, n, &ma)
+			tb += run(b, n, &mb)
+		} else {
+			tb += run(b, n, &mb)
+			ta += run(a, n, &ma)
+		}
+	}
+	bm.StopTimer()
+	bm.ReportMetric(float64(ta)/float64(bm.N), nameA+"-ns/op")
+	bm.ReportMetric(float64(tb)/float64(bm.N), nameB+"-ns/op")
+	bm.ReportMetric(float64(ta)/float64(tb), nameA+"/"+nameB)
+	bm.ReportMetric(float64(ma)/float64(bm.N), nameA+"-allocs/op")
+	bm.ReportMetric(float64(mb)/float64(bm.N), nameB+"-allocs/op")
+}
+
+// Concurrent duplicates of Duplicates: DupKeys keys, each sent by
+// DupCopies goroutines released together.
+const (
+	DupKeys   = 50
+	DupCopies = 20
+)
+
+// DupResult is what one library did with the concurrent duplicates.
+type DupResult struct {
+	Executions, KeysTwice, MaxPerKey, Missing int
+	Status                                    map[int]int // answers: status code -> count
+}
+
+// Duplicates sends DupCopies concurrent copies of each of DupKeys fresh
+// keys (all DupKeys*DupCopies goroutines released together), spread round
+// robin over the instances' request functions, and counts the handler's
+// executions per key (KeyCounts).
+func Duplicates(dos []func(key string) int) DupResult {
+	counts := new(sync.Map)
+	KeyCounts.Store(counts)
+	defer KeyCounts.Store(nil)
+	keys := make([]string, DupKeys)
+	for i := range keys {
+		keys[i] = NewKey()
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	res := DupResult{Status: map[int]int{}}
+	for _, k := range keys {
+		for i := range DupCopies {
+			do := dos[i%len(dos)]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				code := do(k)
+				mu.Lock()
+				res.Status[code]++
+				mu.Unlock()
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	for _, k := range keys {
+		n := int64(0)
+		if v, ok := counts.Load(k); ok {
+			n = v.(*atomic.Int64).Load()
+		}
+		res.Executions += int(n)
+		res.MaxPerKey = max(res.MaxPerKey, int(n))
+		switch {
+		case n == 0:
+			res.Missing++
+		case n > 1:
+			res.KeysTwice++
+		}
+	}
+	return res
+}
+
+// Line is res as a benchmark line named BenchmarkExecutions/<name>, the
+// form cmd/report reads.
+func (res DupResult) Line(name string) string {
+	codes := make([]int, 0, len(res.Status))
+	for c := range res.Status {
+		codes = append(codes, c)
+	}
+	slices.Sort(codes)
+	var st strings.Builder
+	for _, c := range codes {
+		fmt.Fprintf(&st, " %d status-%d", res.Status[c], c)
+	}
+	return fmt.Sprintf("BenchmarkExecutions/%s 1 %d requests %d keys %d executions %d keys-executed-twice %d max-executions/key%s",
+		name, DupKeys*DupCopies, DupKeys, res.Executions, res.KeysTwice, res.MaxPerKey, st.String())
+}
