@@ -41,7 +41,9 @@ report() { # RESULTS.md, overhead.png and load.png from every result file there 
   local in=$RAW stat=$OUT/benchstat.txt
   for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
   for f in "$OUT/peers-benchstat.txt" "$OUT/go-peers-benchstat.txt"; do if [ -f "$f" ]; then stat="$stat,$f"; fi; done
-  go run ./cmd/report -in "$in" -benchstat "$stat" -notes notes.md -md RESULTS.md -png overhead.png -loadpng load.png
+  local prev=()
+  if [ -f "$OUT/vs-previous.txt" ]; then prev=(-previous "$OUT/vs-previous.txt"); fi
+  go run ./cmd/report -in "$in" -benchstat "$stat" "${prev[@]}" -notes notes.md -md RESULTS.md -png overhead.png -loadpng load.png
   echo "bench: wrote benchmarks/RESULTS.md, overhead.png and load.png"
 }
 
@@ -118,6 +120,8 @@ if [ "${1:-}" = load ]; then
 fi
 
 rm -f "$PEERS" "$OUT/peers-benchstat.txt" # this run measures the peers itself
+PREV=$OUT/previous.txt # the last run's raw output, compared with this one (results/vs-previous.txt)
+if [ -f "$RAW" ]; then cp "$RAW" "$PREV"; fi
 {
   echo "machine: $(uname -srm), $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM"
   echo "go: $(go version | awk '{print $3}')"
@@ -155,4 +159,5 @@ if grep -qE '^(--- FAIL|FAIL|panic)' "$RAW"; then
   exit 1
 fi
 "$BENCHSTAT" "$RAW" >"$OUT/benchstat.txt"
+if [ -f "$PREV" ]; then "$BENCHSTAT" previous="$PREV" this="$RAW" >"$OUT/vs-previous.txt"; fi
 report

@@ -27,6 +27,7 @@ func main() {
 	in := flag.String("in", "bench.txt", "go test -bench output; several files separated by commas (TestPeersExecutions' -peers.out, cmd/load's output)")
 	bstat := flag.String("benchstat", "", "benchstat output to include; several files separated by commas")
 	notes := flag.String("notes", "", "markdown appended as the analysis section")
+	previous := flag.String("previous", "", "benchstat output comparing the previous make bench run with this one (scripts/bench.sh writes results/vs-previous.txt); optional")
 	md := flag.String("md", "RESULTS.md", "markdown file to write")
 	png := flag.String("png", "overhead.png", "chart to write")
 	loadPNG := flag.String("loadpng", "load.png", "chart of the load benchmark to write, if its results are in -in")
@@ -46,7 +47,7 @@ func main() {
 		r = r.merge(fr)
 	}
 	loadChartName = filepath.Base(*loadPNG)
-	var stat, note []byte
+	var stat, note, prev []byte
 	for _, name := range strings.Split(*bstat, ",") {
 		if name == "" {
 			continue
@@ -63,12 +64,18 @@ func main() {
 			log.Fatal(err)
 		}
 	}
+	if *previous != "" {
+		var err error
+		if prev, err = os.ReadFile(*previous); err != nil {
+			log.Fatal(err)
+		}
+	}
 	out, err := os.Create(*md)
 	if err != nil {
 		log.Fatal(err)
 	}
 	w := bufio.NewWriter(out)
-	writeReport(w, r, string(stat), string(note))
+	writeReport(w, r, string(stat), string(note), string(prev))
 	if err := w.Flush(); err != nil {
 		log.Fatal(err)
 	}
@@ -214,7 +221,7 @@ var peers = []peer{
 	{fw: "fiberv3", label: "Fiber v3", pkg: "github.com/gofiber/fiber/v3/middleware/idempotency", builtin: "BenchmarkFiberV3Builtin", paired: "BenchmarkFiberV3Peer"},
 }
 
-func writeReport(w io.Writer, r *results, stat, notes string) {
+func writeReport(w io.Writer, r *results, stat, notes, prev string) {
 	var targets []target
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 
@@ -548,6 +555,11 @@ func writeReport(w io.Writer, r *results, stat, notes string) {
 	p("go test -run '^$' -bench 'Middleware/fw=gin/path=fresh' -benchtime=100000x -cpuprofile cpu.out -memprofile mem.out . && go tool pprof -top cpu.out\n```\n\n")
 	p("`make test` compiles every benchmark and runs each once (`-benchtime=1x`, without `-bench.full`: no 10^6 preload, no end-to-end processes). Raw output: `benchmarks/results/bench.txt`.\n")
 
+	if prev != "" {
+		p("\n## Against the previous run\n\n")
+		p("`make bench` keeps the raw output of the run before it (`results/previous.txt`) and compares the rows both ran with benchstat (`results/vs-previous.txt`): the issue's rule is that nothing gets slower. Wall-clock rows move with the machine's load between the two runs (they are hours apart on a shared machine), so read a `+x%%` there together with its p-value and the allocation rows, which are exact.\n\n")
+		p("```\n%s\n```\n", strings.TrimSpace(prev))
+	}
 	if stat != "" {
 		p("\n## benchstat\n\n```\n%s\n```\n", strings.TrimSpace(stat))
 	}
