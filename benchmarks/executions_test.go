@@ -4,8 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -124,15 +122,8 @@ func TestPeersExecutions(t *testing.T) {
 			t.Run(name, func(t *testing.T) { lines = append(lines, checkDuplicates(t, l, n, name)) })
 		}
 	}
-	if *executionsOut != "" {
-		f, err := os.OpenFile(*executionsOut, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if _, err := f.WriteString(strings.Join(lines, "\n") + "\n"); err != nil {
-			t.Fatal(err)
-		}
+	if err := harness.AppendLines(*executionsOut, lines); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -150,4 +151,22 @@ func (res DupResult) Line(name string) string {
 	}
 	return fmt.Sprintf("BenchmarkExecutions/%s 1 %d requests %d keys %d executions %d keys-executed-twice %d max-executions/key%s",
 		name, DupKeys*DupCopies, DupKeys, res.Executions, res.KeysTwice, res.MaxPerKey, st.String())
+}
+
+// AppendLines appends lines, one per line, to the file at path (created
+// if missing): the -peers.out files of both modules' TestPeersExecutions,
+// which cmd/report reads as benchmark lines. An empty path writes nothing.
+func AppendLines(path string, lines []string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(strings.Join(lines, "\n") + "\n"); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
