@@ -42,9 +42,11 @@ func (d *deadlines) at(now time.Time) context.Context {
 		return s.ctx
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), now.Add(d.timeout))
-	// The deadline cancels ctx; cancelling it sooner would end calls under
-	// way, so cancel runs only once the deadline is past (a no-op then).
-	time.AfterFunc(d.timeout+d.slot, cancel)
+	// Only the deadline ends ctx: cancelling it sooner would end calls
+	// under way, and a timer of our own could run before the deadline's
+	// (both start a goroutine) and end them with Canceled instead of
+	// DeadlineExceeded. cancel runs once ctx is done, a no-op then.
+	context.AfterFunc(ctx, cancel)
 	d.cur.Store(&deadlineSlot{start: now, ctx: ctx})
 	return ctx
 }
