@@ -179,17 +179,18 @@ func sharedReplay(data []byte) (*Response, error) {
 		wire wire
 	}{
 		resp: Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)]},
-		wire: wire{lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart), names: int32(l.names), replayed: true},
+		wire: wire{lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart), names: int32(l.names), values: int32(l.values), replayed: true},
 	}
 	r.resp.wire = &r.wire
 	return &r.resp, nil
 }
 
 // wire is the header of a replay read in place by sharedReplay: the
-// encoded header names and values and their count.
+// encoded header names and values and their counts.
 type wire struct {
 	lines    string
 	names    int32
+	values   int32
 	replayed bool // the line "Idempotent-Replayed: true" follows them
 }
 
