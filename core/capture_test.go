@@ -2,8 +2,10 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -70,5 +72,45 @@ func TestCapture(t *testing.T) {
 	rec, _, _ := s.Get(context.Background(), x.ev.Key)
 	if got := decoded(t, rec); got.Status != http.StatusCreated || string(got.Body) != "ok" || got.Header.Get("Content-Type") != "text/plain" {
 		t.Fatalf("stored %+v; want the 201 the handler wrote", got)
+	}
+}
+
+// An execution's encoding buffer is reused by later executions only once
+// its completion has ended: a completion retried in the background
+// (WithCompletionRetry) stores its own bytes although other executions
+// finish meanwhile, and each of those stores its own.
+func TestEncodingBufferReuse(t *testing.T) {
+	s := newScriptStore(0)
+	e, err := New(s, WithGlobalScope(), WithCompletionRetry(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(key, body string) {
+		x, resp := e.Begin(context.Background(), &Request{Method: http.MethodPost, Path: "/p", Keys: []string{key}, Body: []byte("{}")})
+		if x == nil {
+			t.Fatalf("Begin(%s) = %+v; want an execution", key, resp)
+		}
+		x.SnapshotHeader(http.Header{"Content-Type": {"text/plain"}})
+		_, _ = x.Write([]byte(body))
+		x.Finish(http.StatusCreated, nil)
+	}
+	blip := errors.New("connection reset")
+	s.failNext(OpComplete, blip, blip) // the first completion and its immediate retry
+	run("first", "the first response")
+	for i := range 20 {
+		run("k"+strconv.Itoa(i), "r"+strconv.Itoa(i)) // shorter: written over the first's bytes if its buffer were reused too early
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.Close(ctx); err != nil { // waits for the background completion
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for key, want := range map[string]string{"first": "the first response", "k0": "r0", "k19": "r19"} {
+		got := decoded(t, s.recs[ScopedKey("", http.MethodPost, "/p", key)])
+		if got.Status != http.StatusCreated || string(got.Body) != want || got.Header.Get("Content-Type") != "text/plain" {
+			t.Fatalf("%s stored %d %v %q; want 201 text/plain %q", key, got.Status, got.Header, got.Body, want)
+		}
 	}
 }

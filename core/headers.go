@@ -132,8 +132,9 @@ func sameAsOuter(src *lineSource, outer http.Header, same []bool) []bool {
 }
 
 // encodeLines starts the encoding of the lines of src worth replaying
-// (see storedLines), with room for extra body bytes after them.
-func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int) encoder {
+// (see storedLines), with room for extra body bytes after them, in buf
+// when it has room (else in a new buffer).
+func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int, buf []byte) encoder {
 	var stack [64]bool
 	f := storedLines{e: e, src: src, same: stack[:0]}
 	if len(outer) > 0 {
@@ -144,21 +145,13 @@ func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int) enco
 	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
 		size += lineSize(k, v, f.src.first)
 	}
-	w := newEncoder(size + extra)
+	w := reuseEncoder(buf, size+extra)
 	f.rewind()
 	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
 		w.line(k, v)
 	}
 	w.endLines()
 	return w
-}
-
-// encode returns the encoding of a response with status, the lines of src
-// worth replaying and body, in one new buffer.
-func (e *Engine) encode(status int, src *lineSource, outer http.Header, body []byte) []byte {
-	w := e.encodeLines(src, outer, len(body))
-	w.b = append(w.b, body...)
-	return w.encoding(status)
 }
 
 // encodeAll returns the encoding of r with all its lines (the engine's own
