@@ -49,15 +49,6 @@ func newEncoder(size int) encoder {
 	return encoder{b: make([]byte, headroom, headroom+size), at: -1}
 }
 
-// reuseEncoder is newEncoder writing into buf (its bytes are overwritten)
-// when buf has room for size, else into a new buffer.
-func reuseEncoder(buf []byte, size int) encoder {
-	if cap(buf) < headroom+size {
-		return newEncoder(size)
-	}
-	return encoder{b: buf[:headroom], at: -1}
-}
-
 // line appends the header line k: v.
 func (w *encoder) line(k, v string) {
 	if w.at < 0 || k != string(w.b[w.name:w.at]) { // compared with the name written, so that w keeps no pointer to k

@@ -132,8 +132,9 @@ func sameAsOuter(src *lineSource, outer http.Header, same []bool) []bool {
 }
 
 // encodeLines starts the encoding of the lines of src worth replaying
-// (see storedLines), with room for extra body bytes after them, in buf
-// when it has room (else in a new buffer).
+// (see storedLines): in buf, a recycled buffer whose bytes are
+// overwritten (appends grow it when it is short), or when buf is nil in a
+// new buffer sized for the lines and extra body bytes after them.
 func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int, buf []byte) encoder {
 	var stack [64]bool
 	f := storedLines{e: e, src: src, same: stack[:0]}
@@ -141,12 +142,17 @@ func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int, buf 
 		f.same = sameAsOuter(src, outer, f.same)
 	}
 	f.rewind()
-	size := 0
-	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
-		size += lineSize(k, v, f.src.first)
+	var w encoder
+	if cap(buf) >= headroom {
+		w = encoder{b: buf[:headroom], at: -1}
+	} else {
+		size := 0
+		for k, v, ok := f.next(); ok; k, v, ok = f.next() {
+			size += lineSize(k, v, f.src.first)
+		}
+		w = newEncoder(size + extra)
+		f.rewind()
 	}
-	w := reuseEncoder(buf, size+extra)
-	f.rewind()
 	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
 		w.line(k, v)
 	}
