@@ -5,7 +5,9 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -111,6 +113,51 @@ func TestEncodingBufferReuse(t *testing.T) {
 		got := decoded(t, s.recs[ScopedKey("", http.MethodPost, "/p", key)])
 		if got.Status != http.StatusCreated || string(got.Body) != want || got.Header.Get("Content-Type") != "text/plain" {
 			t.Fatalf("%s stored %d %v %q; want 201 text/plain %q", key, got.Status, got.Header, got.Body, want)
+		}
+	}
+}
+
+// A replay BeginHTTP answers holds room for the header values Send sets;
+// the first Send takes it, so a second Send (to another writer) gets
+// values of its own, and a response with more values than the room holds
+// is sent whole.
+func TestReplaySendRoom(t *testing.T) {
+	for _, n := range []int{1, sendRoom} { // within the room, past it
+		e, err := New(newScriptStore(0), WithGlobalScope())
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored := http.Header{"Content-Type": {"application/json"}}
+		for i := range n - 1 {
+			stored.Add("Link", "<"+strconv.Itoa(i)+">")
+		}
+		begin := func() (*Execution, *Response) {
+			r := httptest.NewRequest(http.MethodPost, "/p", strings.NewReader("{}"))
+			r.Header.Set(DefaultHeader, "k")
+			return e.BeginHTTP(r, "/p", "")
+		}
+		x, _ := begin()
+		if x == nil {
+			t.Fatal("first request: no execution")
+		}
+		_, _ = x.Write([]byte("ok"))
+		x.Finish(http.StatusCreated, stored.Clone())
+		_, replay := begin()
+		if replay == nil || !replay.IsReplay() {
+			t.Fatalf("second request = %+v; want a replay", replay)
+		}
+		w1, w2 := httptest.NewRecorder(), httptest.NewRecorder()
+		replay.Send(w1)
+		w1.Header()["Content-Type"][0] = "changed" // in the first writer's header only
+		replay.Send(w2)
+		want := stored.Clone()
+		want[ReplayedHeader] = []string{"true"}
+		want["Content-Length"] = []string{"2"}
+		if !reflect.DeepEqual(w2.Header(), want) || w2.Code != http.StatusCreated || w2.Body.String() != "ok" {
+			t.Fatalf("%d values, second Send = %d %v %q; want 201 %v \"ok\"", n, w2.Code, w2.Header(), w2.Body, want)
+		}
+		if w1.Header().Get("Content-Type") != "changed" || w1.Header().Get("Content-Length") != "2" || len(w1.Header()["Link"]) != n-1 {
+			t.Fatalf("%d values, first Send = %v", n, w1.Header())
 		}
 	}
 }

@@ -257,7 +257,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		}
 		return nil, e.problems.unavailable
 	}
-	resp, err := sharedReplay(rec.Response)
+	resp, err := sharedReplay(rec.Response, req.handBack)
 	if err != nil {
 		e.reportUnreadable(ctx, ev, err)
 		return nil, e.problems.unreadable

@@ -137,7 +137,10 @@ func (w *wire) fill(h http.Header, spare bool) (rest []string) {
 	if spare {
 		n++
 	}
-	values := make([]string, n)
+	values := w.takeRoom(n) // taken once: each header gets values of its own
+	if values == nil {
+		values = make([]string, n)
+	}
 	d := strDecoder{s: w.lines}
 	values = fillHeader(&d, int(w.names), h, values)
 	if w.replayed {
