@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -168,29 +169,71 @@ func scanEncoding(data []byte) (layout, bool) {
 
 // sharedReplay returns the replay of the response encoded in data, reading
 // it in place: Body and the header lines ([Response.EachHeader]) alias
-// data, which the store never modifies afterwards. Header is nil.
-func sharedReplay(data []byte) (*Response, error) {
+// data, which the store never modifies afterwards. Header is nil. With
+// send (a net/http based adapter will write it with [Response.Send]), the
+// same allocation holds room for the header values Send sets.
+func sharedReplay(data []byte, send bool) (*Response, error) {
 	l, ok := scanEncoding(data)
 	if !ok {
 		return nil, errCorrupt
 	}
-	r := &struct { // one allocation for both
-		resp Response
-		wire wire
-	}{
-		resp: Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)]},
-		wire: wire{lines: unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart), names: int32(l.names), replayed: true},
+	if !send {
+		r := new(struct { // one allocation for both
+			resp Response
+			wire wire
+		})
+		r.wire.read(data, l)
+		r.resp = Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)], wire: &r.wire}
+		return &r.resp, nil
 	}
-	r.resp.wire = &r.wire
+	r := new(sendReplay)
+	r.wire.read(data, l)
+	r.wire.room = true
+	r.resp = Response{Status: l.status, Body: data[l.headerEnd:len(data):len(data)], wire: &r.wire}
 	return &r.resp, nil
 }
 
+// sendReplay is a replay with room for the header values [Response.Send]
+// sets (4 stored values, the replay marker's and Content-Length's), in one
+// allocation; the first fill takes them, later ones allocate their own.
+type sendReplay struct {
+	wire   wire // first: a *wire with room is a *sendReplay
+	resp   Response
+	taken  atomic.Bool
+	values [sendRoom]string
+}
+
+// sendRoom is the number of values in a sendReplay.
+const sendRoom = 6
+
+// takeRoom returns the first n of values of the sendReplay whose wire w
+// is, once, when w has room and n fit; else nil.
+func (w *wire) takeRoom(n int) []string {
+	if !w.room || n > sendRoom {
+		return nil
+	}
+	r := (*sendReplay)(unsafe.Pointer(w))
+	if !r.taken.CompareAndSwap(false, true) {
+		return nil
+	}
+	return r.values[:n]
+}
+
 // wire is the header of a replay read in place by sharedReplay: the
-// encoded header names and values and their count.
+// encoded header names and values and their counts.
 type wire struct {
 	lines    string
 	names    int32
+	values   int32
 	replayed bool // the line "Idempotent-Replayed: true" follows them
+	room     bool // w is the wire of a sendReplay
+}
+
+// read sets w to the lines of the valid encoding data laid out as l, with
+// the replay marker.
+func (w *wire) read(data []byte, l layout) {
+	w.lines = unsafe.String(unsafe.SliceData(data[l.linesStart:]), l.headerEnd-l.linesStart)
+	w.names, w.values, w.replayed = int32(l.names), int32(l.values), true
 }
 
 // fillHeader reads names header names, each with its values, from d into

@@ -117,7 +117,7 @@ func FuzzSharedReplay(f *testing.F) {
 	f.Add(encodeResponse(&Response{Status: 201, Header: http.Header{"A": {"1", "2"}, "B": {""}}, Body: []byte("x")}))
 	f.Add([]byte{1, 0xc8, 0x01, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := sharedReplay(data)
+		r, err := sharedReplay(data, false)
 		want, derr := DecodeResponse(data)
 		if (err == nil) != (derr == nil) {
 			t.Fatalf("sharedReplay error %v disagrees with DecodeResponse's %v", err, derr)

@@ -64,7 +64,8 @@
 // [Execution.WithInfo] into the handler's context (with [InfoKey] and
 // [ContextWithInfo] where the framework keeps its own context values), tell
 // it the lines outer middleware set with [Execution.OuterHeader], capture
-// with [Execution.NewCaptureWriter] ([CaptureWriter]) or
+// with [Execution.NewCaptureWriter] ([CaptureWriter]; [Execution.Capture]
+// makes it together with the request carrying the Info) or
 // [Execution.Write], and end it exactly once: [Execution.Finish],
 // [Execution.FinishLines] with [HeaderLines], [Execution.Fail] (an error
 // without a response), [Execution.Abort] (a panic), after

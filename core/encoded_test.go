@@ -76,7 +76,7 @@ func TestEncodedReplayCorrupt(t *testing.T) {
 // record written before the name was unstored, or by another writer) is
 // replayed in place with the marker exactly once, "true".
 func TestEncodedReplayMarkerOnce(t *testing.T) {
-	r, err := sharedReplay(encodeResponse(&Response{Status: 201, Header: http.Header{ReplayedHeader: {"false"}, "Z": {"z"}}}))
+	r, err := sharedReplay(encodeResponse(&Response{Status: 201, Header: http.Header{ReplayedHeader: {"false"}, "Z": {"z"}}}), true)
 	if err != nil {
 		t.Fatal(err)
 	}

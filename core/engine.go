@@ -41,7 +41,9 @@ type Request struct {
 	Body       []byte
 	BodyReader io.Reader
 
-	bodyHint int64 // BodyReader's length + 1 when known (BeginHTTP: Content-Length), else 0
+	bodyHint int64       // BodyReader's length + 1 when known (BeginHTTP: Content-Length), else 0
+	handBack bool        // BeginHTTP: the body read from BodyReader goes back to the handler in a bodyBuffer
+	handed   *bodyBuffer // with handBack, the bodyBuffer made with room for the body, or nil
 }
 
 // Engine decides, for each request, one of: pass through, reject, replay, or
@@ -188,7 +190,11 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		return nil, e.problems.noPrincipal
 	}
 	if req.BodyReader != nil {
-		req.Body, err = readBody(req.BodyReader, e.cfg.maxBodyBytes, req.bodyHint)
+		var into []byte
+		if req.handBack && req.bodyHint > 0 && req.bodyHint-1 <= e.cfg.maxBodyBytes {
+			req.handed, into = newBodyBuffer(req.bodyHint - 1)
+		}
+		req.Body, err = readBody(req.BodyReader, e.cfg.maxBodyBytes, req.bodyHint, into)
 		req.BodyReader = nil
 		if err != nil {
 			e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: err})
@@ -251,7 +257,7 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		}
 		return nil, e.problems.unavailable
 	}
-	resp, err := sharedReplay(rec.Response)
+	resp, err := sharedReplay(rec.Response, req.handBack)
 	if err != nil {
 		e.reportUnreadable(ctx, ev, err)
 		return nil, e.problems.unreadable
@@ -422,13 +428,18 @@ func (e *Engine) ids(req *Request, route, key string, f *Fingerprinter) (scoped,
 
 // readBody reads at most limit+1 bytes from r. hint is r's length + 1
 // when known (0: unknown): a body of that length within the limit is read
-// into one buffer of its size, then r is checked for more (a declared
-// length may be wrong outside a server), which is appended as it comes.
-func readBody(r io.Reader, limit, hint int64) ([]byte, error) {
+// into one buffer of its size (into, when it has room), then r is checked
+// for more (a declared length may be wrong outside a server), which is
+// appended as it comes.
+func readBody(r io.Reader, limit, hint int64, into []byte) ([]byte, error) {
 	if hint <= 0 || hint-1 > limit {
 		return io.ReadAll(io.LimitReader(r, limit+1))
 	}
-	b := make([]byte, hint-1)
+	b := into[:0]
+	if int64(cap(into)) < hint-1 {
+		b = make([]byte, hint-1)
+	}
+	b = b[:hint-1]
 	if _, err := io.ReadFull(r, b); err != nil {
 		return nil, err
 	}

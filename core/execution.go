@@ -35,8 +35,11 @@ type Execution struct {
 
 	// After SnapshotHeader, enc holds the encoded stored header lines and
 	// then the body from Write, which starts at bodyAt; Finish ends it.
+	// Finish and FinishLines encode into enc too when nothing was
+	// snapshotted. Its buffer is recycled when the execution ends.
 	enc    encoder
-	bodyAt int // 0: no snapshot
+	bodyAt int     // 0: no snapshot
+	buf    *encBuf // the recycled buffer x took for enc (see recycle), or nil
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
@@ -88,7 +91,7 @@ func (x *Execution) SnapshotHeader(h http.Header) {
 	}
 	var stack [16]string
 	src := headerLines(h, &stack)
-	x.enc = x.e.encodeLines(&src, x.outer, len(x.body))
+	x.enc = x.e.encodeLines(&src, x.outer, len(x.body), x.buffer())
 	x.bodyAt = len(x.enc.b)
 	x.enc.b = append(x.enc.b, x.body...)
 	x.body = nil
@@ -123,7 +126,55 @@ func (x *Execution) Finish(status int, header http.Header) {
 	default:
 		var stack [16]string
 		src := headerLines(header, &stack)
-		x.store(x.e.encode(status, &src, x.outer, x.body), status, location)
+		x.store(x.encode(status, &src, x.body), status, location)
+	}
+}
+
+// encode returns the encoding of a response with status, the lines of src
+// worth replaying and body, in x.enc.
+func (x *Execution) encode(status int, src *lineSource, body []byte) []byte {
+	x.enc = x.e.encodeLines(src, x.outer, len(body), x.buffer())
+	x.enc.b = append(x.enc.b, body...)
+	return x.enc.encoding(status)
+}
+
+// encodings holds encoding buffers for reuse: a store keeps a copy of the
+// response Complete is given, or sends it before returning (the copy rules
+// of [Store]), so an execution's buffer is free once its completion or
+// release has ended.
+var encodings sync.Pool // of *encBuf
+
+// encBuf is a buffer in encodings.
+type encBuf struct{ b []byte }
+
+// maxRecycled is the largest capacity of a buffer kept in encodings, in
+// bytes; larger ones (large responses) are left to the GC.
+const maxRecycled = 64 << 10
+
+// buffer returns a buffer from encodings for x's encoding (nil when there
+// is none), which recycle gives back.
+func (x *Execution) buffer() []byte {
+	if x.buf == nil {
+		if x.buf, _ = encodings.Get().(*encBuf); x.buf == nil {
+			return nil
+		}
+	}
+	return x.buf.b
+}
+
+// recycle puts x's encoding buffer in encodings, once nothing reads it:
+// the execution has ended (Finish's completion, a release, Fail).
+func (x *Execution) recycle() {
+	p := x.buf
+	if b := x.enc.b; b != nil && cap(b) <= maxRecycled {
+		if p == nil {
+			p = new(encBuf)
+		}
+		p.b = b[:0]
+	}
+	x.enc, x.bodyAt, x.buf = encoder{}, 0, nil
+	if p != nil {
+		encodings.Put(p)
 	}
 }
 
@@ -147,6 +198,7 @@ func (x *Execution) ending(status int) (int, bool) {
 	if status < 100 || status > 999 || !x.e.cfg.storePolicy(status) {
 		x.release()
 		x.stopRenewal()
+		x.recycle()
 		return status, false
 	}
 	return status, true
@@ -176,7 +228,7 @@ func (x *Execution) FinishLines(status int, lines *HeaderLines, body []byte) {
 		var stack [16]string
 		src = headerLines(lines.more, &stack)
 	}
-	x.store(x.e.encode(status, &src, x.outer, body), status, location)
+	x.store(x.encode(status, &src, body), status, location)
 }
 
 // store completes the record with the encoded response enc, or, when enc
@@ -204,6 +256,7 @@ func (x *Execution) store(enc []byte, status int, location string) {
 	}
 	x.stopRenewal()
 	x.reportCompletion(ev, err)
+	x.recycle()
 }
 
 func (x *Execution) reportCompletion(ev Event, err error) {
@@ -264,6 +317,7 @@ func (e *Engine) retryInBackground(x *Execution, enc []byte, ev Event) bool {
 	go func() {
 		defer e.wg.Done()
 		defer x.stopRenewal()
+		defer x.recycle()
 		deadline := time.Now().Add(e.cfg.completionRetry)
 		err := errors.New("idem: completion retry window ended")
 		for pause := 50 * time.Millisecond; time.Now().Add(pause).Before(deadline); pause = min(2*pause, 2*time.Second) {
@@ -328,6 +382,7 @@ func (x *Execution) Fail() {
 	x.finishing()
 	x.release()
 	x.stopRenewal()
+	x.recycle()
 }
 
 func (x *Execution) release() {

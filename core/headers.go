@@ -132,33 +132,32 @@ func sameAsOuter(src *lineSource, outer http.Header, same []bool) []bool {
 }
 
 // encodeLines starts the encoding of the lines of src worth replaying
-// (see storedLines), with room for extra body bytes after them.
-func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int) encoder {
+// (see storedLines): in buf, a recycled buffer whose bytes are
+// overwritten (appends grow it when it is short), or when buf is nil in a
+// new buffer sized for the lines and extra body bytes after them.
+func (e *Engine) encodeLines(src *lineSource, outer http.Header, extra int, buf []byte) encoder {
 	var stack [64]bool
 	f := storedLines{e: e, src: src, same: stack[:0]}
 	if len(outer) > 0 {
 		f.same = sameAsOuter(src, outer, f.same)
 	}
 	f.rewind()
-	size := 0
-	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
-		size += lineSize(k, v, f.src.first)
+	var w encoder
+	if cap(buf) >= headroom {
+		w = encoder{b: buf[:headroom], at: -1}
+	} else {
+		size := 0
+		for k, v, ok := f.next(); ok; k, v, ok = f.next() {
+			size += lineSize(k, v, f.src.first)
+		}
+		w = newEncoder(size + extra)
+		f.rewind()
 	}
-	w := newEncoder(size + extra)
-	f.rewind()
 	for k, v, ok := f.next(); ok; k, v, ok = f.next() {
 		w.line(k, v)
 	}
 	w.endLines()
 	return w
-}
-
-// encode returns the encoding of a response with status, the lines of src
-// worth replaying and body, in one new buffer.
-func (e *Engine) encode(status int, src *lineSource, outer http.Header, body []byte) []byte {
-	w := e.encodeLines(src, outer, len(body))
-	w.b = append(w.b, body...)
-	return w.encoding(status)
 }
 
 // encodeAll returns the encoding of r with all its lines (the engine's own

@@ -25,9 +25,11 @@ func TestReadBody(t *testing.T) {
 		{"declared long", "hi", 6, "", io.ErrUnexpectedEOF},
 		{"above limit", strings.Repeat("x", 20), 21, strings.Repeat("x", limit+1), nil},
 	} {
-		got, err := readBody(strings.NewReader(tc.body), limit, tc.hint)
-		if !errors.Is(err, tc.err) || (err == nil && string(got) != tc.want) {
-			t.Errorf("%s: readBody = %q, %v; want %q, %v", tc.name, got, err, tc.want, tc.err)
+		for _, into := range [][]byte{nil, make([]byte, 3), make([]byte, 64)} { // no room, too little, enough
+			got, err := readBody(strings.NewReader(tc.body), limit, tc.hint, into)
+			if !errors.Is(err, tc.err) || (err == nil && string(got) != tc.want) {
+				t.Errorf("%s, room for %d: readBody = %q, %v; want %q, %v", tc.name, len(into), got, err, tc.want, tc.err)
+			}
 		}
 	}
 }

@@ -36,15 +36,21 @@ func (resp *Response) IsReplay() bool {
 // and body. Adapters on net/http based frameworks use it for Begin's answers.
 func (resp *Response) Send(w http.ResponseWriter) {
 	h := w.Header()
+	length := bodyAllowed(resp.Status)
 	if resp.wire != nil && resp.Header == nil {
-		resp.wire.fill(h) // straight into the writer's header, no map in between
+		// Straight into the writer's header, no map in between; the
+		// Content-Length value shares the lines' array.
+		if values := resp.wire.fill(h, length); length {
+			values[0] = strconv.Itoa(len(resp.Body))
+			h["Content-Length"] = values[:1:1]
+		}
 	} else {
 		for k, v := range resp.Header {
 			h[k] = append([]string(nil), v...)
 		}
-	}
-	if bodyAllowed(resp.Status) {
-		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+		if length {
+			h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+		}
 	}
 	w.WriteHeader(resp.Status)
 	if len(resp.Body) > 0 {
@@ -117,28 +123,29 @@ func (resp *Response) header() http.Header {
 		return resp.Header
 	}
 	h := make(http.Header, resp.wire.names+1)
-	resp.wire.fill(h)
+	resp.wire.fill(h, false)
 	return h
 }
 
 // fill sets w's header lines in h, each name replacing any lines of that
 // name h had, and the "Idempotent-Replayed: true" line of a replay. The
-// value slices share one array, capped so that an append copies.
-func (w *wire) fill(h http.Header) {
-	n := 1 // values, counted first: one array for all
-	for d, i := (strDecoder{s: w.lines}), int32(0); i < w.names; i++ {
-		d.string()
-		nv := d.uvarint()
-		n += int(nv)
-		for range nv {
-			d.string()
-		}
+// value slices share one array, capped so that an append copies; with
+// spare, the array has one more value, returned (empty) for the caller's
+// own line.
+func (w *wire) fill(h http.Header, spare bool) (rest []string) {
+	n := int(w.values) + 1 // the stored values, the marker's
+	if spare {
+		n++
 	}
-	values := make([]string, n)
+	values := w.takeRoom(n) // taken once: each header gets values of its own
+	if values == nil {
+		values = make([]string, n)
+	}
 	d := strDecoder{s: w.lines}
 	values = fillHeader(&d, int(w.names), h, values)
 	if w.replayed {
 		values[0] = "true"
 		h[ReplayedHeader] = values[:1:1]
 	}
+	return values[1:]
 }

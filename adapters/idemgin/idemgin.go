@@ -95,7 +95,7 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 		x, resp := e.BeginHTTP(r, cfg.route(c), principal)
 		if resp != nil {
 			if resp.IsReplay() {
-				c.Request = r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true}))
+				c.Request = idem.RequestWithInfo(r, idem.Info{Replayed: true})
 			}
 			resp.Send(c.Writer)
 			c.Abort()
@@ -105,10 +105,12 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 			c.Next()
 			return
 		}
-		c.Request = r.WithContext(x.WithInfo(r.Context()))
 		w := c.Writer
+		run := &running{cw: captureWriter{ResponseWriter: w, x: x}}
+		run.req = *r.WithContext(x.WithInfo(r.Context())) // WithContext is inlined: its copy stays on the stack
+		c.Request = &run.req
 		x.OuterHeader(w.Header())
-		c.Writer = &captureWriter{ResponseWriter: w, x: x}
+		c.Writer = &run.cw
 		defer func() {
 			c.Writer = w
 			if p := recover(); p != nil {
@@ -127,6 +129,13 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 		}
 		x.Finish(w.Status(), w.Header())
 	}
+}
+
+// running is what the handler chain of an execution gets, in one
+// allocation: the capturing writer and the request carrying idem.Info.
+type running struct {
+	cw  captureWriter
+	req http.Request
 }
 
 // captureWriter passes every write straight through to the client and

@@ -99,14 +99,14 @@ func New(e *idem.Engine, opts ...Option) func(http.Handler) http.Handler {
 				return
 			}
 			x.OuterHeader(w.Header())
-			cw := x.NewCaptureWriter(w)
+			cw, xr := x.Capture(w, r)
 			defer func() {
 				if p := recover(); p != nil {
 					x.Abort(cw.Status(), w.Header())
 					panic(p)
 				}
 			}()
-			next.ServeHTTP(cw, r.WithContext(x.WithInfo(r.Context())))
+			next.ServeHTTP(cw, xr)
 			x.Finish(cw.Status(), w.Header())
 		})
 	}
