@@ -64,9 +64,9 @@
 // [Execution.WithInfo] into the handler's context (with [InfoKey] and
 // [ContextWithInfo] where the framework keeps its own context values), tell
 // it the lines outer middleware set with [Execution.OuterHeader], capture
-// with [Execution.NewCaptureWriter] ([CaptureWriter]; [Execution.Capture]
-// makes it together with the request carrying the Info) or
-// [Execution.Write], and end it exactly once: [Execution.Finish],
+// with [Execution.Capture] (a [CaptureWriter] and the handler's request
+// carrying the Info, in one allocation) or [Execution.Write], and end it
+// exactly once: [Execution.Finish],
 // [Execution.FinishLines] with [HeaderLines], [Execution.Fail] (an error
 // without a response), [Execution.Abort] (a panic), after
 // [Execution.SnapshotHeader] or [Execution.Unreplayable] where the

@@ -130,7 +130,9 @@ type CaptureWriter struct {
 	status int
 }
 
-// NewCaptureWriter returns a CaptureWriter writing to w for x.
+// NewCaptureWriter returns a CaptureWriter writing to w for x, for an
+// adapter that hands the handler x's Info some other way; [Execution.Capture]
+// makes the writer and the request carrying the Info together.
 func (x *Execution) NewCaptureWriter(w http.ResponseWriter) *CaptureWriter {
 	return &CaptureWriter{ResponseWriter: w, x: x}
 }

@@ -120,7 +120,7 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			x, resp := e.BeginHTTP(r, cfg.route(c), principal)
 			if resp != nil {
 				if resp.IsReplay() {
-					c.SetRequest(r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true})))
+					c.SetRequest(idem.RequestWithInfo(r, idem.Info{Replayed: true}))
 				}
 				resp.Send(c.Response())
 				return nil
@@ -128,11 +128,12 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			if x == nil { // fail-open
 				return next(c)
 			}
-			c.SetRequest(r.WithContext(x.WithInfo(r.Context())))
 			res := c.Response()
 			x.OuterHeader(res.Header())
 			w := res.Writer
-			res.Writer = x.NewCaptureWriter(w)
+			cw, xr := x.Capture(w, r)
+			c.SetRequest(xr)
+			res.Writer = cw
 			defer func() {
 				res.Writer = w
 				if p := recover(); p != nil {

@@ -74,7 +74,7 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			x, resp := e.BeginHTTP(r, cfg.route(c), principal)
 			if resp != nil {
 				if resp.IsReplay() {
-					c.SetRequest(r.WithContext(idem.ContextWithInfo(r.Context(), idem.Info{Replayed: true})))
+					c.SetRequest(idem.RequestWithInfo(r, idem.Info{Replayed: true}))
 				}
 				resp.Send(c.Response())
 				return nil
@@ -82,7 +82,6 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			if x == nil { // fail-open
 				return next(c)
 			}
-			c.SetRequest(r.WithContext(x.WithInfo(r.Context())))
 			x.OuterHeader(c.Response().Header())
 			// The capture goes beneath *echo.Response, so that it also sees
 			// handlers writing to echo.UnwrapResponse(c.Response()); on top
@@ -90,15 +89,17 @@ func New(e *idem.Engine, opts ...Option) echo.MiddlewareFunc {
 			res, _ := echo.UnwrapResponse(c.Response())
 			var prev http.ResponseWriter
 			var cw *idem.CaptureWriter
+			var xr *http.Request
 			if res != nil {
 				prev = res.ResponseWriter
-				cw = x.NewCaptureWriter(prev)
+				cw, xr = x.Capture(prev, r)
 				res.ResponseWriter = cw
 			} else {
 				prev = c.Response()
-				cw = x.NewCaptureWriter(prev)
+				cw, xr = x.Capture(prev, r)
 				c.SetResponse(cw)
 			}
+			c.SetRequest(xr)
 			defer func() {
 				if res != nil {
 					res.ResponseWriter = prev
