@@ -1,5 +1,5 @@
 # The test command is `make test` (README.md). It starts what the tests need.
-.PHONY: test demo bench bench-load bench-peers soak fuzz lint vulncheck
+.PHONY: test demo bench bench-compare bench-load bench-peers soak fuzz lint vulncheck
 
 test:
 	./scripts/test.sh
@@ -15,6 +15,11 @@ bench:
 # -count 6 with benchstat and the execution counts, then the Go peers
 # (gopotency, bright-room/idem, idemlease: extracted by scripts/peers.sh,
 # measured by the benchmarks/peers module with GOWORK=off); RESULTS.md again.
+# Nothing slower: the benchmarks at BASE and at the working tree in turns on this
+# machine (COMPARE_ROUNDS rounds, default 6), benchstat into RESULTS.md (after make bench).
+bench-compare:
+	./scripts/bench.sh compare $(BASE)
+
 bench-peers:
 	./scripts/bench.sh peers
 

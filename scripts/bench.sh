@@ -36,14 +36,15 @@ EXEC=$OUT/executions.txt
 LOAD=$OUT/load.txt
 PEERS=$OUT/peers.txt
 GOPEERS=$OUT/go-peers.txt
+COMPARE=$OUT/compare.txt # benchstat of `scripts/bench.sh compare REV`
 
 report() { # RESULTS.md, overhead.png and load.png from every result file there is
   local in=$RAW stat=$OUT/benchstat.txt
   for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
   for f in "$OUT/peers-benchstat.txt" "$OUT/go-peers-benchstat.txt"; do if [ -f "$f" ]; then stat="$stat,$f"; fi; done
-  local prev=()
-  if [ -f "$OUT/vs-previous.txt" ]; then prev=(-previous "$OUT/vs-previous.txt"); fi
-  go run ./cmd/report -in "$in" -benchstat "$stat" "${prev[@]}" -notes notes.md -md RESULTS.md -png overhead.png -loadpng load.png
+  local cmp=()
+  if [ -f "$COMPARE" ]; then cmp=(-compare "$COMPARE"); fi
+  go run ./cmd/report -in "$in" -benchstat "$stat" "${cmp[@]}" -notes notes.md -md RESULTS.md -png overhead.png -loadpng load.png
   echo "bench: wrote benchmarks/RESULTS.md, overhead.png and load.png"
 }
 
@@ -73,6 +74,46 @@ gopeers() { # the Go peers in benchmarks/peers (GOWORK=off: not in go.work)
     go test -count=1 -run '^TestPeersExecutions$' . -peers.out "$res" >/dev/null || { echo "bench: benchmarks/peers TestPeersExecutions failed" >&2; exit 1; }
   )
 }
+
+# compare REV: the benchmarks module's test binary built at REV (the base,
+# extracted with git archive) and at the working tree (new), run in turns
+# on this machine (base, new, then new, base, ...) for COMPARE_ROUNDS
+# rounds (default 6), then benchstat base vs new into $COMPARE. Runs hours
+# apart, often on another machine, cannot show whether a change made a row
+# slower; turns minutes apart on the same machine can.
+if [ "${1:-}" = compare ]; then
+  [ -f "$RAW" ] || { echo "bench compare: run make bench first ($ROOT/benchmarks/$RAW is missing)" >&2; exit 1; }
+  BASE=${2:?usage: scripts/bench.sh compare REV}
+  BASEREV=$(git -C "$ROOT" rev-parse --short "$BASE^{commit}")
+  SRC=$ROOT/.tmp/compare-base
+  rm -rf "$SRC" && mkdir -p "$SRC" "$ROOT/.tmp/bin"
+  git -C "$ROOT" archive "$BASEREV" | tar -x -C "$SRC"
+  echo "bench compare: building the benchmarks at $BASEREV and at the working tree"
+  (cd "$SRC/benchmarks" && go test -c -o "$ROOT/.tmp/bin/bench-base.test" .)
+  go test -c -o "$ROOT/.tmp/bin/bench-new.test" .
+  rm -rf "$SRC"
+  rm -f "$OUT/compare-base.txt" "$OUT/compare-new.txt"
+  one() { # one <base|new>: one round of one binary
+    local bin=$ROOT/.tmp/bin/bench-$1.test out=$OUT/compare-$1.txt
+    "$bin" -test.run '^$' -test.bench '^BenchmarkMiddleware$' -test.benchmem -test.benchtime=20000x >>"$out"
+    "$bin" -test.run '^$' -test.bench '^(BenchmarkEngine|BenchmarkStore)$' -test.benchmem -test.benchtime=300x >>"$out"
+    "$bin" -test.run '^$' -test.bench '^(BenchmarkRedisFloor|BenchmarkPostgresFloor|BenchmarkMySQLFloor)$' -test.benchmem -test.benchtime=4000x >>"$out"
+  }
+  rounds=${COMPARE_ROUNDS:-6}
+  for i in $(seq "$rounds"); do
+    echo "bench compare: round $i of $rounds"
+    if [ $((i % 2)) = 1 ]; then one base; one new; else one new; one base; fi
+  done
+  if grep -qE '^(--- FAIL|FAIL|panic)' "$OUT/compare-base.txt" "$OUT/compare-new.txt"; then echo "bench compare: a benchmark failed; see $OUT/compare-*.txt" >&2; exit 1; fi
+  {
+    echo "compare-base: $BASEREV"
+    echo "compare-date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "compare-rounds: $rounds"
+    "$BENCHSTAT" -ignore cpu base="$OUT/compare-base.txt" new="$OUT/compare-new.txt"
+  } >"$COMPARE"
+  report
+  exit 0
+fi
 
 if [ "${1:-}" = go-peers ]; then
   [ -f "$RAW" ] || { echo "bench go-peers: run make bench first ($ROOT/benchmarks/$RAW is missing)" >&2; exit 1; }
@@ -120,8 +161,6 @@ if [ "${1:-}" = load ]; then
 fi
 
 rm -f "$PEERS" "$OUT/peers-benchstat.txt" # this run measures the peers itself
-PREV=$OUT/previous.txt # the last run's raw output, compared with this one (results/vs-previous.txt)
-if [ -f "$RAW" ]; then cp "$RAW" "$PREV"; fi
 {
   echo "machine: $(uname -srm), $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM"
   echo "go: $(go version | awk '{print $3}')"
@@ -159,5 +198,4 @@ if grep -qE '^(--- FAIL|FAIL|panic)' "$RAW"; then
   exit 1
 fi
 "$BENCHSTAT" "$RAW" >"$OUT/benchstat.txt"
-if [ -f "$PREV" ]; then "$BENCHSTAT" previous="$PREV" this="$RAW" >"$OUT/vs-previous.txt"; fi
 report

@@ -27,7 +27,7 @@ func main() {
 	in := flag.String("in", "bench.txt", "go test -bench output; several files separated by commas (TestPeersExecutions' -peers.out, cmd/load's output)")
 	bstat := flag.String("benchstat", "", "benchstat output to include; several files separated by commas")
 	notes := flag.String("notes", "", "markdown appended as the analysis section")
-	previous := flag.String("previous", "", "benchstat output comparing the previous make bench run with this one (scripts/bench.sh writes results/vs-previous.txt); optional")
+	compare := flag.String("compare", "", "benchstat output of scripts/bench.sh compare (results/compare.txt: a base revision against the working tree, in turns on one machine); optional")
 	md := flag.String("md", "RESULTS.md", "markdown file to write")
 	png := flag.String("png", "overhead.png", "chart to write")
 	loadPNG := flag.String("loadpng", "load.png", "chart of the load benchmark to write, if its results are in -in")
@@ -64,9 +64,9 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	if *previous != "" {
+	if *compare != "" {
 		var err error
-		if prev, err = os.ReadFile(*previous); err != nil {
+		if prev, err = os.ReadFile(*compare); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -549,6 +549,7 @@ func writeReport(w io.Writer, r *results, stat, notes, prev string) {
 	p("\n## How to reproduce\n\n")
 	p("```sh\nmake bench            # starts Redis and the FerretDB test server if needed; about 5–10 minutes on 2 cores\n")
 	p("make bench-load       # section 9 only (about 5 minutes, the Go peers' rows included), after make bench\n")
+	p("make bench-compare BASE=<rev>  # nothing slower: the benchmarks at <rev> and at the working tree in turns, benchstat (section \"Against the base revision\")\n")
 	p("make bench-peers      # sections 2 and 2b only (-count 6, benchstat), the execution counts and the Go peers (scripts/bench.sh peers)\n")
 	p("./scripts/bench.sh go-peers  # the Go peers of section 2b only: scripts/peers.sh, then benchmarks/peers with GOWORK=off\n")
 	p("# or one part, e.g.:\ncd benchmarks && go test -run '^$' -bench 'Middleware|Fiber.*Builtin|Fiber.*Peer' -benchtime=100000x -count=5 .\n")
@@ -556,8 +557,8 @@ func writeReport(w io.Writer, r *results, stat, notes, prev string) {
 	p("`make test` compiles every benchmark and runs each once (`-benchtime=1x`, without `-bench.full`: no 10^6 preload, no end-to-end processes). Raw output: `benchmarks/results/bench.txt`.\n")
 
 	if prev != "" {
-		p("\n## Against the previous run\n\n")
-		p("`make bench` keeps the raw output of the run before it (`results/previous.txt`) and compares the rows both ran with benchstat (`results/vs-previous.txt`): the issue's rule is that nothing gets slower. Wall-clock rows move with the machine's load between the two runs (they are hours apart on a shared machine), so read a `+x%%` there together with its p-value and the allocation rows, which are exact.\n\n")
+		p("\n## Against the base revision\n\n")
+		p("`make bench-compare BASE=<rev>` builds this module's benchmarks at the base revision and at the working tree and runs the two binaries in turns on the same machine (base then new, new then base, …), so that both see the same load; benchstat compares them below (the rule: nothing gets slower). Allocation rows are exact; a time row is a change only with its p-value. Runs of `make bench` hours apart, often on another machine, cannot show this.\n\n")
 		p("```\n%s\n```\n", strings.TrimSpace(prev))
 	}
 	if stat != "" {
