@@ -109,7 +109,7 @@ if [ "${1:-}" = compare ]; then
     echo "compare-base: $BASEREV"
     echo "compare-date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "compare-rounds: $rounds"
-    "$BENCHSTAT" -ignore cpu base="$OUT/compare-base.txt" new="$OUT/compare-new.txt"
+    "$BENCHSTAT" -ignore cpu,mongo-server base="$OUT/compare-base.txt" new="$OUT/compare-new.txt"
   } >"$COMPARE"
   report
   exit 0
