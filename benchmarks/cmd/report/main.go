@@ -47,7 +47,7 @@ func main() {
 		r = r.merge(fr)
 	}
 	loadChartName = filepath.Base(*loadPNG)
-	var stat, note, prev []byte
+	var stat, note, cmp []byte
 	for _, name := range strings.Split(*bstat, ",") {
 		if name == "" {
 			continue
@@ -66,7 +66,7 @@ func main() {
 	}
 	if *compare != "" {
 		var err error
-		if prev, err = os.ReadFile(*compare); err != nil {
+		if cmp, err = os.ReadFile(*compare); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -75,7 +75,7 @@ func main() {
 		log.Fatal(err)
 	}
 	w := bufio.NewWriter(out)
-	writeReport(w, r, string(stat), string(note), string(prev))
+	writeReport(w, r, string(stat), string(note), string(cmp))
 	if err := w.Flush(); err != nil {
 		log.Fatal(err)
 	}
@@ -221,7 +221,7 @@ var peers = []peer{
 	{fw: "fiberv3", label: "Fiber v3", pkg: "github.com/gofiber/fiber/v3/middleware/idempotency", builtin: "BenchmarkFiberV3Builtin", paired: "BenchmarkFiberV3Peer"},
 }
 
-func writeReport(w io.Writer, r *results, stat, notes, prev string) {
+func writeReport(w io.Writer, r *results, stat, notes, cmp string) {
 	var targets []target
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 
@@ -556,10 +556,10 @@ func writeReport(w io.Writer, r *results, stat, notes, prev string) {
 	p("go test -run '^$' -bench 'Middleware/fw=gin/path=fresh' -benchtime=100000x -cpuprofile cpu.out -memprofile mem.out . && go tool pprof -top cpu.out\n```\n\n")
 	p("`make test` compiles every benchmark and runs each once (`-benchtime=1x`, without `-bench.full`: no 10^6 preload, no end-to-end processes). Raw output: `benchmarks/results/bench.txt`.\n")
 
-	if prev != "" {
+	if cmp != "" {
 		p("\n## Against the base revision\n\n")
 		p("`make bench-compare BASE=<rev>` builds this module's benchmarks at the base revision and at the working tree and runs the two binaries in turns on the same machine (base then new, new then base, …), so that both see the same load; benchstat compares them below (the rule: nothing gets slower). Allocation rows are exact; a time row is a change only with its p-value. Runs of `make bench` hours apart, often on another machine, cannot show this.\n\n")
-		p("```\n%s\n```\n", strings.TrimSpace(prev))
+		p("```\n%s\n```\n", strings.TrimSpace(cmp))
 	}
 	if stat != "" {
 		p("\n## benchstat\n\n```\n%s\n```\n", strings.TrimSpace(stat))
