@@ -293,12 +293,16 @@ func engineResponse(size int) []byte {
 // VACUUM FULL. Rows have the shape the engine gives them (64-hex key and
 // fingerprint, a 30-character token); the tombstones are made by Purge.
 // Run with -v to read the figures (README, "Uncertain records and tombstones").
+// It asserts on the row size only: VACUUM FULL keeps the row versions the
+// purge replaced while any other session in the database holds an older
+// snapshot (the suite's parallel transactions do), so the table sizes are
+// figures to read on a quiet database, not a property of the layout.
 func TestTombstoneCost(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	resp := engineResponse(200)
 	const rows = 10000
-	measure := func(what, keepSQL, untilSQL, retention string, purge bool) (rowBytes float64, heap, total int64) {
+	measure := func(what, keepSQL, untilSQL, retention string, purge bool) (rowBytes float64) {
 		t.Helper()
 		s, table := newStore(t, pool)
 		if _, err := pool.Exec(ctxT(t), `INSERT INTO `+quoted(table)+` (key, state, token, fingerprint, response, expires_at, until_at)
@@ -316,7 +320,10 @@ FROM generate_series(1, `+"10000"+`) i`, resp); err != nil {
 		if _, err := pool.Exec(ctxT(t), `VACUUM FULL `+q); err != nil {
 			t.Fatal(err)
 		}
-		var n int
+		var (
+			n           int
+			heap, total int64
+		)
 		if err := pool.QueryRow(ctxT(t), `SELECT count(*), avg(pg_column_size(r.*)), pg_relation_size($1::regclass), pg_total_relation_size($1::regclass)
 FROM `+q+` r`, q).Scan(&n, &rowBytes, &heap, &total); err != nil {
 			t.Fatal(err)
@@ -326,13 +333,13 @@ FROM `+q+` r`, q).Scan(&n, &rowBytes, &heap, &total); err != nil {
 		}
 		t.Logf("%-46s row %5.0f B   heap %8d B (%3.0f B/row)   total %8d B (%3.0f B/row)",
 			what, rowBytes, heap, float64(heap)/rows, total, float64(total)/rows)
-		return rowBytes, heap, total
+		return rowBytes
 	}
 	t.Logf("engine encoding of a 201 with a 200-byte body: %d bytes", len(resp))
-	cRow, _, cTotal := measure("completed, 200-byte body, no keep", "interval '0'", "NULL", "interval '1 hour'", false)
+	cRow := measure("completed, 200-byte body, no keep", "interval '0'", "NULL", "interval '1 hour'", false)
 	measure("completed, 200-byte body, under a tombstone keep", "interval '1 day'", "clock_timestamp() + interval '1 hour'", "interval '1 hour'", false)
-	tRow, _, tTotal := measure("tombstone (after the purge)", "interval '1 day'", "clock_timestamp() - interval '1 second'", "- interval '1 second'", true)
-	if tRow >= cRow || tTotal >= cTotal {
-		t.Fatalf("a tombstone (%.0f B/row, %d B/10k) is not smaller than a completed record (%.0f B/row, %d B/10k)", tRow, tTotal, cRow, cTotal)
+	tRow := measure("tombstone (after the purge)", "interval '1 day'", "clock_timestamp() - interval '1 second'", "- interval '1 second'", true)
+	if tRow >= cRow/2 {
+		t.Fatalf("a tombstone (%.0f B/row) is not under half a completed record (%.0f B/row)", tRow, cRow)
 	}
 }
