@@ -12,9 +12,7 @@ bench:
 	./scripts/bench.sh
 
 # Peers only (about 10 minutes, after make bench): the paired peer benchmarks
-# -count 6 with benchstat and the execution counts, then the Go peers
-# (gopotency, bright-room/idem, idemlease: extracted by scripts/peers.sh,
-# measured by the benchmarks/peers module with GOWORK=off); RESULTS.md again.
+# -count 6 with benchstat and the execution counts; RESULTS.md again.
 # Nothing slower: the benchmarks at BASE and at the working tree in turns on this
 # machine (COMPARE_ROUNDS rounds, default 6), benchstat into RESULTS.md (after make bench).
 bench-compare:
@@ -24,8 +22,7 @@ bench-peers:
 	./scripts/bench.sh peers
 
 # Load over real sockets (about 5 minutes, after make bench): payments services on
-# Gin and Fiber, idem vs each peer per store (the Go peers served by
-# benchmarks/peers/cmd/peerserve, built from scripts/peers.sh's sources), vegeta at LOAD_LEVELS workers (8,64)
+# Gin and Fiber, idem vs each peer this module builds, per store, vegeta at LOAD_LEVELS workers (8,64)
 # for LOAD_DURATION each (2s), LOAD_COUNT rounds (3, medians); generator and
 # servers pinned to one CPU each.
 bench-load:

@@ -16,8 +16,8 @@ import (
 // The Go libraries named in issue #27 (github.com/fco-gt/gopotency,
 // github.com/bright-room/idem, github.com/repenguin22/idemlease) are not
 // served by the module proxy this module builds from (every version: 403
-// "not available"), so they are measured by benchmarks/peers, a module
-// outside go.work built from their extracted source (scripts/peers.sh).
+// "not available"), so this module cannot require them; RESULTS.md
+// section 2b keeps the record of one run measured outside this tree.
 // Here idem on Gin and net/http is paired with internal/floor, the least
 // work a correct in-process idempotency middleware does (its doc says
 // what it skips).

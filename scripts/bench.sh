@@ -4,18 +4,14 @@
 # writes benchmarks/RESULTS.md and benchmarks/overhead.png with
 # benchmarks/cmd/report. Raw output: benchmarks/results/.
 # `make bench-load` (`scripts/bench.sh load`): only the load benchmark over
-# real sockets (benchmarks/cmd/load, 3-5 minutes; the Go peers' rows served
-# by benchmarks/peers/cmd/peerserve), then RESULTS.md again from the last
-# bench.txt and this load.txt.
+# real sockets (benchmarks/cmd/load, 3-5 minutes), then RESULTS.md again
+# from the last bench.txt and this load.txt.
 # `scripts/bench.sh peers` (`make bench-peers`): only the paired peer
 # benchmarks (-count 6, with benchstat) and TestPeersExecutions of this
-# module, then the Go peers (go-peers below), then RESULTS.md again
-# (sections 2 and 2b from this run, the rest from the last bench.txt).
-# `scripts/bench.sh go-peers`: only the Go peers: scripts/peers.sh extracts
-# gopotency, bright-room/idem and idemlease (not served by the module
-# proxy) into .tmp/peers, then benchmarks/peers (a module outside go.work,
-# GOWORK=off) pairs idem with each (-count 6, benchstat) and counts their
-# executions under concurrent duplicates: results/go-peers.txt.
+# module, then RESULTS.md again (section 2 from this run, the rest from the
+# last bench.txt). results/go-peers.txt, the Go peers' figures of section
+# 2b, is a record of a run outside this tree (RESULTS.md says why); no
+# target here measures or rewrites it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -52,27 +48,6 @@ executions() {
   echo "bench: executions under concurrent duplicates (TestPeersExecutions)"
   rm -f "$EXEC"
   go test -count=1 -run '^TestPeersExecutions$' . -peers.out "$EXEC" >/dev/null || { echo "bench: TestPeersExecutions failed" >&2; exit 1; }
-}
-
-gopeers() { # the Go peers in benchmarks/peers (GOWORK=off: not in go.work)
-  "$ROOT/scripts/peers.sh"
-  local res=$ROOT/benchmarks/$GOPEERS
-  {
-    echo "go-peers-date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-    echo "go-peers-load-start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  } >"$res"
-  echo "bench: idem paired with the Go peers (benchmarks/peers), -count 6"
-  (
-    cd peers
-    export GOWORK=off
-    go test -run '^$' -bench '^BenchmarkPeers$' -benchtime=50000x -count=6 -timeout 60m . | tee -a "$res" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
-    go test -run '^$' -bench '^BenchmarkPeersRedis$' -benchtime=10000x -count=6 -timeout 60m . | tee -a "$res" | grep -E '^(Benchmark|--- FAIL|FAIL|panic)' || true
-    echo "go-peers-load-end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$res"
-    if grep -qE '^(--- FAIL|FAIL|panic)' "$res"; then echo "bench: a Go peers benchmark failed; see $res" >&2; exit 1; fi
-    (cd .. && "$BENCHSTAT" "$GOPEERS" >"$OUT/go-peers-benchstat.txt")
-    echo "bench: the Go peers' executions under concurrent duplicates (benchmarks/peers TestPeersExecutions)"
-    go test -count=1 -run '^TestPeersExecutions$' . -peers.out "$res" >/dev/null || { echo "bench: benchmarks/peers TestPeersExecutions failed" >&2; exit 1; }
-  )
 }
 
 # compare REV: the benchmarks module's test binary built at REV (the base,
@@ -115,13 +90,6 @@ if [ "${1:-}" = compare ]; then
   exit 0
 fi
 
-if [ "${1:-}" = go-peers ]; then
-  [ -f "$RAW" ] || { echo "bench go-peers: run make bench first ($ROOT/benchmarks/$RAW is missing)" >&2; exit 1; }
-  gopeers
-  report
-  exit 0
-fi
-
 if [ "${1:-}" = peers ]; then
   [ -f "$RAW" ] || { echo "bench peers: run make bench first ($ROOT/benchmarks/$RAW is missing)" >&2; exit 1; }
   {
@@ -135,7 +103,6 @@ if [ "${1:-}" = peers ]; then
   if grep -qE '^(--- FAIL|FAIL|panic)' "$PEERS"; then echo "bench: a benchmark failed; see $ROOT/benchmarks/$PEERS" >&2; exit 1; fi
   "$BENCHSTAT" "$PEERS" >"$OUT/peers-benchstat.txt"
   executions
-  gopeers
   report
   exit 0
 fi
@@ -145,17 +112,8 @@ if [ "${1:-}" = load ]; then
   BIN=$ROOT/.tmp/bin/idem-load
   mkdir -p "$(dirname "$BIN")"
   go build -o "$BIN" ./cmd/load
-  # The Go peers' rows: served by benchmarks/peers/cmd/peerserve (GOWORK=off),
-  # built from the sources scripts/peers.sh extracts; without them, no such rows.
-  PEERBIN=$ROOT/.tmp/bin/idem-peerserve
-  peerflag=()
-  if "$ROOT/scripts/peers.sh" && (cd peers && GOWORK=off go build -o "$PEERBIN" ./cmd/peerserve); then
-    peerflag=(-peerserve "$PEERBIN")
-  else
-    echo "bench-load: the Go peers could not be built; their rows are left out" >&2
-  fi
   # The generator re-executes itself on CPU 1 and starts each server on CPU 0 (taskset).
-  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}" "${peerflag[@]}"
+  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}"
   report
   exit 0
 fi

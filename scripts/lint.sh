@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make lint`: golangci-lint v2 (configuration in .golangci.yml at the root)
-# over every module of the workspace (and benchmarks/peers, outside it), and actionlint over the GitHub Actions
+# over every module of the workspace, and actionlint over the GitHub Actions
 # workflows in .github/workflows. Installs both into .tmp/bin the first time.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,15 +19,6 @@ for dir in $(go list -m -f '{{.Dir}}'); do
   # --allow-serial-runners: wait for another golangci-lint on this machine instead of failing
   (cd "$dir" && "$BIN" run --allow-serial-runners --config "$ROOT/.golangci.yml" ./...) || status=1
 done
-# benchmarks/peers is outside go.work (it replaces the Go peers with the
-# sources scripts/peers.sh extracts): linted with GOWORK=off when they can
-# be had, and said so when they cannot.
-echo "=== benchmarks/peers (GOWORK=off)"
-if "$ROOT/scripts/peers.sh" >/dev/null; then
-  (cd "$ROOT/benchmarks/peers" && GOWORK=off "$BIN" run --allow-serial-runners --config "$ROOT/.golangci.yml" ./...) || status=1
-else
-  echo "lint: benchmarks/peers not linted: scripts/peers.sh could not extract the Go peers' sources"
-fi
 ACTIONLINT_VERSION=v1.7.12 # github.com/rhysd/actionlint
 ACTIONLINT="$ROOT/.tmp/bin/actionlint-$ACTIONLINT_VERSION"
 if [ ! -x "$ACTIONLINT" ]; then

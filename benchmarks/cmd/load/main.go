@@ -59,7 +59,6 @@ func main() {
 		duration  = flag.Duration("duration", 2*time.Second, "attack time per service and level")
 		count     = flag.Int("count", 3, "rounds over every service; the report takes the median of the rounds")
 		only      = flag.String("only", "", "run only the services whose name (fw=…/lib=…/store=…) contains this")
-		peerBin   = flag.String("peerserve", "", "also run the Go peers' rows, each served by this benchmarks/peers/cmd/peerserve binary (scripts/bench.sh load builds it)")
 		pin       = flag.Bool("pin", true, "pin the generator to CPU 1 and each server to CPU 0 (taskset), GOMAXPROCS=1 each")
 		cpuprof   = flag.String("cpuprofile", "", "-serve: write the server's CPU profile here")
 		target    = flag.String("url", "", "attack the service already serving at this URL (e.g. one started with -serve -cpuprofile) instead of starting each")
@@ -92,7 +91,7 @@ func main() {
 		}
 		return
 	}
-	if err := drive(*out, lv, *duration, *count, *only, *peerBin, *pin); err != nil {
+	if err := drive(*out, lv, *duration, *count, *only, *pin); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -150,7 +149,7 @@ func serveMain(s service, addr, cpuprof string) error {
 // drive runs every service at every level, count rounds (each round goes
 // over every service, so that a drift of the machine's load reaches all of
 // them alike), and writes the benchmark lines.
-func drive(out string, levels []int, d time.Duration, count int, only, peerBin string, pin bool) error {
+func drive(out string, levels []int, d time.Duration, count int, only string, pin bool) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -166,20 +165,12 @@ func drive(out string, levels []int, d time.Duration, count int, only, peerBin s
 	}
 	fmt.Fprintf(f, "loadrun-date: %s\nloadrun-pinning: %s\nloadrun-levels: %s workers x %s each, %d rounds (medians), closed loop\nloadrun-mix: %s\nloadrun-start: %s\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), pinning, strings.Trim(fmt.Sprint(levels), "[]"), d, count, mixText, loadavg())
-	all := services
-	if peerBin != "" {
-		all = append(slices.Clone(services), peerServices...)
-	}
 	for range count {
-		for _, s := range all {
+		for _, s := range services {
 			if only != "" && !strings.Contains(s.String(), only) {
 				continue
 			}
-			bin := self
-			if s.peer {
-				bin = peerBin
-			}
-			lines, err := runService(bin, s, levels, d, pin)
+			lines, err := runService(self, s, levels, d, pin)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s, err)
 			}
@@ -198,8 +189,8 @@ func loadavg() string {
 	return strings.Join(strings.Fields(string(b))[:min(3, len(strings.Fields(string(b))))], " ")
 }
 
-// runService starts s as a process of binary bin (this command, or
-// peerserve) and attacks it at each level.
+// runService starts s as a process of binary bin (this command with
+// -serve) and attacks it at each level.
 func runService(bin string, s service, levels []int, d time.Duration, pin bool) ([]string, error) {
 	args := []string{"-serve", "-fw", s.fw, "-lib", s.lib, "-store", s.store}
 	name, env := bin, os.Environ()

@@ -27,11 +27,9 @@ import (
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-// service is one load case's server: framework, library and store; peer
-// services are served by benchmarks/peers/cmd/peerserve (-peerserve).
+// service is one load case's server: framework, library and store.
 type service struct {
 	fw, lib, store string
-	peer           bool
 }
 
 func (s service) String() string { return "fw=" + s.fw + "/lib=" + s.lib + "/store=" + s.store }
@@ -42,31 +40,17 @@ func (s service) String() string { return "fw=" + s.fw + "/lib=" + s.lib + "/sto
 // in-memory storage and with gofiber/storage's Redis; on Gin the floor of
 // internal/floor).
 var services = []service{
-	{"gin", "none", "memory", false},
-	{"gin", "floor", "memory", false},
-	{"gin", "idem", "memory", false},
-	{"gin", "idem", "redis", false},
-	{"gin", "idem", "postgres", false},
-	{"fiber", "none", "memory", false},
-	{"fiber", "builtin", "memory", false},
-	{"fiber", "builtin", "redis", false},
-	{"fiber", "idem", "memory", false},
-	{"fiber", "idem", "redis", false},
-	{"fiber", "idem", "postgres", false},
-}
-
-// peerServices are the Go peers' cases (-peerserve): each on Gin with its
-// memory and Redis store, gopotency (the one with a Fiber middleware) also
-// on Fiber v2.
-var peerServices = []service{
-	{"gin", "gopotency", "memory", true},
-	{"gin", "gopotency", "redis", true},
-	{"gin", "brightroom", "memory", true},
-	{"gin", "brightroom", "redis", true},
-	{"gin", "idemlease", "memory", true},
-	{"gin", "idemlease", "redis", true},
-	{"fiber", "gopotency", "memory", true},
-	{"fiber", "gopotency", "redis", true},
+	{"gin", "none", "memory"},
+	{"gin", "floor", "memory"},
+	{"gin", "idem", "memory"},
+	{"gin", "idem", "redis"},
+	{"gin", "idem", "postgres"},
+	{"fiber", "none", "memory"},
+	{"fiber", "builtin", "memory"},
+	{"fiber", "builtin", "redis"},
+	{"fiber", "idem", "memory"},
+	{"fiber", "idem", "redis"},
+	{"fiber", "idem", "postgres"},
 }
 
 // backend is what a service needs from its store: an idem.Store, or a

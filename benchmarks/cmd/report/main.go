@@ -548,10 +548,9 @@ func writeReport(w io.Writer, r *results, stat, notes, cmp string) {
 
 	p("\n## How to reproduce\n\n")
 	p("```sh\nmake bench            # starts Redis and the FerretDB test server if needed; about 5–10 minutes on 2 cores\n")
-	p("make bench-load       # section 9 only (about 5 minutes, the Go peers' rows included), after make bench\n")
+	p("make bench-load       # section 9 only (about 5 minutes), after make bench\n")
 	p("make bench-compare BASE=<rev>  # nothing slower: the benchmarks at <rev> and at the working tree in turns, benchstat (section \"Against the base revision\")\n")
-	p("make bench-peers      # sections 2 and 2b only (-count 6, benchstat), the execution counts and the Go peers (scripts/bench.sh peers)\n")
-	p("./scripts/bench.sh go-peers  # the Go peers of section 2b only: scripts/peers.sh, then benchmarks/peers with GOWORK=off\n")
+	p("make bench-peers      # section 2 only (-count 6, benchstat) and the execution counts (scripts/bench.sh peers)\n")
 	p("# or one part, e.g.:\ncd benchmarks && go test -run '^$' -bench 'Middleware|Fiber.*Builtin|Fiber.*Peer' -benchtime=100000x -count=5 .\n")
 	p("go test -run '^$' -bench 'Middleware/fw=gin/path=fresh' -benchtime=100000x -cpuprofile cpu.out -memprofile mem.out . && go tool pprof -top cpu.out\n```\n\n")
 	p("`make test` compiles every benchmark and runs each once (`-benchtime=1x`, without `-bench.full`: no 10^6 preload, no end-to-end processes). Raw output: `benchmarks/results/bench.txt`.\n")

@@ -1,5 +1,4 @@
-// Package harness is what the benchmarks module and benchmarks/peers share:
-// the request and response of every framework case, UUID-shaped keys, the
+// Package harness is what the benchmarks of this module share: the request and response of every framework case, UUID-shaped keys, the
 // net/http and Gin apps with their handler, the in-process HTTP driver,
 // paired measurement in alternating chunks, engines on memstore and
 // redisstore, and the count of executions under concurrent duplicates.

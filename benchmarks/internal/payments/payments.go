@@ -1,6 +1,5 @@
 // Package payments is the payments service of the load benchmark
-// (benchmarks/cmd/load, and benchmarks/peers/cmd/peerserve for the Go
-// peers): POST /v1/payments with the contract of examples/ ({"amount": N},
+// (benchmarks/cmd/load): POST /v1/payments with the contract of examples/ ({"amount": N},
 // Idempotency-Key, X-User-Id), answered 201 with the payment and a
 // Location, and GET /stats, the executions its ledger counted. Not for
 // production.
