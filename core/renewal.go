@@ -61,6 +61,13 @@ func (r *renewals) remove(x *Execution) {
 	r.mu.Unlock()
 }
 
+// queued reports whether x is still registered (remove not called).
+func (r *renewals) queued(x *Execution) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return x.slot >= 0
+}
+
 // close makes the goroutine exit as soon as no execution is left.
 func (r *renewals) close() {
 	r.mu.Lock()
@@ -123,7 +130,9 @@ func (r *renewals) run(e *Engine) {
 
 // renew extends x's lease once, bounded by the store timeout (below a
 // renewal period: the lease is at least 4 store timeouts). A lost lease
-// ends x's renewals.
+// ends x's renewals. A failure of a renewal that was under way when x's
+// renewals ended (its completion stored or its key released) reports
+// nothing: the lease it would have extended is no longer needed.
 func (e *Engine) renew(x *Execution) {
 	start := time.Now()
 	ctx, cancel := e.storeCall(x.ctx)
@@ -140,6 +149,7 @@ func (e *Engine) renew(x *Execution) {
 		if !finished { // after Finish or Fail, the record is legitimately no longer ours
 			e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
 		}
+	case err != nil && !e.renewals.queued(x):
 	case err != nil:
 		if x.renewFailed.Swap(true) { // logged once per execution; every failure is an event
 			ev.Kind, ev.Err = EventStoreError, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"runtime"
 	"sync"
@@ -230,5 +231,50 @@ func TestStoreCtxDerived(t *testing.T) {
 	<-fired
 	if !errors.Is(child.Err(), context.DeadlineExceeded) || !errors.Is(sc.Err(), context.DeadlineExceeded) {
 		t.Fatalf("errors %v, %v; want deadline exceeded", child.Err(), sc.Err())
+	}
+}
+
+// failingExtendStore is a renewStore whose Extend fails as a store that
+// went down does.
+type failingExtendStore struct{ renewStore }
+
+func (*failingExtendStore) Extend(context.Context, string, string, time.Duration) error {
+	return errors.New("dial tcp: connection refused")
+}
+
+// TestRenewalFailureAfterEnd: a renewal that fails while the execution
+// runs is a store-error event; one that was under way when the execution's
+// completion ended (its failure arriving after it) reports nothing, so
+// that a store that goes down right after a completion counts no error for
+// it. renew is called directly: the scheduler's timing plays no part.
+func TestRenewalFailureAfterEnd(t *testing.T) {
+	var (
+		mu  sync.Mutex
+		got []Event
+	)
+	hook := func(_ context.Context, ev Event) {
+		if ev.Kind == EventStoreError {
+			mu.Lock()
+			got = append(got, ev)
+			mu.Unlock()
+		}
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(got) }
+	e, err := New(&failingExtendStore{renewStore{extended: map[string]int{}}}, WithGlobalScope(), WithLease(time.Hour), WithEventHook(hook), WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, resp := e.Begin(context.Background(), &Request{Method: http.MethodPost, Path: "/p", Keys: []string{"k"}})
+	if x == nil {
+		t.Fatalf("Begin = %v, want an execution", resp)
+	}
+	e.renew(x)
+	if n := count(); n != 1 {
+		t.Fatalf("a failed renewal while the handler runs: %d store-error events, want 1", n)
+	}
+	x.Finish(http.StatusCreated, nil)
+	e.renew(x) // the renewal that was under way when the completion ended
+	if n := count(); n != 1 {
+		t.Fatalf("a failed renewal after the completion: %d store-error events in all, want still 1 (%+v)", n, got)
 	}
 }
