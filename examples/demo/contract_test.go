@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,13 +21,9 @@ import (
 // TestExamples builds every example service, runs it as its own process with
 // the memory store, plays the demo's scenarios and checks the HTTP contract.
 func TestExamples(t *testing.T) {
-	dir := t.TempDir()
 	for _, name := range procs.Frameworks {
 		t.Run(name, func(t *testing.T) {
-			bin, err := procs.Build(context.Background(), dir, name)
-			if err != nil {
-				t.Fatal(err)
-			}
+			bin := exampleBin(t, name)
 			p := start(t, bin, "-store", "memory", "-charge-latency", "150ms")
 			d := &demo{url: p.URL, latency: 150 * time.Millisecond, client: &http.Client{Timeout: 10 * time.Second}}
 			t.Run("Scenarios", func(t *testing.T) {
@@ -42,6 +40,45 @@ func TestExamples(t *testing.T) {
 			t.Run("RequestIDNotReplayed", func(t *testing.T) { testRequestID(t, d) })
 		})
 	}
+}
+
+// binDir holds the example binaries this test binary builds (TestMain
+// makes and removes it).
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idem-demo-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// builds are the example binaries by name, each built once for every test
+// that runs it (go build links anew each time it is called).
+var builds sync.Map // name → *build
+
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// exampleBin returns the binary of examples/<name>, building it the first
+// time.
+func exampleBin(t *testing.T, name string) string {
+	t.Helper()
+	v, _ := builds.LoadOrStore(name, new(build))
+	b := v.(*build)
+	b.once.Do(func() { b.path, b.err = procs.Build(context.Background(), binDir, name) })
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
 }
 
 // start runs the example bin with args until the test ends; its logs are
@@ -183,29 +220,31 @@ func testContract(t *testing.T, d *demo) {
 // TestStoreUnreachableAtStartup starts every example against a Redis, a
 // MongoDB and a MySQL that are not there: each still starts, serves its unprotected
 // routes, and answers 503 on the protected ones without executing anything.
+// The cases run all at once (each mostly waits for its store's dial to
+// fail), not t.Parallel (GOMAXPROCS at a time).
 func TestStoreUnreachableAtStartup(t *testing.T) {
-	dir := t.TempDir()
 	dead := "127.0.0.1:1" // nothing listens on port 1
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for _, name := range procs.Frameworks {
-		bin, err := procs.Build(context.Background(), dir, name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		bin := exampleBin(t, name)
 		for _, store := range []string{"redis", "mongo", "mysql"} {
-			t.Run(name+"/"+store, func(t *testing.T) {
-				p := start(t, bin, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/",
-					"-mysql-dsn", "root@tcp("+dead+")/test")
-				d := &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}}
-				if n := d.executions(); n != 0 {
-					t.Fatalf("stats: %d executions", n)
-				}
-				r := send(t, d, "POST", "/v1/payments", "u1", newKey(), `{"amount":100,"currency":"eur"}`)
-				if r.status != 503 || r.header.Get("Retry-After") == "" || !bytes.Contains(r.body, []byte("store-unavailable")) {
-					t.Fatalf("payment with the store down: %d %s", r.status, r.body)
-				}
-				if n := d.executions(); n != 0 {
-					t.Fatalf("the handler ran %d times with the store down", n)
-				}
+			wg.Go(func() {
+				t.Run(name+"/"+store, func(t *testing.T) {
+					p := start(t, bin, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/",
+						"-mysql-dsn", "root@tcp("+dead+")/test")
+					d := &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}}
+					if n := d.executions(); n != 0 {
+						t.Fatalf("stats: %d executions", n)
+					}
+					r := send(t, d, "POST", "/v1/payments", "u1", newKey(), `{"amount":100,"currency":"eur"}`)
+					if r.status != 503 || r.header.Get("Retry-After") == "" || !bytes.Contains(r.body, []byte("store-unavailable")) {
+						t.Fatalf("payment with the store down: %d %s", r.status, r.body)
+					}
+					if n := d.executions(); n != 0 {
+						t.Fatalf("the handler ran %d times with the store down", n)
+					}
+				})
 			})
 		}
 	}
@@ -227,12 +266,8 @@ func TestRequestIDEveryStore(t *testing.T) {
 		t.Fatalf("MongoDB unreachable at %s (IDEM_MONGO_URI)", mongoURI)
 	}
 	mysqlDSN := mysqlDatabase(t)
-	dir := t.TempDir()
 	for _, name := range procs.Frameworks {
-		bin, err := procs.Build(context.Background(), dir, name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		bin := exampleBin(t, name)
 		t.Run(name+"/mysql", func(t *testing.T) {
 			p := start(t, bin, "-store", "mysql", "-mysql-dsn", mysqlDSN, "-charge-latency", "1ms")
 			testRequestID(t, &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}})
