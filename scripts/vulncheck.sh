@@ -42,11 +42,14 @@ status=0
 # every module of the workspace; none (GOWORK=off, or no go.work) would check nothing
 modules=$(go list -m -f '{{.Dir}}' 2>/dev/null || true)
 [ -n "$modules" ] || { echo "vulncheck: go list -m found no module of the workspace (GOWORK=$(go env GOWORK)); nothing would be checked" >&2; exit 1; }
-# two modules at a time: govulncheck is CPU-bound and takes a few seconds each
-echo "$modules" | xargs -P 2 -I{} sh -c '
-  dir={}; name=$(echo "${dir#'"$ROOT"'/}" | tr / _)
-  cd "$dir" && "'"$BIN/govulncheck-$VULN_VERSION"'" -db "file://'"$DB"'" -format json ./... >"'"$out"'/$name.json" 2>"'"$out"'/$name.err" \
-    || { echo "vulncheck: govulncheck failed in ${dir#'"$ROOT"'/}:"; cat "'"$out"'/$name.err"; exit 1; }' || status=1
+# One run over the packages of every module (the workspace's versions, as
+# a run in each module's folder also resolves them): the standard library
+# and the shared dependencies are analysed once, not once per module.
+# govulncheck wants a go.mod in its folder, hence -C core.
+patterns=()
+for dir in $modules; do patterns+=("$dir/..."); done
+"$BIN/govulncheck-$VULN_VERSION" -C "$ROOT/core" -db "file://$DB" -format json "${patterns[@]}" >"$out/workspace.json" 2>"$out/workspace.err" \
+  || { echo "vulncheck: govulncheck failed:"; cat "$out/workspace.err"; status=1; }
 strict=()
 [ "${IDEM_VULNCHECK_STRICT:-}" = 1 ] && strict=(-strict)
 GOWORK=off go run tools/vulnsummary/main.go "${strict[@]}" "$out"/*.json || status=1

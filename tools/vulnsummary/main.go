@@ -6,6 +6,10 @@
 // standard library (fixed by upgrading the Go toolchain that builds the
 // binary, which is the user's) and in modules without a fix are warnings.
 // Vulnerabilities in imported code that is never called are only counted.
+// Each line names the modules of this repository whose code the findings'
+// call traces enter from (govulncheck reports representative traces, so
+// these are examples, not every caller), or the file's name when a trace
+// enters from elsewhere.
 //
 //	go run tools/vulnsummary/main.go [-strict] module1.json module2.json ...
 package main
@@ -46,6 +50,9 @@ type message struct {
 	} `json:"finding"`
 }
 
+// repoModule is the module path prefix of this repository's modules.
+const repoModule = "github.com/idemkit/idem"
+
 type called struct {
 	id, module, version, fixed, symbol, where string
 }
@@ -54,7 +61,7 @@ func main() {
 	strict := flag.Bool("strict", false, "fail on every called vulnerability, standard library and unfixed ones included")
 	flag.Parse()
 	summaries := map[string]string{}
-	calls := map[string]called{} // by file + id
+	calls := map[string]called{} // by caller + id
 	uncalled := map[string]bool{}
 	goVersion := ""
 	for _, path := range flag.Args() {
@@ -83,7 +90,11 @@ func main() {
 					uncalled[m.Finding.OSV] = true
 					continue
 				}
-				key := path + " " + m.Finding.OSV
+				where := strings.TrimSuffix(filepath.Base(path), ".json")
+				if entry := m.Finding.Trace[len(m.Finding.Trace)-1].Module; strings.HasPrefix(entry, repoModule+"/") {
+					where = strings.TrimPrefix(entry, repoModule+"/")
+				}
+				key := where + " " + m.Finding.OSV
 				if _, ok := calls[key]; ok {
 					continue
 				}
@@ -92,13 +103,13 @@ func main() {
 					sym = top.Package + "." + strings.TrimPrefix(top.Receiver, "*") + "." + top.Function
 				}
 				calls[key] = called{id: m.Finding.OSV, module: top.Module, version: top.Version,
-					fixed: m.Finding.FixedVersion, symbol: sym, where: strings.TrimSuffix(filepath.Base(path), ".json")}
+					fixed: m.Finding.FixedVersion, symbol: sym, where: where}
 			}
 		}
 		f.Close()
 	}
-	// One line per vulnerability and module version, naming the scanned
-	// modules (files) that call it.
+	// One line per vulnerability and module version, naming the modules
+	// that call it.
 	type group struct {
 		c     called
 		where []string
