@@ -150,6 +150,7 @@ func (e *Engine) renew(x *Execution) {
 			e.emitErr(x.ctx, ev, EventLeaseLost, err, "idem: lease lost while the handler runs")
 		}
 	case err != nil && !e.renewals.queued(x):
+		// x ended while this renewal was under way: nothing to report
 	case err != nil:
 		if x.renewFailed.Swap(true) { // logged once per execution; every failure is an event
 			ev.Kind, ev.Err = EventStoreError, err
