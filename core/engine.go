@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -102,7 +101,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: rand.Text() + "."}
+	e := &Engine{store: store, cfg: cfg, problems: newProblems(cfg.retryAfter, cfg.renderProblem), closing: make(chan struct{}), draining: make(chan struct{}), unreadable: map[string]struct{}{}, tokenPrefix: ownerPrefix()}
 	e.deadlines = newDeadlines(cfg.storeTimeout)
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
