@@ -286,7 +286,7 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 		err := s.pool.QueryRow(ctx, s.q.acquire, key, token, fingerprint, micros(lease),
 			keepMicros(keep.Uncertain), keepMicros(keep.Tombstone)).Scan(&acquired, &state, &tok, &fp, &raw, &leftUS)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows):
+		case errors.Is(err, pgx.ErrNoRows), serializationFailure(err):
 			continue // a concurrent transition this statement's snapshot missed
 		case err != nil:
 			return idem.Record{}, false, fmt.Errorf("pgstore: acquire: %w", err)
@@ -300,6 +300,15 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 		return rec, false, err
 	}
 	return idem.Record{}, false, ErrContention
+}
+
+// serializationFailure reports SQLSTATE 40001: at REPEATABLE READ or
+// SERIALIZABLE (default_transaction_isolation), the acquire statement
+// found its row changed by a racing transition after its snapshot. The
+// statement had no effect, and the next attempt's snapshot sees the row.
+func serializationFailure(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "40001"
 }
 
 // Complete implements [idem.Store]: one conditional UPDATE of the token's

@@ -31,6 +31,21 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceRepeatableRead runs the store suite with every
+// connection at REPEATABLE READ (default_transaction_isolation): racing
+// acquires of one key meet SQLSTATE 40001, which Acquire must retry, not
+// return (tests/model's TestModelPostgres found it).
+func TestConformanceRepeatableRead(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	})
+	storetest.Run(t, func(t *testing.T) idem.Store {
+		s, _ := newStore(t, pool)
+		return s
+	})
+}
+
 // countingConn counts the writes a connection sends: pgx flushes each
 // request (e.g. Bind+Execute+Sync of a cached statement) in one write and
 // then waits for the answer, so writes are round trips.

@@ -39,3 +39,22 @@ require (
 )
 
 replace github.com/idemkit/idem/adapters/idemhttp => ../../adapters/idemhttp
+
+require github.com/idemkit/idem/stores/pgstore v0.1.0
+
+replace github.com/idemkit/idem/stores/pgstore => ../../stores/pgstore
+
+require (
+	github.com/go-sql-driver/mysql v1.10.1
+	github.com/idemkit/idem/stores/mysqlstore v0.1.0
+	github.com/jackc/pgx/v5 v5.12.0
+)
+
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+)
+
+replace github.com/idemkit/idem/stores/mysqlstore => ../../stores/mysqlstore

@@ -3,6 +3,8 @@ package model_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
+	"strings"
 	"flag"
 	"fmt"
 	"os"
@@ -10,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -19,6 +23,8 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/idemkit/idem/stores/mongostore"
+	"github.com/idemkit/idem/stores/mysqlstore"
+	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
@@ -99,8 +105,8 @@ func TestModelRedis(t *testing.T) {
 	s := redisstore.New(c, redisstore.WithPrefix(prefix))
 	run(t, 40, func(*rapid.T) *target {
 		return &target{
-			store: s, clk: realClock{}, margin: realMargin, sameTokenReacquire: true,
-			leases: realLeases, retentions: realRetentions, advances: realAdvances,
+			store: s, clk: realClock{}, margin: realMargin, reacquire: reacquireSame,
+			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
 		}
 	})
 }
@@ -135,8 +141,107 @@ func TestModelMongo(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	run(t, 35, func(*rapid.T) *target {
 		return &target{
-			store: s, clk: realClock{}, margin: realMargin,
-			leases: realLeases, retentions: realRetentions, advances: realAdvances,
+			store: s, clk: realClock{}, margin: realMargin, purge: s, lapsedListed: true,
+			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
+		}
+	})
+}
+
+// TestModelPostgres runs the model on pgstore at READ COMMITTED (the
+// server's default) and REPEATABLE READ (default_transaction_isolation
+// of every connection of the pool).
+func TestModelPostgres(t *testing.T) {
+	u := os.Getenv("IDEM_POSTGRES_URL")
+	if u == "" {
+		u = "postgres://postgres@127.0.0.1:5432/test"
+	}
+	for _, level := range []string{"read committed", "repeatable read"} {
+		t.Run(strings.ReplaceAll(level, " ", "-"), func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(u)
+			if err != nil {
+				t.Fatalf("IDEM_POSTGRES_URL %q: %v", u, err)
+			}
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var got string
+			if err := pool.QueryRow(ctx, "SHOW transaction_isolation").Scan(&got); err != nil {
+				unavailable(t, "PostgreSQL unreachable at %s (IDEM_POSTGRES_URL): %v", u, err)
+			}
+			if got != level {
+				t.Fatalf("transaction_isolation = %q, want %q", got, level)
+			}
+			table := "idem_model_" + strings.ToLower(rand.Text()[:12])
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+table)
+			})
+			s := pgstore.New(pool, pgstore.WithTable(table))
+			if err := s.EnsureSchema(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			run(t, 30, func(*rapid.T) *target {
+				return &target{
+					store: s, clk: realClock{}, margin: realMargin, purge: s, purgeCounted: true, reacquire: reacquireReplace, lapsedListed: true,
+					leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
+					reset: func() {
+						if _, err := pool.Exec(context.Background(), "DELETE FROM "+table); err != nil {
+							t.Fatal(err)
+						}
+					},
+				}
+			})
+		})
+	}
+}
+
+// TestModelMySQL runs the model on mysqlstore (MariaDB in `make test`)
+// at the server's default isolation (REPEATABLE READ).
+func TestModelMySQL(t *testing.T) {
+	dsn := os.Getenv("IDEM_MYSQL_DSN")
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatalf("IDEM_MYSQL_DSN %q: %v", dsn, err)
+	}
+	db.SetMaxOpenConns(8)
+	t.Cleanup(func() { _ = db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		unavailable(t, "MySQL unreachable (IDEM_MYSQL_DSN): %v", err)
+	}
+	table := "idem_model_" + strings.ToLower(rand.Text()[:12])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, q := range []string{"DROP TABLE IF EXISTS `" + table + "`", "DROP PROCEDURE IF EXISTS `" + table + mysqlstore.ProcSuffix + "`"} {
+			_, _ = db.ExecContext(ctx, q)
+		}
+	})
+	s := mysqlstore.New(db, mysqlstore.WithTable(table))
+	if err := s.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	run(t, 25, func(*rapid.T) *target {
+		return &target{
+			store: s, clk: realClock{}, margin: realMargin, purge: s, purgeCounted: true, reacquire: reacquireReplace, lapsedListed: true,
+			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
+			reset: func() {
+				if _, err := db.ExecContext(context.Background(), "DELETE FROM `"+table+"`"); err != nil {
+					t.Fatal(err)
+				}
+			},
 		}
 	})
 }
