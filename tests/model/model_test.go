@@ -125,9 +125,9 @@ type target struct {
 
 	// reacquire is how Acquire by the token that holds the record's lease
 	// (an engine's acquire sent again after its reply was lost) answers.
-	reacquire reacquireMode
-	mem                *memstore.Store // memstore only: Len and Cleanup are checked too
-	maxRecords         int             // memstore only: WithMaxRecords, 0 = default
+	reacquire  reacquireMode
+	mem        *memstore.Store // memstore only: Len and Cleanup are checked too
+	maxRecords int             // memstore only: WithMaxRecords, 0 = default
 
 	// purge is the store's Purge (nil: none); purgeCounted: its count is
 	// checked against the rows the model knows expired (SQL stores, whose

@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"strings"
 	"flag"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
