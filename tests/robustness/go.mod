@@ -1,0 +1,65 @@
+module github.com/idemkit/idem/tests/robustness
+
+go 1.26.0
+
+require github.com/idemkit/idem/core v0.1.0
+
+replace github.com/idemkit/idem/core => ../../core
+
+replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore
+
+require github.com/idemkit/idem/stores/redisstore v0.1.0
+
+replace github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
+
+require github.com/idemkit/idem/stores/mongostore v0.1.0
+
+replace github.com/idemkit/idem/stores/mongostore => ../../stores/mongostore
+
+require github.com/idemkit/idem/stores/pgstore v0.1.0
+
+replace github.com/idemkit/idem/stores/pgstore => ../../stores/pgstore
+
+require (
+	github.com/Shopify/toxiproxy/v2 v2.12.0
+	github.com/anishathalye/porcupine v1.3.1
+	github.com/go-sql-driver/mysql v1.10.1
+	github.com/idemkit/idem/stores/memstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/stores/mysqlstore v0.1.0
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/redis/go-redis/v9 v9.23.0
+	github.com/rs/zerolog v1.33.0
+	go.mongodb.org/mongo-driver/v2 v2.10.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/gorilla/mux v1.8.1 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/mattn/go-colorable v0.1.13 // indirect
+	github.com/mattn/go-isatty v0.0.20 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_golang v1.21.1 // indirect
+	github.com/prometheus/client_model v0.6.1 // indirect
+	github.com/prometheus/common v0.62.0 // indirect
+	github.com/prometheus/procfs v0.15.1 // indirect
+	github.com/rs/xid v1.5.0 // indirect
+	github.com/xdg-go/scram v1.4.0 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
+	github.com/youmark/pkcs8 v0.0.0-20240726163527-a2c0da244d78 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/crypto v0.54.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+	google.golang.org/protobuf v1.36.1 // indirect
+	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
+)
+
+replace github.com/idemkit/idem/stores/mysqlstore => ../../stores/mysqlstore
