@@ -3,7 +3,6 @@ package linear
 import (
 	"context"
 	"crypto/rand"
-	"slices"
 	"database/sql"
 	"encoding/json"
 	"flag"
@@ -16,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -54,16 +54,16 @@ var (
 // restart faults.
 func TestMain(m *testing.M) {
 	_ = mysql.SetLogger(log.New(io.Discard, "", 0)) // every reset connection is logged otherwise
-	zerolog.SetGlobalLevel(zerolog.WarnLevel)        // toxiproxy's toxics trace to the global logger
+	zerolog.SetGlobalLevel(zerolog.WarnLevel)       // toxiproxy's toxics trace to the global logger
 	goleak.VerifyTestMain(m,
 		// toxiproxy leaves a toxic's pipe goroutine blocked on a send when
 		// the toxic is removed while its connection is blocked (its own
 		// goroutines, stopped with no way to wait for them).
 		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"),
 		goleak.Cleanup(func(code int) {
-		printSummary()
-		os.Exit(code)
-	}))
+			printSummary()
+			os.Exit(code)
+		}))
 }
 
 var (
