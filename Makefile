@@ -1,5 +1,5 @@
 # The test command is `make test` (README.md). It starts what the tests need.
-.PHONY: test demo bench bench-compare bench-load bench-peers soak fuzz lint vulncheck
+.PHONY: test demo bench bench-compare bench-load bench-peers soak robustness fuzz lint vulncheck
 
 test:
 	./scripts/test.sh
@@ -27,6 +27,16 @@ bench-peers:
 # servers pinned to one CPU each.
 bench-load:
 	./scripts/bench.sh load
+
+# Robustness (minutes, not part of make test): tests/model with ROBUST_CHECKS random
+# sequences per store (default 100), porcupine over histories recorded under toxiproxy
+# faults and Redis restarts for ROBUST_DURATION per store (default 30s, seed ROBUST_SEED),
+# and the engine's crash points on memstore and Redis. Prints, per store, the sequences
+# and outcomes checked, the histories, operations, faults injected and anomalies found.
+robustness:
+	bash -c 'set -o pipefail; source scripts/services.sh && cd tests/model && RAPID_CHECKS=$${ROBUST_CHECKS:-100} go test -count=1 -timeout 60m -v . | grep -vE "^=== |^\s+model_test.go:[0-9]+: \[rapid\]"'
+	bash -c 'source scripts/services.sh && cd tests/robustness && go test -count=1 -timeout 60m -v ./linear/ -robust.duration=$${ROBUST_DURATION:-30s} -robust.seed=$${ROBUST_SEED:-1}'
+	bash -c 'source scripts/services.sh && cd tests/robustness && go test -count=1 -timeout 30m -v ./crash/ | grep -vE "^=== "'
 
 # Every Fuzz target of every module for FUZZTIME each (default 20s); `make test` runs their seeds.
 fuzz:

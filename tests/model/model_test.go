@@ -927,7 +927,7 @@ func TestModelMemstore(t *testing.T) {
 		}
 		s := memstore.New(opts...)
 		return &target{
-			store: s, mem: s, maxRecords: max, clk: clk,
+			store: s, mem: s, maxRecords: max, clk: clk, reacquire: reacquireNone,
 			leases:     []time.Duration{time.Second, 2 * time.Second, 5 * time.Second, time.Hour},
 			retentions: []time.Duration{time.Second, 3 * time.Second, 24 * time.Hour},
 			keeps:      []time.Duration{0, 0, time.Second, 4 * time.Second, time.Hour},

@@ -141,7 +141,7 @@ func TestModelMongo(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	run(t, 35, func(*rapid.T) *target {
 		return &target{
-			store: s, clk: realClock{}, margin: realMargin, purge: s, lapsedListed: true,
+			store: s, clk: realClock{}, margin: realMargin, purge: s, lapsedListed: true, reacquire: reacquireNone,
 			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
 		}
 	})
