@@ -248,7 +248,8 @@ WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?`, s.
 // rows kept as tombstones among them into tombstones (response and token
 // dropped, expires_at moved to the tombstone's end, when it deletes them),
 // deletes the others by primary key (still only if due: a row taken over
-// meanwhile stays), and repeats while batches are full. Reads ignore
+// meanwhile stays), and repeats while batches are full or it freed
+// tombstones (one whose keep ended too is then deleted). Reads ignore
 // expired rows, and tombstones' responses, whether purged or not; purging
 // only frees space. Errors: ctx's error, server errors wrapped (with the
 // count deleted so far).
@@ -271,17 +272,19 @@ func (s *Store) purge(ctx context.Context) (deleted, freed int64, err error) {
 			return deleted, freed, nil
 		}
 		full := len(keys)+len(tombstones) == PurgeBatch
-		n, err := s.purgeBatch(ctx, s.q.purgeFree, tombstones)
-		freed += n
+		nf, err := s.purgeBatch(ctx, s.q.purgeFree, tombstones)
+		freed += nf
 		if err != nil {
 			return deleted, freed, fmt.Errorf("mysqlstore: purge: %w", err)
 		}
-		n, err = s.purgeBatch(ctx, s.q.purgeDelete, keys)
+		n, err := s.purgeBatch(ctx, s.q.purgeDelete, keys)
 		deleted += n
 		if err != nil {
 			return deleted, freed, fmt.Errorf("mysqlstore: purge: %w", err)
 		}
-		if !full {
+		// A tombstone just freed whose keep has ended too is due now:
+		// the next batch deletes it.
+		if !full && nf == 0 {
 			return deleted, freed, nil
 		}
 	}
