@@ -30,9 +30,11 @@ import (
 
 // Servers, as `make test` exports them (scripts/services.sh):
 //
-//	IDEM_REDIS_URL  Redis, default redis://127.0.0.1:6379/0
-//	IDEM_MONGO_URI  a MongoDB-wire server (tools/ferretdb or MongoDB)
-//	CI=true         an unreachable or unset server fails the test instead of skipping it
+//	IDEM_REDIS_URL     Redis, default redis://127.0.0.1:6379/0
+//	IDEM_MONGO_URI     a MongoDB-wire server (tools/ferretdb or MongoDB)
+//	IDEM_POSTGRES_URL  PostgreSQL, default postgres://postgres@127.0.0.1:5432/test
+//	IDEM_MYSQL_DSN     MySQL or MariaDB, default root@tcp(127.0.0.1:3306)/test
+//	CI=true            an unreachable or unset server fails the test instead of skipping it
 func TestMain(m *testing.M) {
 	flag.Parse()
 	flag.Visit(func(f *flag.Flag) {
