@@ -196,6 +196,10 @@ func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}
 		counts.ops.Add(1)
 		if out.Result == "unknown" {
 			counts.unknown.Add(1)
+			// back off, as a client would: every unknown call stays open
+			// to the end of the history, and porcupine's search grows
+			// with them
+			time.Sleep(30 * time.Millisecond)
 		}
 		switch {
 		case in.Op == "acquire" && (out.Result == "acquired" || out.Result == "unknown"):

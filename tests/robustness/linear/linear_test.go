@@ -60,6 +60,7 @@ func TestMain(m *testing.M) {
 		// the toxic is removed while its connection is blocked (its own
 		// goroutines, stopped with no way to wait for them).
 		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"),
+		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2.(*ToxicLink).read"),
 		goleak.Cleanup(func(code int) {
 			printSummary()
 			os.Exit(code)
