@@ -17,7 +17,7 @@ var _ idem.Inspector = (*Store)(nil)
 // token (empty for none), fingerprint. It deletes the record and its response
 // key when the record still has that state, token and fingerprint, and
 // returns 1; otherwise 0. A '3' value is in progress while its PTTL is
-// above u, else uncertain; a '4' value is completed while its response key
+// above u (always when u is 0), else uncertain; a '4' value is completed while its response key
 // lives, else expired.
 var evictScript = newScript(luaDecode + `
 local k, tok, fp, u = decode(redis.pcall('GET', KEYS[1]))
@@ -26,7 +26,7 @@ if not k or tok ~= ARGV[2] or fp ~= ARGV[3] then
 end
 local st = k
 if k == '3' then
-  st = redis.call('PTTL', KEYS[1]) > tonumber(u) and '1' or '3'
+  st = (tonumber(u) == 0 or redis.call('PTTL', KEYS[1]) > tonumber(u)) and '1' or '3'
 elseif k == '4' then
   if not KEYS[2] then
     return 0

@@ -167,14 +167,14 @@ func parseValue(v string) (stored, error) {
 // (milliseconds, > 0) and, for a '4' value, its response key holds resp
 // (hasResp) with PTTL respTTL; and the record's time to live
 // ([idem.RecordInfo.TTL]). A '3' value is in progress while pttl > u
-// (LeaseLeft pttl - u), else uncertain; a '4' value is completed while its
+// (LeaseLeft pttl - u), or always when u is 0, else uncertain; a '4' value is completed while its
 // response key lives (the response, a view of resp), else expired: a
 // tombstone.
 func (st stored) at(pttl int64, resp string, hasResp bool, respTTL int64) (idem.Record, time.Duration) {
 	rec, ttl := st.rec, pttl
 	switch {
 	case !st.kept:
-	case rec.State == idem.StateInProgress && pttl > st.u:
+	case rec.State == idem.StateInProgress && (pttl > st.u || st.u == 0): // u 0: never uncertain, even at PTTL 0
 		ttl = pttl - st.u
 	case rec.State == idem.StateInProgress:
 		rec.State = idem.StateUncertain
