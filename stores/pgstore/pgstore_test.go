@@ -31,6 +31,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestJournal(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	storetest.RunJournal(t, func(t *testing.T) idem.Store {
+		s, _ := newStore(t, pool)
+		return s
+	})
+}
+
 // countingConn counts the writes a connection sends: pgx flushes each
 // request (e.g. Bind+Execute+Sync of a cached statement) in one write and
 // then waits for the answer, so writes are round trips.
