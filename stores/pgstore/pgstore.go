@@ -126,7 +126,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 // passed in microseconds.
 type queries struct {
 	acquire, complete, release, extend, get, completedBy, purge, free, resolveRelease, resolveComplete string
-	startStep, finishStep, suspend, steps, stepRefused                                                string
+	startStep, finishStep, suspend, steps, stepRefused                                                 string
 }
 
 // Expressions over a row r of the table and the clock n.t (see [Store.SchemaSQL]).
