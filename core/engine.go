@@ -391,6 +391,7 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 // it) and the previous owner.
 func (e *Engine) reportTakeover(ctx context.Context, ev Event, rec Record) {
 	ev.Kind, ev.PreviousOwner, ev.Lapsed = EventTakeover, rec.Token, -rec.LeaseLeft
+	ev.Op, ev.StoreDuration = 0, 0 // the acquire is reported once, by EventAcquired
 	owner := "unknown"
 	if host, pid, ok := TokenOwner(rec.Token); ok {
 		owner = host + ":" + strconv.Itoa(pid)
