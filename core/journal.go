@@ -15,7 +15,9 @@ const (
 	// returns [ErrStepTooLarge] for a larger one and stores refuse it with
 	// [ErrTooLarge].
 	MaxStepBytes = 64 << 10
-	// MaxStepName is the longest step name, in bytes (printable ASCII).
+	// MaxStepName is the longest step name, in bytes. Names are made of
+	// ASCII letters, digits, '-', '_', ':' and '/' ([Step] refuses others),
+	// so stores can use them as field names and JSON paths unquoted.
 	MaxStepName = 128
 )
 

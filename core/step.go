@@ -27,8 +27,9 @@ var (
 	// uncertain as for [ErrStepUncertain].
 	ErrStepTooLarge = errors.New("idem: step result larger than MaxStepBytes")
 	// ErrStepName: the step name is empty, longer than [MaxStepName] or
-	// not printable ASCII, or a step of that name is running in this
-	// execution already (steps of one name run one at a time).
+	// has a byte other than ASCII letters, digits, '-', '_', ':' and '/',
+	// or a step of that name is running in this execution already (steps
+	// of one name run one at a time).
 	ErrStepName = errors.New("idem: invalid or busy step name")
 )
 
@@ -183,7 +184,9 @@ func validStepName(name string) bool {
 		return false
 	}
 	for i := 0; i < len(name); i++ {
-		if name[i] < 0x20 || name[i] > 0x7e {
+		switch c := name[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_', c == ':', c == '/':
+		default:
 			return false
 		}
 	}
