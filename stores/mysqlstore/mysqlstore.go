@@ -251,7 +251,7 @@ FROM ` + t + " WHERE `key` = ?",
 		finishStep: `UPDATE ` + t + ` SET steps = JSON_SET(steps, CONCAT(?, '.r'), TO_BASE64(?))
 WHERE ` + leased + ` AND JSON_CONTAINS_PATH(IFNULL(steps, '{}'), 'one', ?) AND NOT JSON_CONTAINS_PATH(steps, 'one', CONCAT(?, '.r'))`,
 		suspend: `UPDATE ` + t + ` SET ends_at = ` + now + `, keep_uncertain = ?, expires_at = ` + now + ` + INTERVAL keep_uncertain MICROSECOND WHERE ` + leased,
-		steps: `SELECT steps FROM ` + t + " WHERE `key` = ? AND " + live + ` AND state <> 4 AND NOT (state = 2 AND expires_at <= ` + now + `)`,
+		steps:   `SELECT steps FROM ` + t + " WHERE `key` = ? AND " + live + ` AND state <> 4 AND NOT (state = 2 AND expires_at <= ` + now + `)`,
 		// The token is dropped: the old owner's completion check must not
 		// take the operator's response for its own commit.
 		resolveComplete: `UPDATE ` + t + ` SET state = 2, response = ?, token = '', ends_at = NULL, keep_uncertain = NULL, expires_at = ` +
