@@ -10,10 +10,19 @@ import (
 	"testing"
 )
 
-// TestInstall runs the install line of the package doc from the
-// repository root, as a user of the checkout does, and the installed
-// binary.
+// TestInstall runs the install line of the README's idemctl-install
+// block (and of the package doc) from the repository root, as a user of
+// the checkout does, and the installed binary.
 func TestInstall(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, _ := strings.Cut(string(readme), "<!-- idemctl-install:")
+	block, _, _ = strings.Cut(block, "\n```\n")
+	if !strings.Contains(block, "\ngo install ./cmd/idemctl ") {
+		t.Fatalf("README.md's idemctl-install block no longer runs go install ./cmd/idemctl from the root:\n%s", block)
+	}
 	bin := t.TempDir()
 	cmd := exec.Command("go", "install", "./cmd/idemctl")
 	cmd.Dir = filepath.Join("..", "..")
