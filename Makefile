@@ -14,7 +14,7 @@ bench:
 # Peers only (about 10 minutes, after make bench): the paired peer benchmarks
 # -count 6 with benchstat and the execution counts; RESULTS.md again.
 # Nothing slower: the benchmarks at BASE and at the working tree in turns on this
-# machine (COMPARE_ROUNDS rounds, default 6), benchstat into RESULTS.md (after make bench).
+# machine (COMPARE_ROUNDS rounds, default 6), benchstat into benchmarks/results/compare.txt, linked from RESULTS.md (after make bench).
 bench-compare:
 	./scripts/bench.sh compare $(BASE)
 

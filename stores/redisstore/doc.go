@@ -62,6 +62,18 @@
 // it does not close the window of a planned SENTINEL FAILOVER, in which the
 // old primary keeps taking writes until the clients switch (README.md has
 // the measurements).
+//
+// # Eviction
+//
+// Every record and response key carries a TTL, so any maxmemory-policy but
+// noeviction (allkeys-* and volatile-* alike) lets a Redis at its memory
+// limit delete records before their lease or retention ends: a duplicate
+// then executes while the first still runs, or a retry executes again
+// instead of replaying. Give records a Redis with maxmemory-policy
+// noeviction (at its limit it refuses writes: the engine answers 503 and
+// nothing runs twice), and call [Store.Check] at start: it logs a warning
+// for a server whose policy can evict ([Store.Eviction] reads it).
+//
 // Ring clients (redis.NewRing) are not supported: a Ring moves keys when a
 // shard goes down, so two instances may see different records.
 package redisstore
