@@ -785,3 +785,19 @@ func TestAcquireErrorReply(t *testing.T) {
 		t.Fatalf("Acquire on a replica sent %v; want SET (raw), then SET (parsed)", got)
 	}
 }
+
+func TestJournal(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	storetest.RunJournal(t, func(t *testing.T) idem.Store {
+		return redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	})
+}
+
+func TestClusterJournal(t *testing.T) {
+	t.Parallel()
+	c := newClusterClient(t)
+	storetest.RunJournal(t, func(t *testing.T) idem.Store {
+		return redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	})
+}
