@@ -19,7 +19,7 @@ var _ idem.Lister = (*Store)(nil)
 // a range on _id for a key prefix (_id >= prefix and < prefix + "g":
 // scoped keys are hex), without the responses. In-progress records whose
 // lease lapsed are listed (TTL <= 0) until the TTL index or a takeover
-// removes them, except under [idem.Keep.Uncertain]: those are listed as
+// removes them (a record with a step journal: until its retain ends), except under [idem.Keep.Uncertain]: those are listed as
 // uncertain while their keep runs (TTL: until it ends). Expired completed
 // records, tombstones and takeover claims are not listed. The cursor is
 // the last record's expiry (Unix milliseconds) and key.
@@ -42,9 +42,11 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 			bson.D{{Key: fieldUntil, Value: absent}},
 			bson.D{{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: n}}}},
 			bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$lte", Value: n}}}},
+			bson.D{{Key: fieldKeepU, Value: absent}}, // kept past its lease for its journal
 		}}},
 		idem.StateUncertain: {
 			{Key: fieldState, Value: stateInProgress},
+			{Key: fieldKeepU, Value: bson.D{{Key: "$gt", Value: 0}}},
 			{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: n}}},
 			{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: n}}},
 		},
@@ -94,7 +96,7 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 		switch {
 		case d.State == stateCompleted:
 			state = idem.StateCompleted
-		case end <= n && d.ExpiresAt > n:
+		case end <= n && d.ExpiresAt > n && d.KeepU > 0:
 			state, end = idem.StateUncertain, d.ExpiresAt
 		}
 		page.Records = append(page.Records, idem.ListedRecord{Key: d.ID, RecordInfo: idem.RecordInfo{
