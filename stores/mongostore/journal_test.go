@@ -153,3 +153,46 @@ func TestJournalRoundTrips(t *testing.T) {
 	expect("Acquire without steps", func() error { _, _, err := s.Acquire(ctx, key, tok, "fp", time.Minute); return err }, "findAndModify")
 	expect("Complete without steps", func() error { return s.Complete(ctx, key, tok, []byte("r"), time.Hour) }, "update")
 }
+
+// TestJournalConcurrentSteps runs steps of one execution concurrently
+// (different names, as idem.Step allows): on a server whose updates read
+// and then replace the document (FerretDB), unserialised journal writes
+// of one owner would lose entries.
+func TestJournalConcurrentSteps(t *testing.T) {
+	c, _ := shared(t)
+	s := mongostore.New(collection(t, c))
+	t.Cleanup(func() { s.Close() })
+	ctx := ctxT(t)
+	key, tok := storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctx, key, tok, "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	const n = 8
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := string(rune('a' + i))
+			if _, err := s.StartStep(ctx, key, tok, name, time.Hour); err != nil {
+				t.Errorf("StartStep(%s): %v", name, err)
+				return
+			}
+			if err := s.FinishStep(ctx, key, tok, name, []byte(name)); err != nil {
+				t.Errorf("FinishStep(%s): %v", name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	st, err := s.Steps(ctx, key)
+	if err != nil || len(st) != n {
+		t.Fatalf("Steps = %+v, %v; want %d", st, err, n)
+	}
+	seen := map[string]bool{}
+	for _, e := range st {
+		if !e.Done || string(e.Result) != e.Name || seen[e.Name] {
+			t.Fatalf("Steps = %+v; want each step once, done with its own result", st)
+		}
+		seen[e.Name] = true
+	}
+}
