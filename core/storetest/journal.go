@@ -74,6 +74,20 @@ func steps(t *testing.T, j idem.Journal, key string) []idem.StepEntry {
 // waitLapse sleeps past a shortLease taken just before.
 func waitLapse() { time.Sleep(shortLease + 200*time.Millisecond) }
 
+// shorten sets the lease token holds on key to shortLease from now: the
+// cases acquire with longLease, journal, then shorten, so that a slow store
+// on a loaded machine cannot lapse the lease before the journal is written.
+func shorten(t *testing.T, s idem.Store, key, token string) {
+	t.Helper()
+	ext, ok := s.(idem.Extender)
+	if !ok {
+		t.Fatalf("%T implements idem.Journal, not idem.Extender", s)
+	}
+	if err := ext.Extend(ctx(t), key, token, shortLease); err != nil {
+		t.Fatalf("Extend to a short lease: %v", err)
+	}
+}
+
 func testJournalStartFinish(t *testing.T, s idem.Store) {
 	j := journal(t, s)
 	key, tok, fp := Key(), Token(), fingerprint("a")
@@ -120,8 +134,9 @@ func testJournalFencing(t *testing.T, s idem.Store) {
 	if _, err := j.StartStep(ctx(t), key, tok, "charge", time.Hour); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("StartStep on an absent record: %v, want ErrNotOwner", err)
 	}
-	mustAcquire(t, s, key, tok, fp, shortLease)
+	mustAcquire(t, s, key, tok, fp, longLease)
 	startStep(t, j, key, tok, "charge")
+	shorten(t, s, key, tok)
 	other := Token()
 	if _, err := j.StartStep(ctx(t), key, other, "email", time.Hour); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("StartStep by another token: %v, want ErrNotOwner", err)
@@ -153,12 +168,13 @@ func testJournalFencing(t *testing.T, s idem.Store) {
 func testJournalTakeover(t *testing.T, s idem.Store) {
 	j := journal(t, s)
 	key, first, fp := Key(), Token(), fingerprint("a")
-	mustAcquire(t, s, key, first, fp, shortLease)
+	mustAcquire(t, s, key, first, fp, longLease)
 	startStep(t, j, key, first, "charge")
 	if err := j.FinishStep(ctx(t), key, first, "charge", []byte("ch_1")); err != nil {
 		t.Fatal(err)
 	}
 	startStep(t, j, key, first, "email")
+	shorten(t, s, key, first)
 	waitLapse()
 	if rec, found := get(t, s, key); !found || rec.State != idem.StateInProgress {
 		t.Fatalf("Get of a lapsed record with a journal = %+v, %v; want it kept, in progress", rec, found)
@@ -200,8 +216,9 @@ func testJournalTakeover(t *testing.T, s idem.Store) {
 func testJournalOtherFingerprint(t *testing.T, s idem.Store) {
 	j := journal(t, s)
 	key, first, fp := Key(), Token(), fingerprint("a")
-	mustAcquire(t, s, key, first, fp, shortLease)
+	mustAcquire(t, s, key, first, fp, longLease)
 	startStep(t, j, key, first, "charge")
+	shorten(t, s, key, first)
 	waitLapse()
 	rec, ok, err := s.Acquire(ctx(t), key, Token(), fingerprint("b"), longLease)
 	if err != nil || ok || rec.State != idem.StateInProgress || rec.Fingerprint != fp {
@@ -259,7 +276,7 @@ func testJournalLifecycle(t *testing.T, s idem.Store) {
 	key, tok = Key(), Token()
 	mustAcquire(t, s, key, tok, fp, longLease)
 	startStep(t, j, key, tok, "charge")
-	if err := j.Suspend(ctx(t), key, tok, shortLease); err != nil {
+	if err := j.Suspend(ctx(t), key, tok, longLease); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.Resolve(ctx(t), key, sampleResponse(), shortLease); err != nil {
@@ -274,10 +291,11 @@ func testJournalLifecycle(t *testing.T, s idem.Store) {
 	}
 	// A lapsed record with a journal expires with its retain.
 	key, tok = Key(), Token()
-	mustAcquire(t, s, key, tok, fp, shortLease)
+	mustAcquire(t, s, key, tok, fp, longLease)
 	if _, err := j.StartStep(ctx(t), key, tok, "charge", shortLease); err != nil {
 		t.Fatal(err)
 	}
+	shorten(t, s, key, tok)
 	time.Sleep(2*shortLease + 300*time.Millisecond)
 	if st := steps(t, j, key); st != nil {
 		t.Fatalf("journal after lease and retain ended = %+v", st)
@@ -328,8 +346,9 @@ func testJournalLimits(t *testing.T, s idem.Store) {
 func testJournalRacing(t *testing.T, s idem.Store) {
 	j := journal(t, s)
 	key, first, fp := Key(), Token(), fingerprint("a")
-	mustAcquire(t, s, key, first, fp, shortLease)
+	mustAcquire(t, s, key, first, fp, longLease)
 	startStep(t, j, key, first, "charge")
+	shorten(t, s, key, first)
 	waitLapse()
 	const racers = 8
 	var wins atomic.Int32
@@ -436,12 +455,13 @@ func crashedExecution(t *testing.T, s idem.Store, key, fp string, charge []byte)
 	t.Helper()
 	j := journal(t, s)
 	tok := "crashed:1:x.1"
-	mustAcquire(t, s, key, tok, fp, shortLease)
+	mustAcquire(t, s, key, tok, fp, longLease)
 	startStep(t, j, key, tok, "charge")
 	if err := j.FinishStep(ctx(t), key, tok, "charge", charge); err != nil {
 		t.Fatal(err)
 	}
 	startStep(t, j, key, tok, "email")
+	shorten(t, s, key, tok)
 	waitLapse()
 }
 
