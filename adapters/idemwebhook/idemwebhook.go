@@ -43,8 +43,8 @@ func WithMaxBodyBytes(n int64) Option { return func(c *config) { c.maxBody = n }
 // fingerprint is the body: the same event id with another body answers
 // 422 and runs nothing.
 //
-// New panics when e, scheme or sender is missing, an option is out of
-// range, or e does not cover POST (idem.WithMethods).
+// New panics when e, scheme or sender is missing or an option is out of
+// range.
 func New(e *idem.Engine, sender string, scheme Scheme, opts ...Option) func(http.Handler) http.Handler {
 	c := config{maxBody: DefaultMaxBodyBytes}
 	for _, o := range opts {
@@ -55,8 +55,6 @@ func New(e *idem.Engine, sender string, scheme Scheme, opts ...Option) func(http
 		panic("idemwebhook: New needs an engine, a sender name and a scheme")
 	case c.maxBody <= 0:
 		panic("idemwebhook: WithMaxBodyBytes needs n > 0")
-	case !e.Covers(http.MethodPost):
-		panic("idemwebhook: the engine does not cover POST (idem.WithMethods): deliveries would run unprotected")
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -191,19 +189,34 @@ func refused(err error) *idem.Response {
 // answer writes the engine's answer resp (a replay or a problem) as a
 // sender understands it. Senders retry any non-2xx answer and some disable
 // an endpoint on 409 or 410 (Standard Webhooks: 410 Gone means "stop
-// sending"), so: a replay is sent as stored; 409 (the event in progress, or
-// uncertain after a crash) becomes 503, with the engine's Retry-After when
-// it gave one; 410 (the event was processed: tombstone, or a response too
-// large to store) becomes the original status (200 for a tombstone) with
-// Idempotent-Replayed and no body. Every other answer (400, 403, 413, 422,
-// 500, 503) is sent as it is.
+// sending"), so: idem's 410s (the event was processed: "key-expired", a
+// tombstone, or "response-not-stored", an answer too large to store) become
+// the original status (200 for a tombstone) with Idempotent-Replayed and
+// no body; other replays (a handler's own 410 included) are sent as stored;
+// 409 (the event in progress, or uncertain after a crash) becomes 503, with
+// the engine's Retry-After when it gave one. Every other answer (400, 403,
+// 413, 422, 500, 503) is sent as it is.
 func answer(w http.ResponseWriter, resp *idem.Response) {
-	if resp.IsReplay() {
+	switch {
+	case resp.Status == http.StatusGone:
+		var p idem.Problem
+		_ = json.Unmarshal(resp.Body, &p) // a handler's own 410, or a custom renderer's body: sent as it is
+		switch p.Type {
+		case idem.ProblemTypeBase + "key-expired":
+			p.OriginalStatus = http.StatusOK
+		case idem.ProblemTypeBase + "response-not-stored":
+		default:
+			p.OriginalStatus = 0
+		}
+		if p.OriginalStatus == 0 {
+			resp.Send(w)
+			return
+		}
+		w.Header().Set(idem.ReplayedHeader, "true")
+		w.WriteHeader(p.OriginalStatus)
+	case resp.IsReplay():
 		resp.Send(w)
-		return
-	}
-	switch resp.Status {
-	case http.StatusConflict:
+	case resp.Status == http.StatusConflict:
 		retryAfter := ""
 		resp.EachHeader(func(name, value string) {
 			if name == "Retry-After" {
@@ -219,15 +232,6 @@ func answer(w http.ResponseWriter, resp *idem.Response) {
 			p.Header.Set("Retry-After", retryAfter)
 		}
 		p.Send(w)
-	case http.StatusGone:
-		var pr idem.Problem
-		_ = json.Unmarshal(resp.Body, &pr) // a custom renderer's body: no original status
-		status := http.StatusOK
-		if pr.OriginalStatus != 0 {
-			status = pr.OriginalStatus
-		}
-		w.Header().Set(idem.ReplayedHeader, "true")
-		w.WriteHeader(status)
 	default:
 		resp.Send(w)
 	}

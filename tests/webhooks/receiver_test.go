@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/idemwebhook"
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/stores/memstore"
 )
 
 // Every receiver behaviour on every store.
@@ -420,5 +421,72 @@ func TestNewRefuses(t *testing.T) {
 			}()
 			build()
 		}()
+	}
+}
+
+// The engine's 410 answers never reach a sender (Standard Webhooks: 410
+// means "stop sending"): a redelivery after the retention, under
+// idem.WithTombstones, and one whose stored answer was too large to keep,
+// get the original status with Idempotent-Replayed and no body, and the
+// event does not run again.
+func TestGoneTranslated(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	store := memstore.New(memstore.WithClock(clock))
+	t.Cleanup(func() { _ = store.Close() })
+	e := newEngine(t, store, idem.WithRetention(time.Hour), idem.WithTombstones(24*time.Hour), idem.WithMaxResponseBytes(24))
+	rg := newRig(t, e, nil)
+	id := "msg_gone_" + randomHex(4)
+	body := standardBody(id)
+	if a := rg.deliverStandard(id, time.Now(), body); a.Status != http.StatusOK || a.Replayed {
+		t.Fatalf("first: %s", a)
+	}
+	// The handler's answer (about 60 bytes) was over the 24-byte limit.
+	if a := rg.deliverStandard(id, time.Now(), body); a.Status != http.StatusOK || !a.Replayed || a.Body != "" {
+		t.Fatalf("redelivery of an answer not stored: %s", a)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Hour) // past the retention: a tombstone is left
+	mu.Unlock()
+	if a := rg.deliverStandard(id, time.Now(), body); a.Status != http.StatusOK || !a.Replayed || a.Body != "" {
+		t.Fatalf("redelivery after the retention: %s", a)
+	}
+	if n := rg.runsOf("billing", id); n != 1 {
+		t.Fatalf("%d runs", n)
+	}
+}
+
+// An event whose processing died mid-way under idem.WithUncertainAfterCrash
+// is refused with 503 operation-uncertain (not 409) until an operator
+// resolves it: its record is the one a crashed holder leaves in Redis (a
+// lease nobody renews), under the scoped key the receiver uses
+// (idem.ScopedKey(sender, "POST", route, id)).
+func TestUncertainTranslated(t *testing.T) {
+	store := newStores()["redis"](t)
+	e := newEngine(t, store, idem.WithUncertainAfterCrash(time.Hour))
+	rg := newRig(t, e, nil)
+	id := "msg_crashed_" + randomHex(4)
+	body := standardBody(id)
+	key := idem.ScopedKey("billing", http.MethodPost, "/standard", id)
+	fp := idem.Fingerprint(http.MethodPost, "/standard", "", "", body)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, ok, err := store.(idem.Keeper).AcquireKeep(ctx, key, "crashed-holder", fp, 300*time.Millisecond, idem.Keep{Uncertain: time.Hour}); !ok || err != nil {
+		t.Fatalf("crashed holder's acquire: %v %v", ok, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		a := rg.deliverStandard(id, time.Now(), body)
+		if a.Status == http.StatusServiceUnavailable && a.Type == "operation-uncertain" && a.RetryAfter == "" {
+			break
+		}
+		if a.Status != http.StatusServiceUnavailable || a.Type != "webhook-in-progress" || time.Now().After(deadline) {
+			t.Fatalf("delivery of a crashed event: %s", a)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := rg.runsOf("billing", id); n != 0 {
+		t.Fatalf("%d runs", n)
 	}
 }
