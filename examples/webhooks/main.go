@@ -107,8 +107,9 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	srv := &http.Server{Handler: rc.routes(), ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	var serveErr error
+	served := make(chan struct{})
+	go func() { serveErr = srv.Serve(ln); close(served) }()
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -121,8 +122,8 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case err := <-served:
-			return err
+		case <-served:
+			return serveErr
 		}
 	}
 	fmt.Fprintf(out, "receiver on %s (%s store); senders delivering %d events each, %d copies at once\n", base, o.store, o.events, o.copies)
