@@ -65,7 +65,7 @@
 //
 //	r.POST("/webhooks/stripe", gin.WrapH(h))                 // Gin
 //	e.POST("/webhooks/stripe", echo.WrapHandler(h))          // Echo v4 and v5
-//	app.Post("/webhooks/stripe", adaptor.HTTPHandler(h))     // Fiber v2 (fiber/v2/middleware/adaptor) and v3 (fiber/v3/middleware/adaptor)
+//	app.Post("/webhooks/stripe", adaptor.HTTPHandler(h))     // Fiber v2 (fiber/v2/middleware/adaptor); Fiber v3 takes h as it is
 //
 // An app-wide idem middleware must skip webhook routes (idemhttp.WithSkip,
 // idemgin.WithSkipper, idemecho.WithSkipper, idemfiber.WithNext): senders send no Idempotency-Key. Give the
