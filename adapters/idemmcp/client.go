@@ -25,6 +25,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	session *mcp.ClientSession
+	closing sync.WaitGroup // dropped sessions being closed
 }
 
 // ClientOption configures a [Client].
@@ -159,31 +160,55 @@ func (c *Client) current(ctx context.Context) (*mcp.ClientSession, error) {
 	return s, nil
 }
 
-// drop closes s and forgets it, unless another call replaced it already.
+// drop forgets s, unless another call replaced it already, and closes it
+// in the background: closing a streamable HTTP session waits for the
+// server's answer to its DELETE, which may wait for the very call being
+// retried.
 func (c *Client) drop(s *mcp.ClientSession) {
 	c.mu.Lock()
 	if c.session == s {
 		c.session = nil
 	}
 	c.mu.Unlock()
-	_ = s.Close()
+	c.closing.Go(func() { _ = s.Close() })
 }
 
-// Close closes the current session, if any.
+// Close closes the current session, if any, and waits for the sessions
+// dropped after connection errors to be closed.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	s := c.session
 	c.session = nil
 	c.mu.Unlock()
-	if s == nil {
-		return nil
+	var err error
+	if s != nil {
+		err = s.Close()
 	}
-	return s.Close()
+	c.closing.Wait()
+	return err
 }
 
+// The go-sdk's own JSON-RPC error codes for calls that got no answer from
+// the server (its internal/jsonrpc2 package): the transport rejected the
+// request or lost its response (ErrRejected), or a side of the session is
+// closing (ErrClientClosing, ErrServerClosing).
+const (
+	codeRejected      = -32005
+	codeClientClosing = -32003
+	codeServerClosing = -32004
+)
+
 // isProtocolError reports whether err is a JSON-RPC error answered by the
-// server: the request arrived and was answered, so the connection is fine.
+// server: the request arrived and was answered, so the connection is fine
+// and the answer is final unless its ErrorData says otherwise.
 func isProtocolError(err error) bool {
 	var we *jsonrpc.Error
-	return errors.As(err, &we)
+	if !errors.As(err, &we) {
+		return false
+	}
+	switch we.Code {
+	case codeRejected, codeClientClosing, codeServerClosing:
+		return false
+	}
+	return true
 }
