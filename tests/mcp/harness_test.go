@@ -47,6 +47,9 @@ type payment struct {
 	AmountCents int64  `json:"amount_cents"`
 	Currency    string `json:"currency"`
 	Payee       string `json:"payee"`
+	// IdempotencyKey is declared for TestArgumentsChanged's key argument
+	// (idemmcp.WithKeyArgument): the go-sdk refuses undeclared arguments.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 type receipt struct {
@@ -56,6 +59,7 @@ type receipt struct {
 
 type balance struct {
 	Executions int64 `json:"executions"`
+	Conflicts  int64 `json:"conflicts"`
 }
 
 // payments is the service behind the tools: it counts executions of the
@@ -63,6 +67,7 @@ type balance struct {
 type payments struct {
 	executions atomic.Int64
 	reads      atomic.Int64
+	conflicts  atomic.Int64 // in-progress answers, when an engine's hook counts them
 	started    chan struct{} // one value per execution of create_payment
 	gate       chan struct{} // when not nil, create_payment waits for it to close
 }
@@ -107,7 +112,7 @@ func newServer(p *payments, e *idem.Engine, opts ...idemmcp.Option) *mcp.Server 
 	})
 	mcp.AddTool(s, get, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, balance, error) {
 		p.reads.Add(1)
-		return nil, balance{Executions: p.executions.Load()}, nil
+		return nil, balance{Executions: p.executions.Load(), Conflicts: p.conflicts.Load()}, nil
 	})
 	s.AddReceivingMiddleware(idemmcp.Middleware(e, append([]idemmcp.Option{idemmcp.WithTools(create, decline, get)}, opts...)...))
 	return s
