@@ -35,6 +35,7 @@ type clientConfig struct {
 	attempts       int
 	attemptTimeout time.Duration
 	first, max     time.Duration
+	onRetry        func(attempt int, err error, delay time.Duration)
 }
 
 // WithAttempts sets how many times one logical call is sent at most.
@@ -54,6 +55,13 @@ func WithAttemptTimeout(d time.Duration) ClientOption {
 // long instead. Optional. Default is 200ms and 5s.
 func WithBackoff(first, maxDelay time.Duration) ClientOption {
 	return func(c *clientConfig) { c.first, c.max = first, maxDelay }
+}
+
+// WithRetryHook sets a function called before each retry with the number
+// of the attempt that failed (from 1), its error and the delay before the
+// next one, e.g. to log it. Optional. Default is none.
+func WithRetryHook(fn func(attempt int, err error, delay time.Duration)) ClientOption {
+	return func(c *clientConfig) { c.onRetry = fn }
 }
 
 // NewClient returns a Client whose sessions come from connect, e.g.
@@ -114,6 +122,9 @@ func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp
 		}
 		if !retry || attempt >= c.cfg.attempts {
 			return nil, last
+		}
+		if c.cfg.onRetry != nil {
+			c.cfg.onRetry(attempt, err, delay)
 		}
 		t := time.NewTimer(delay)
 		select {
