@@ -67,7 +67,7 @@ type balance struct {
 type payments struct {
 	executions atomic.Int64
 	reads      atomic.Int64
-	conflicts  atomic.Int64 // in-progress answers, when an engine's hook counts them
+	conflicts  atomic.Int64  // in-progress answers, when an engine's hook counts them
 	started    chan struct{} // one value per execution of create_payment
 	gate       chan struct{} // when not nil, create_payment waits for it to close
 }
