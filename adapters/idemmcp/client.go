@@ -82,8 +82,9 @@ func NewKey() string { return crand.Text() }
 
 // CallTool runs one logical tool call. params is not modified: each
 // attempt sends a copy whose _meta[MetaKey] holds params' own key when it
-// has one (a key the runtime journals to survive its own restart), else a
-// key from [NewKey] made once for this call.
+// has one (a key the runtime journals to survive its own restart; sent as
+// it is, so the server refuses a malformed one), else a key from [NewKey]
+// made once for this call.
 //
 // It returns the first answer that is final: a result (the tool's, or the
 // stored one replayed, marked with _meta[ReplayedMetaKey]), or an error
@@ -98,7 +99,7 @@ func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp
 	if p.Meta == nil {
 		p.Meta = mcp.Meta{}
 	}
-	if k, ok := p.Meta[MetaKey].(string); !ok || k == "" {
+	if k, ok := p.Meta[MetaKey]; !ok || k == nil {
 		p.Meta[MetaKey] = NewKey()
 	}
 	next := c.cfg.first

@@ -120,6 +120,7 @@ func answer(err error, key string) *jsonrpc.Error {
 	case errors.Is(err, idem.ErrKeyMalformed), errors.Is(err, idem.ErrKeyTooLong):
 		return newError(TypeKeyMalformed, key, err.Error())
 	}
-	// ErrCorrupt, or a stored result the codec cannot read.
+	// idem.ErrCorrupt (wrapped): the only other error Do returns without
+	// running the function.
 	return newError(TypeRecordUnreadable, key, "the call with this idempotency key was recorded, but its stored result cannot be read; retrying will not help until an operator clears the record: "+err.Error())
 }
