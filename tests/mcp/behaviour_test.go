@@ -291,3 +291,40 @@ func TestMiddlewareWithoutTools(t *testing.T) {
 	}()
 	idemmcp.Middleware(newEngine(t, newMemStore(t)), idemmcp.WithTools(&mcp.Tool{Name: "get", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}))
 }
+
+// A duplicate sent while the first call runs is refused at once with a
+// retryable in-progress error (SEP-3182: not run, not blocked); once the
+// first call ends, the same call gets its stored result.
+func TestInProgress(t *testing.T) {
+	ctx := context.Background()
+	p := newPayments(true)
+	defer p.open()
+	s := newServer(p, newEngine(t, newMemStore(t)), idemmcp.WithScope(clientName))
+	first := make(chan error, 1)
+	cs1 := memorySession(t, s, "alice")
+	go func() {
+		_, err := call(ctx, cs1, "create_payment", "k-busy", pay)
+		first <- err
+	}()
+	<-p.started
+	cs := memorySession(t, s, "alice")
+	_, err := call(ctx, cs, "create_payment", "k-busy", pay)
+	var we *jsonrpc.Error
+	d, ok := idemmcp.ErrorDataOf(err)
+	if !ok || d.Type != idemmcp.TypeInProgress || !d.Retryable || d.RetryAfterSeconds != 1 || d.IdempotencyKey != "k-busy" {
+		t.Errorf("duplicate in flight: %v (data %+v), want %s, retryable after 1 s", err, d, idemmcp.TypeInProgress)
+	} else if !errors.As(err, &we) || we.Code != jsonrpc.CodeInternalError {
+		t.Errorf("duplicate in flight: %v, want code %d", err, jsonrpc.CodeInternalError)
+	}
+	p.open()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	res, err := call(ctx, cs, "create_payment", "k-busy", pay)
+	if err != nil || !replayed(res) || receiptOf(t, res).ID != "pay_1_initech" {
+		t.Errorf("after the first call: %v, replayed %v, want the replay of pay_1_initech", err, res != nil && replayed(res))
+	}
+	if got := p.executions.Load(); got != 1 {
+		t.Errorf("executions = %d, want 1", got)
+	}
+}
