@@ -47,8 +47,8 @@
 // for your integrators. Where this package differs: arguments are compared
 // by core's canonical JSON, in which numbers compare as written (1.0 is
 // not 1; SEP-3182 asks for equality by value); the tools.idempotency
-// capability is not advertised (go-sdk has no hook for it); and the other
-// refusals below are this package's own.
+// capability is not advertised (the go-sdk's ToolCapabilities has no
+// field for it); and the other refusals below are this package's own.
 //
 // # Answers
 //
