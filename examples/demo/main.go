@@ -1,7 +1,7 @@
 // Command demo shows idem keeping payments exactly-once under the things
 // real clients do: double clicks, timeouts and retries, provider failures,
-// reused keys. It builds the example services, starts each on a free
-// loopback port as its own process, plays the scenarios, and prints a table
+// reused keys. It builds the payments service (examples/payments), starts it
+// on each framework on a free loopback port as its own process, plays the scenarios, and prints a table
 // per framework with the idem decisions the service counted on its /metrics,
 // and nothing else: the services' logs go to a file that is shown only on
 // failure. With -store redis its keys live under their own prefix
@@ -68,12 +68,12 @@ func main() {
 	}
 	defer os.RemoveAll(dir)
 
+	bin, err := procs.Build(context.Background(), dir)
+	if err != nil {
+		fail(err, "")
+	}
 	ok := true
 	for _, name := range names {
-		bin, err := procs.Build(context.Background(), dir, name)
-		if err != nil {
-			fail(err, "")
-		}
 		// The services' own logs (the recovery middleware's stack traces for
 		// the panic scenario, among others) go to a file, shown on failure.
 		logPath := filepath.Join(dir, name+".log")
@@ -81,7 +81,7 @@ func main() {
 		if err != nil {
 			fail(err, "")
 		}
-		p, err := procs.Start(bin, logs, "-store", *store, "-redis-url", *redisURL, "-redis-prefix", *redisPrefix,
+		p, err := procs.Start(bin, logs, "-framework", name, "-store", *store, "-redis-url", *redisURL, "-redis-prefix", *redisPrefix,
 			"-mongo-uri", *mongoURI, "-postgres-url", *pgURL, "-postgres-schema", *pgSchema, "-mysql-dsn", *mysqlDSN, "-charge-latency", latency.String())
 		if err != nil {
 			fail(err, logPath)

@@ -15,15 +15,17 @@ import (
 	"time"
 )
 
-// Frameworks lists the example services, by directory under examples/.
+// Frameworks lists the HTTP frameworks the payments service is served
+// through (its -framework values but grpc, which serves another contract).
 var Frameworks = []string{"nethttp", "gin", "echo", "echov5", "fiber", "fiberv3"}
 
-// Build compiles examples/<name> into dir and returns the binary's path.
-func Build(ctx context.Context, dir, name string) (string, error) {
-	bin := filepath.Join(dir, name)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemkit/idem/examples/"+name)
+// Build compiles the payments service (examples/payments) into dir and
+// returns the binary's path; run it with "-framework", name.
+func Build(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "payments")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemkit/idem/examples/payments")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build examples/%s: %w\n%s", name, err, out)
+		return "", fmt.Errorf("go build examples/payments: %w\n%s", err, out)
 	}
 	return bin, nil
 }

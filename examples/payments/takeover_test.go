@@ -84,11 +84,11 @@ func TestTakeoverAfterSIGKILL(t *testing.T) {
 	if redisURL == "" {
 		redisURL = "redis://127.0.0.1:6379/0"
 	}
-	bin := filepath.Join(t.TempDir(), "grpcexample")
+	bin := filepath.Join(t.TempDir(), "payments")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	args := []string{"-store", "redis", "-redis-url", redisURL, "-redis-prefix", "idemtest:grpc:" + rand.Text()[:10] + ":",
+	args := []string{"-framework", "grpc", "-store", "redis", "-redis-url", redisURL, "-redis-prefix", "idemtest:grpc:" + rand.Text()[:10] + ":",
 		"-lease", "2s", "-store-timeout", "500ms", "-charge-latency", "3s"}
 	a := startInstance(t, bin, args...)
 	b := startInstance(t, bin, args...)
