@@ -19,16 +19,18 @@ import (
 )
 
 // TestExamples runs the payments service on every framework as its own process with
-// the memory store, plays the demo's scenarios and checks the HTTP contract.
+// the memory store (and a second one with -no-idem, for the sign-up without
+// idem), plays the demo's scenarios and checks the HTTP contract.
 func TestExamples(t *testing.T) {
 	for _, name := range procs.Frameworks {
 		t.Run(name, func(t *testing.T) {
 			p := start(t, name, "-store", "memory", "-charge-latency", "150ms")
-			d := &demo{url: p.URL, latency: 150 * time.Millisecond, client: &http.Client{Timeout: 10 * time.Second}}
+			plain := start(t, name, "-store", "memory", "-charge-latency", "150ms", "-no-idem")
+			d := &demo{url: p.URL, plainURL: plain.URL, latency: 150 * time.Millisecond, client: &http.Client{Timeout: 10 * time.Second}}
 			t.Run("Scenarios", func(t *testing.T) {
 				for _, r := range d.run() {
 					if !r.ok() {
-						t.Errorf("%s: %d charges (want %d), %d payment ids, statuses %v", r.scenario, r.charges, r.want, r.ids, r.statuses)
+						t.Errorf("%s: executed %d (want %d), %d ids, statuses %v (want %v)", r.scenario, r.executed, r.want, r.ids, r.statuses, r.check)
 					}
 				}
 				if d.err != nil {
