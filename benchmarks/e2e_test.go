@@ -20,7 +20,7 @@ import (
 )
 
 var (
-	e2eFrameworks = flag.String("bench.e2e", "gin,fiber", "comma-separated examples/<name> services for BenchmarkE2E")
+	e2eFrameworks = flag.String("bench.e2e", "gin,fiber", "comma-separated -framework values of examples/payments for BenchmarkE2E")
 	e2eWorkers    = flag.Int("bench.e2e-workers", 16, "concurrent connections of the BenchmarkE2E load generator")
 )
 
@@ -121,7 +121,7 @@ func (s *service) stop() {
 	}
 }
 
-// BenchmarkE2E loads examples/gin and examples/fiber over loopback with
+// BenchmarkE2E loads the payments service (examples/payments) on Gin and Fiber over loopback with
 // vegeta (as a library, max rate, -bench.e2e-workers connections): POST
 // /v1/payments with -charge-latency 0, with idem on the memory and Redis
 // stores and with -no-idem, for fresh traffic (a new key per request,
