@@ -12,8 +12,10 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -30,7 +32,9 @@ import (
 )
 
 func main() {
-	if err := run("127.0.0.1:8080"); err != nil {
+	addr := flag.String("addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
+	flag.Parse()
+	if err := run(*addr); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -50,7 +54,7 @@ func run(addr string) error {
 		s, _ := echo.ContextGet[string](c, "user_id") // keys are scoped per caller
 		return s
 	})))
-	srv := &http.Server{Addr: addr, Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
 
 	// Serve until SIGINT or SIGTERM, then shut down gracefully: stop
 	// accepting, let in-flight orders finish, and let engine.Close wait for
@@ -58,8 +62,12 @@ func run(addr string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
-	log.Printf("listening on http://%s", addr)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("listening on http://%s\n", ln.Addr())
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return err

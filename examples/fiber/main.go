@@ -11,8 +11,10 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -30,7 +32,9 @@ import (
 )
 
 func main() {
-	if err := run("127.0.0.1:8080"); err != nil {
+	addr := flag.String("addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
+	flag.Parse()
+	if err := run(*addr); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -57,8 +61,12 @@ func run(addr string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- app.Listen(addr) }()
-	log.Printf("listening on http://%s", addr)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("listening on http://%s\n", ln.Addr())
+	go func() { errc <- app.Listener(ln) }()
 	select {
 	case err := <-errc:
 		return err

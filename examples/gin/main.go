@@ -12,8 +12,10 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -29,7 +31,9 @@ import (
 )
 
 func main() {
-	if err := run("127.0.0.1:8080"); err != nil {
+	addr := flag.String("addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
+	flag.Parse()
+	if err := run(*addr); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -49,7 +53,7 @@ func run(addr string) error {
 	r.POST("/v1/orders", authenticate, idemgin.New(engine, idemgin.WithScope(func(c *gin.Context) string {
 		return c.GetString("user_id") // keys are scoped per caller
 	})), createOrder)
-	srv := &http.Server{Addr: addr, Handler: r, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 
 	// Serve until SIGINT or SIGTERM, then shut down gracefully: stop
 	// accepting, let in-flight orders finish, and let engine.Close wait for
@@ -57,8 +61,12 @@ func run(addr string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
-	log.Printf("listening on http://%s", addr)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("listening on http://%s\n", ln.Addr())
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return err

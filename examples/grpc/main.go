@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log"
 	"net"
@@ -33,7 +34,9 @@ import (
 )
 
 func main() {
-	if err := run("127.0.0.1:9090"); err != nil {
+	addr := flag.String("addr", "127.0.0.1:9090", "listen address (port 0 picks a free one)")
+	flag.Parse()
+	if err := run(*addr); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -64,7 +67,7 @@ func run(addr string) error {
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Printf("grpc listening on %s", ln.Addr())
+	fmt.Printf("grpc listening on %s\n", ln.Addr())
 	select {
 	case err := <-errc:
 		return err

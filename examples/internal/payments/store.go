@@ -47,7 +47,7 @@ type Config struct {
 	RedisURL      string
 	RedisPrefix   string // redisstore.WithPrefix
 	MongoURI      string
-	ChargeLatency time.Duration
+	ChargeLatency time.Duration // every operation's provider call
 	TTL           time.Duration // idem.WithRetention
 	Lease         time.Duration // idem.WithLease
 	StoreTimeout  time.Duration // idem.WithStoreTimeout
@@ -57,18 +57,18 @@ type Config struct {
 	// RedisWaitReplicas > 0 makes completions wait for that many Redis
 	// replicas (redisstore.WithWaitReplicas, default WAIT timeout).
 	RedisWaitReplicas int
-	NoIdem            bool   // serve without idempotency (the benchmarks' baseline)
+	NoIdem            bool   // serve without idempotency (the benchmarks' baseline, the demo's sign-up without idem)
 	TraceFile         string // spans as JSON lines, see telemetry
 	PostgresURL       string
-	// PostgresSchema holds the tables idem_records (pgstore) and payments
-	// (the ledger).
+	// PostgresSchema holds the tables idem_records (pgstore), payments and
+	// signups (the ledger).
 	PostgresSchema string
-	// PaymentsPostgres records payments as rows in PostgreSQL with any
-	// store (on its own connection unless -store postgres).
+	// PaymentsPostgres records payments and sign-ups as rows in PostgreSQL
+	// with any store (on its own connection unless -store postgres).
 	PaymentsPostgres bool
 	// MySQLDSN is the database (go-sql-driver DSN) of -store mysql: its
-	// tables idem_records (mysqlstore) and payments, written through the
-	// execution's transaction.
+	// tables idem_records (mysqlstore), payments and signups, written
+	// through the execution's transaction.
 	MySQLDSN string
 	// Test hooks (tests/chaos): NoRenewal hides the store's lease renewal
 	// from the engine; PauseAfterRecord holds each handler after its
@@ -88,17 +88,17 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
 	flag.StringVar(&f.RedisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key, for -store redis")
 	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection idempotency)")
-	flag.DurationVar(&f.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated payment provider latency")
+	flag.DurationVar(&f.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated provider latency of every operation")
 	flag.DurationVar(&f.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
 	flag.DurationVar(&f.Lease, "lease", idem.DefaultLease, "lease of an in-progress request")
 	flag.DurationVar(&f.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store operation")
 	flag.DurationVar(&f.UncertainAfterCrash, "uncertain-after-crash", 0, "keep a crashed request's key uncertain this long (409 operation-uncertain until idemctl resolves it); 0: the next retry takes over")
 	flag.IntVar(&f.RedisWaitReplicas, "redis-wait-replicas", 0, "with -store redis: replicas that must acknowledge each completion (Redis WAIT)")
-	flag.BoolVar(&f.NoIdem, "no-idem", false, "serve without idempotency (for benchmarks only)")
+	flag.BoolVar(&f.NoIdem, "no-idem", false, "serve without idempotency (the benchmarks' baseline, the demo's sign-up without idem)")
 	flag.StringVar(&f.PostgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL URL for -store postgres and -payments-postgres")
-	flag.StringVar(&f.PostgresSchema, "postgres-schema", "public", "PostgreSQL schema of the tables idem_records and payments (created if missing)")
-	flag.BoolVar(&f.PaymentsPostgres, "payments-postgres", false, "record payments as rows in PostgreSQL (always with -store postgres, through the execution's transaction)")
-	flag.StringVar(&f.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/test", "MySQL/MariaDB DSN (go-sql-driver) for -store mysql: tables idem_records and payments (created if missing)")
+	flag.StringVar(&f.PostgresSchema, "postgres-schema", "public", "PostgreSQL schema of the tables idem_records, payments and signups (created if missing)")
+	flag.BoolVar(&f.PaymentsPostgres, "payments-postgres", false, "record payments and sign-ups as rows in PostgreSQL (always with -store postgres, through the execution's transaction)")
+	flag.StringVar(&f.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/test", "MySQL/MariaDB DSN (go-sql-driver) for -store mysql: tables idem_records, payments and signups (created if missing)")
 	flag.BoolVar(&f.NoRenewal, "no-renewal", false, "test hook: never renew leases")
 	flag.BoolVar(&f.PauseAfterRecord, "pause-after-record", false, "test hook: hold each handler after its payment row is written, print \"paused\", go on at SIGUSR1")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")

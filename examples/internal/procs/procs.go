@@ -35,6 +35,7 @@ type Proc struct {
 	URL  string // http://127.0.0.1:PORT
 	cmd  *exec.Cmd
 	done chan struct{}
+	exit error // cmd.Wait's, once done is closed
 }
 
 // Start runs bin with args plus "-addr 127.0.0.1:0" unless args set -addr,
@@ -66,7 +67,7 @@ func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 			}
 		}
 	}()
-	go func() { _ = cmd.Wait(); close(p.done) }()
+	go func() { p.exit = cmd.Wait(); close(p.done) }()
 	select {
 	case p.URL = <-url:
 		return p, nil
@@ -78,14 +79,16 @@ func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 	}
 }
 
-// Stop sends SIGTERM and waits for the process to exit.
-func (p *Proc) Stop() {
+// Stop sends SIGTERM, waits for the process to exit (SIGKILL after 10s)
+// and returns how it exited: nil for status 0.
+func (p *Proc) Stop() error {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):
 		p.Kill()
 	}
+	return p.exit
 }
 
 // Kill sends SIGKILL (a crash: no deferred code runs) and waits for the exit.
