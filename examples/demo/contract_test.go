@@ -71,7 +71,7 @@ var payments struct {
 // first time.
 func paymentsBin(t *testing.T) string {
 	t.Helper()
-	payments.once.Do(func() { payments.path, payments.err = procs.Build(context.Background(), binDir) })
+	payments.once.Do(func() { payments.path, payments.err = procs.Build(context.Background(), binDir, "payments") })
 	if payments.err != nil {
 		t.Fatal(payments.err)
 	}

@@ -65,7 +65,8 @@ func TestFrameworkExamples(t *testing.T) {
 				t.Errorf("no Idempotency-Key: %d %s, want 400", r.status, r.body)
 			}
 			stopped = true
-			if err := p.Stop(); err != nil {
+			p.Stop()
+			if err := p.Exit(); err != nil {
 				t.Errorf("after SIGTERM: %v, want a clean exit", err)
 			}
 		})

@@ -73,7 +73,7 @@ func main() {
 	}
 	defer os.RemoveAll(dir)
 
-	bin, err := procs.Build(context.Background(), dir)
+	bin, err := procs.Build(context.Background(), dir, "payments")
 	if err != nil {
 		fail(err, "")
 	}

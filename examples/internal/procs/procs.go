@@ -19,13 +19,14 @@ import (
 // through (its -framework values but grpc, which serves another contract).
 var Frameworks = []string{"nethttp", "gin", "echo", "echov5", "fiber", "fiberv3"}
 
-// Build compiles the payments service (examples/payments) into dir and
-// returns the binary's path; run it with "-framework", name.
-func Build(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "payments")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemkit/idem/examples/payments")
+// Build compiles examples/<name> into dir and returns the binary's path:
+// "payments" is the payments service, run with "-framework" and one of
+// Frameworks.
+func Build(ctx context.Context, dir, name string) (string, error) {
+	bin := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemkit/idem/examples/"+name)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build examples/payments: %w\n%s", err, out)
+		return "", fmt.Errorf("go build examples/%s: %w\n%s", name, err, out)
 	}
 	return bin, nil
 }
@@ -79,15 +80,19 @@ func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 	}
 }
 
-// Stop sends SIGTERM, waits for the process to exit (SIGKILL after 10s)
-// and returns how it exited: nil for status 0.
-func (p *Proc) Stop() error {
+// Stop sends SIGTERM and waits for the process to exit (SIGKILL after 10s).
+func (p *Proc) Stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):
 		p.Kill()
 	}
+}
+
+// Exit returns how the process exited (nil: status 0), after Stop or Kill.
+func (p *Proc) Exit() error {
+	<-p.done
 	return p.exit
 }
 

@@ -33,7 +33,7 @@ func TestTelemetry(t *testing.T) {
 		}
 		t.Skip("redis-server not found; skipping (set CI=true to fail instead)")
 	}
-	bin, err := procs.Build(context.Background(), t.TempDir())
+	bin, err := procs.Build(context.Background(), t.TempDir(), "payments")
 	if err != nil {
 		t.Fatal(err)
 	}
