@@ -72,7 +72,7 @@ func httpAuthenticate(next http.Handler) http.Handler {
 	})
 }
 
-// userID returns the principal httpAuthenticate stored.
+// httpUserID returns the principal httpAuthenticate stored.
 func httpUserID(r *http.Request) string { s, _ := r.Context().Value(httpUserKey{}).(string); return s }
 
 // httpRequestID echoes the client's X-Request-Id, or a new one, on the response.
