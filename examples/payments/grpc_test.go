@@ -23,13 +23,14 @@ import (
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/grpc/gen/paymentsv1"
 	"github.com/idemkit/idem/examples/grpc/gen/paymentsv1/paymentsv1connect"
+	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/stores/memstore"
 )
 
 // rig is the example's two servers over one engine, and clients.
 type rig struct {
 	engine  *idem.Engine
-	svc     *Service
+	svc     *payments.Service
 	grpc    paymentsv1.PaymentsClient
 	connect paymentsv1connect.PaymentsClient
 	url     string
@@ -41,7 +42,7 @@ func newRig(t *testing.T, store idem.Store) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := newService(0, nil)
+	svc := payments.NewService(0, nil)
 	grpcSrv, connectHandler := newServers(engine, svc)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -93,7 +94,7 @@ func TestPaymentsOverGRPC(t *testing.T) {
 		amount     int64
 		code       codes.Code
 		executions int64
-	}{{AmountDeclined, codes.FailedPrecondition, 1}, {AmountProviderError, codes.Unavailable, 2}, {AmountPanic, codes.Internal, 2}} {
+	}{{payments.AmountDeclined, codes.FailedPrecondition, 1}, {payments.AmountProviderError, codes.Unavailable, 2}, {payments.AmountPanic, codes.Internal, 2}} {
 		before := r.svc.Stats().Executions
 		key := rand.Text()
 		for range 2 {
@@ -149,7 +150,7 @@ func TestHTTPAndGRPCAreDifferentOperations(t *testing.T) {
 	httpSrv := httptest.NewServer(idemhttp.New(r.engine, idemhttp.WithScope(func(req *http.Request) string {
 		return req.Header.Get("X-User-ID")
 	}))(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		p, err := r.svc.Charge(req.Context(), req.Header.Get("X-User-ID"), ChargeRequest{Amount: 1200, Currency: "eur"})
+		p, err := r.svc.Charge(req.Context(), req.Header.Get("X-User-ID"), payments.ChargeRequest{Amount: 1200, Currency: "eur"})
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return

@@ -1,6 +1,4 @@
-// This file is the same in every example folder (TestCopiesInStep).
-
-package main
+package payments
 
 import (
 	"context"
@@ -26,7 +24,7 @@ import (
 // that file as JSON lines (W3C traceparent headers are honoured). For OTLP,
 // give sdkmetric.NewMeterProvider an OTLP reader instead. The returned
 // function flushes and stops both.
-func telemetry(f config) (metrics http.Handler, shutdown func(), err error) {
+func telemetry(f Config) (metrics http.Handler, shutdown func(), err error) {
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {

@@ -30,9 +30,11 @@ type instance struct {
 	client paymentsv1.PaymentsClient
 }
 
+// startInstance runs bin with args (which set its addresses) until the test
+// ends, and connects a client to its grpc-go address.
 func startInstance(t *testing.T, bin string, args ...string) *instance {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0"}, args...)...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -84,11 +86,11 @@ func TestTakeoverAfterSIGKILL(t *testing.T) {
 	if redisURL == "" {
 		redisURL = "redis://127.0.0.1:6379/0"
 	}
-	bin := filepath.Join(t.TempDir(), "grpcexample")
+	bin := filepath.Join(t.TempDir(), "payments")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	args := []string{"-store", "redis", "-redis-url", redisURL, "-redis-prefix", "idemtest:grpc:" + rand.Text()[:10] + ":",
+	args := []string{"-framework", "grpc", "-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-store", "redis", "-redis-url", redisURL, "-redis-prefix", "idemtest:grpc:" + rand.Text()[:10] + ":",
 		"-lease", "2s", "-store-timeout", "500ms", "-charge-latency", "3s"}
 	a := startInstance(t, bin, args...)
 	b := startInstance(t, bin, args...)
@@ -147,4 +149,41 @@ func TestTakeoverAfterSIGKILL(t *testing.T) {
 		}
 	}
 	t.Fatal("B printed no executions line")
+}
+
+// TestShortGRPCExample runs examples/grpc, the short program to copy, as a
+// process: a payment sent again with its key is executed once (the retry
+// gets the same payment, replayed), and SIGTERM stops it cleanly.
+func TestShortGRPCExample(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "grpc")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/idemkit/idem/examples/grpc").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	in := startInstance(t, bin, "-addr", "127.0.0.1:0")
+	ctx := ctxFor(t, "alice", rand.Text())
+	charge := &paymentsv1.CreatePaymentRequest{Amount: 1200, Currency: "eur"}
+	var h1, h2 metadata.MD
+	p1, err := in.client.CreatePayment(ctx, charge, grpc.Header(&h1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := in.client.CreatePayment(ctx, charge, grpc.Header(&h2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p1.GetId() == "" || p2.GetId() != p1.GetId() || h1.Get(idemgrpc.ReplayedMetadata) != nil || h2.Get(idemgrpc.ReplayedMetadata) == nil {
+		t.Fatalf("payments %q then %q, replayed %v then %v; want one payment, the retry replayed", p1.GetId(), p2.GetId(),
+			h1.Get(idemgrpc.ReplayedMetadata), h2.Get(idemgrpc.ReplayedMetadata))
+	}
+	if _, err := in.client.CreatePayment(ctxFor(t, "alice", rand.Text()), &paymentsv1.CreatePaymentRequest{Currency: "eur"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("amount 0: %v, want InvalidArgument", err)
+	}
+	if err := in.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for range in.lines { // stdout ends when the program exits
+	}
+	if err := in.cmd.Wait(); err != nil {
+		t.Errorf("after SIGTERM: %v, want a clean exit", err)
+	}
 }
