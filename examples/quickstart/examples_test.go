@@ -79,7 +79,7 @@ func TestExamplesCopyable(t *testing.T) {
 		{"cp -R $IDEM/examples/gin payments && cd payments && rm -f *_test.go",
 			"mkdir payments && for e in " + strings.Join(names, " ") + "; do cp -R $IDEM/examples/$e payments/; done && cd payments && find . -name '*_test.go' -delete"},
 		{"go mod init example.com/payments", "go mod init github.com/idemkit/idem/examples"},
-		{"go run . -store memory", "go vet ./..."}, // vet compiles and checks every package without linking nine binaries
+		{"go run .   # POST /v1/orders", "go vet ./... #"}, // vet compiles and checks every package without linking nine binaries
 	} {
 		if !strings.Contains(script, r[0]) {
 			t.Fatalf("README.md's example-install block no longer has %q", r[0])
