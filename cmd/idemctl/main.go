@@ -191,6 +191,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	fmt.Fprintf(view, "scoped key   %s\nstore key    %s\n", key, b.storeKey(key))
 	printRecord(view, info, o.lease, time.Now())
+	if j, ok := b.in.(idem.Journal); ok {
+		steps, err := j.Steps(ctx, key)
+		if err != nil {
+			fmt.Fprintf(stderr, "idemctl: steps: %v\n", err)
+			return exitFail
+		}
+		printSteps(view, steps)
+	}
 	switch {
 	case cmd == "show" && o.body:
 		return dumpBody(info, stdout, stderr)
@@ -533,6 +541,19 @@ func printRecord(w io.Writer, info idem.RecordInfo, lv leaseView, now time.Time)
 		}
 	}
 	fmt.Fprintf(w, "body         %d bytes\n", len(r.Body))
+}
+
+// printSteps prints the record's step journal ([idem.Step]), one line a
+// step in the order they started: done (with the result's size), or
+// started and not done, by its starter.
+func printSteps(w io.Writer, steps []idem.StepEntry) {
+	for _, st := range steps {
+		if st.Done {
+			fmt.Fprintf(w, "step         %s: done, result %d bytes (started by %s)\n", st.Name, len(st.Result), owner(st.Token))
+			continue
+		}
+		fmt.Fprintf(w, "step         %s: started, not done: its outcome is unknown if its holder stopped (started by %s)\n", st.Name, owner(st.Token))
+	}
 }
 
 // confirm asks the operator and reports whether the answer is y or yes.
