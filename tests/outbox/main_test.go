@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
@@ -42,12 +42,10 @@ func env(name, def string) string {
 	return def
 }
 
-func pgURL() string { return env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test") }
-func mysqlDSN() string {
-	return env("IDEM_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test") + "?parseTime=true"
-}
-func natsURL() string { return env("IDEM_NATS_URL", "nats://127.0.0.1:4222") }
-func amqpURL() string { return env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
+func pgURL() string    { return env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test") }
+func mysqlDSN() string { return env("IDEM_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test") }
+func natsURL() string  { return env("IDEM_NATS_URL", "nats://127.0.0.1:4222") }
+func amqpURL() string  { return env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
 
 // uniq returns a name unique to this run: prefix, "outbox" and a random suffix.
 func uniq(prefix string) string {
@@ -78,7 +76,17 @@ func openDB(t testing.TB, d outbox.Dialect) (*sql.DB, *pgxpool.Pool) {
 		t.Cleanup(func() { _ = db.Close(); pool.Close() })
 		return db, pool
 	default:
-		db, err := sql.Open("mysql", mysqlDSN())
+		cfg, err := mysql.ParseDSN(mysqlDSN())
+		if err != nil {
+			t.Fatalf("IDEM_MYSQL_DSN %q: %v", mysqlDSN(), err)
+		}
+		cfg.ParseTime = true
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		db.SetMaxOpenConns(16) // the server is shared
 		if err == nil {
 			err = db.PingContext(ctx)
 		}
