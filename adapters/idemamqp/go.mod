@@ -10,6 +10,7 @@ require (
 
 require github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 
-replace github.com/idemkit/idem/core => ../../core
-
-replace github.com/idemkit/idem/outbox => ../../outbox
+replace (
+	github.com/idemkit/idem/core => ../../core
+	github.com/idemkit/idem/outbox => ../../outbox
+)
