@@ -90,6 +90,30 @@ type Outbox struct {
 	name       string
 	partitions int
 	headers    func(context.Context, map[string]string)
+	q          queries
+}
+
+// queries are the relay's statements, built once by New from the
+// validated table names.
+type queries struct {
+	claim, claimed, read, markSent, purge, pending string
+}
+
+func (o *Outbox) buildQueries() {
+	now, age, oldest := "clock_timestamp()", `(extract(epoch from (clock_timestamp() - created_at)) * 1000000)::bigint`,
+		`coalesce((extract(epoch from (clock_timestamp() - min(created_at))) * 1000000)::bigint, 0)`
+	o.q.purge = `DELETE FROM ` + o.table + ` WHERE id IN (SELECT id FROM ` + o.table + ` WHERE sent_at < clock_timestamp() - $1 * interval '1 microsecond' LIMIT $2)`
+	if o.d == MySQL {
+		now, age, oldest = "NOW(6)", `TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6))`, `coalesce(TIMESTAMPDIFF(MICROSECOND, min(created_at), NOW(6)), 0)`
+		o.q.purge = `DELETE FROM ` + o.table + ` WHERE sent_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?`
+	}
+	o.q.claim = `SELECT p.part FROM ` + o.parts + ` p WHERE EXISTS (SELECT 1 FROM ` + o.table + ` m WHERE m.part = p.part AND m.sent_at IS NULL)
+		ORDER BY p.claimed_at, p.part LIMIT 1 FOR UPDATE SKIP LOCKED`
+	o.q.claimed = `UPDATE ` + o.parts + ` SET claimed_at = ` + now + ` WHERE part = ` + o.ph(1)
+	o.q.read = `SELECT id, msg_id, ordering_key, subject, headers, payload, created_at, ` + age + ` FROM ` + o.table + `
+		WHERE part = ` + o.ph(1) + ` AND sent_at IS NULL ORDER BY id LIMIT ` + o.ph(2)
+	o.q.markSent = `UPDATE ` + o.table + ` SET sent_at = ` + now + ` WHERE id IN (`
+	o.q.pending = `SELECT count(*), ` + oldest + ` FROM ` + o.table + ` WHERE sent_at IS NULL`
 }
 
 // Option configures [New].
@@ -139,6 +163,7 @@ func New(d Dialect, opts ...Option) (*Outbox, error) {
 		return nil, fmt.Errorf("%w: %d partitions (1 to 1024)", ErrInvalidConfig, o.partitions)
 	}
 	o.table, o.parts = o.quote(o.name), o.quote(o.name+"_partitions")
+	o.buildQueries()
 	return o, nil
 }
 

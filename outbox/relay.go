@@ -223,15 +223,14 @@ func (r *Relay) RelayOnce(ctx context.Context) (published int, err error) {
 	defer func() { _ = tx.Rollback() }() // after Commit: sql.ErrTxDone, ignored
 	o := r.o
 	var part int
-	err = tx.QueryRowContext(ctx, `SELECT p.part FROM `+o.parts+` p WHERE EXISTS (SELECT 1 FROM `+o.table+` m WHERE m.part = p.part AND m.sent_at IS NULL)
-		ORDER BY p.claimed_at, p.part LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&part)
+	err = tx.QueryRowContext(ctx, o.q.claim).Scan(&part)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claim a partition: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE `+o.parts+` SET claimed_at = `+o.now()+` WHERE part = `+o.ph(1), part); err != nil {
+	if _, err := tx.ExecContext(ctx, o.q.claimed, part); err != nil {
 		return 0, fmt.Errorf("outbox: claim partition %d: %w", part, err)
 	}
 	msgs, ids, ages, err := r.read(ctx, tx, part)
@@ -267,24 +266,10 @@ func (r *Relay) RelayOnce(ctx context.Context) (published int, err error) {
 	return published, perr
 }
 
-// now is the database's current time, in SQL.
-func (o *Outbox) now() string {
-	if o.d == MySQL {
-		return "NOW(6)"
-	}
-	return "clock_timestamp()"
-}
-
 // read returns the partition's oldest unsent messages, their row ids and
 // their ages.
 func (r *Relay) read(ctx context.Context, tx *sql.Tx, part int) ([]Message, []int64, []time.Duration, error) {
-	o := r.o
-	age := `(extract(epoch from (clock_timestamp() - created_at)) * 1000000)::bigint`
-	if o.d == MySQL {
-		age = `TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6))`
-	}
-	rows, err := tx.QueryContext(ctx, `SELECT id, msg_id, ordering_key, subject, headers, payload, created_at, `+age+` FROM `+o.table+`
-		WHERE part = `+o.ph(1)+` AND sent_at IS NULL ORDER BY id LIMIT `+o.ph(2), part, r.batch)
+	rows, err := tx.QueryContext(ctx, r.o.q.read, part, r.batch)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("outbox: read partition %d: %w", part, err)
 	}
@@ -318,6 +303,7 @@ func (r *Relay) read(ctx context.Context, tx *sql.Tx, part int) ([]Message, []in
 
 func (r *Relay) markSent(ctx context.Context, tx *sql.Tx, ids []int64) error {
 	var b strings.Builder
+	b.WriteString(r.o.q.markSent)
 	args := make([]any, len(ids))
 	for i, id := range ids {
 		if i > 0 {
@@ -326,7 +312,8 @@ func (r *Relay) markSent(ctx context.Context, tx *sql.Tx, ids []int64) error {
 		b.WriteString(r.o.ph(i + 1))
 		args[i] = id
 	}
-	_, err := tx.ExecContext(ctx, `UPDATE `+r.o.table+` SET sent_at = `+r.o.now()+` WHERE id IN (`+b.String()+`)`, args...)
+	b.WriteString(")")
+	_, err := tx.ExecContext(ctx, b.String(), args...)
 	if err != nil {
 		return fmt.Errorf("outbox: mark %d message(s) sent: %w", len(ids), err)
 	}
@@ -340,14 +327,9 @@ const purgeBatch = 1000
 // batches of 1,000, and returns how many it deleted. [Relay.Run] calls it
 // every [WithPurgeInterval].
 func (r *Relay) Purge(ctx context.Context) (int64, error) {
-	o := r.o
-	q := `DELETE FROM ` + o.table + ` WHERE id IN (SELECT id FROM ` + o.table + ` WHERE sent_at < clock_timestamp() - ` + o.ph(1) + ` * interval '1 microsecond' LIMIT ` + o.ph(2) + `)`
-	if o.d == MySQL {
-		q = `DELETE FROM ` + o.table + ` WHERE sent_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?`
-	}
 	var total int64
 	for {
-		res, err := r.db.ExecContext(ctx, q, r.retention.Microseconds(), purgeBatch)
+		res, err := r.db.ExecContext(ctx, r.o.q.purge, r.retention.Microseconds(), purgeBatch)
 		if err != nil {
 			return total, fmt.Errorf("outbox: purge: %w", err)
 		}
@@ -371,12 +353,8 @@ func (r *Relay) purgeLogged(ctx context.Context) {
 // Pending returns the number of unsent messages and the age of the oldest
 // one (0 when none), by the database's clock.
 func (r *Relay) Pending(ctx context.Context) (messages int64, oldest time.Duration, err error) {
-	age := `coalesce((extract(epoch from (clock_timestamp() - min(created_at))) * 1000000)::bigint, 0)`
-	if r.o.d == MySQL {
-		age = `coalesce(TIMESTAMPDIFF(MICROSECOND, min(created_at), NOW(6)), 0)`
-	}
 	var us int64
-	err = r.db.QueryRowContext(ctx, `SELECT count(*), `+age+` FROM `+r.o.table+` WHERE sent_at IS NULL`).Scan(&messages, &us)
+	err = r.db.QueryRowContext(ctx, r.o.q.pending).Scan(&messages, &us)
 	if err != nil {
 		return 0, 0, fmt.Errorf("outbox: count pending: %w", err)
 	}

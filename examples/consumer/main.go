@@ -290,7 +290,17 @@ func (c *consumer) payments(ctx context.Context, subject string, pub outbox.Publ
 		return err
 	}
 	go func() { _ = relay.Run(ctx) }()
-	return nil
+	for { // until the relay published them all: then the idle clock starts
+		n, _, err := relay.Pending(ctx)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			c.last.Store(time.Now().UnixNano())
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func samplePayments(n int) []Payment {

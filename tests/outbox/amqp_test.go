@@ -220,7 +220,12 @@ func TestAMQPRelay(t *testing.T) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
 	waitFor(t, "an empty outbox", 60*time.Second, func() bool { return unsent(t, db, ob.Table()) == 0 })
 	waitFor(t, "an effect per committed payment", 60*time.Second, func() bool { return len(w.fx.counts()) == len(want) })
 	again, err := db.ExecContext(ctx, "UPDATE "+ob.Table()+" SET sent_at = NULL WHERE id % 4 = 0 AND sent_at IS NOT NULL")

@@ -111,19 +111,6 @@ func (e *effects) counts() map[string]int {
 	return out
 }
 
-// bodies returns the effects' bodies in the order they were applied.
-func (e *effects) bodies() []string {
-	rows, err := e.pool.Query(context.Background(), `SELECT body FROM `+e.table+` ORDER BY n`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	b, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return b
-}
-
 // checkExactlyOnce fails unless every id in want has exactly one effect
 // and no other id has any.
 func (e *effects) checkExactlyOnce(want []string) {

@@ -115,7 +115,12 @@ func TestLoad(t *testing.T) {
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan error, 1)
 				go func() { done <- r.Run(ctx) }()
-				return func() { cancel(); <-done }
+				return func() {
+					cancel()
+					if err := <-done; err != nil {
+						t.Error(err)
+					}
+				}
 			}
 			empty := func() {
 				waitFor(t, "an empty outbox", 10*time.Minute, func() bool { return unsent(t, db, ob.Table()) == 0 })

@@ -44,7 +44,6 @@ func env(name, def string) string {
 
 func pgURL() string    { return env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test") }
 func mysqlDSN() string { return env("IDEM_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test") }
-func natsURL() string  { return env("IDEM_NATS_URL", "nats://127.0.0.1:4222") }
 func amqpURL() string  { return env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
 
 // uniq returns a name unique to this run: prefix, "outbox" and a random suffix.
