@@ -24,6 +24,19 @@ type Publisher interface {
 	Publish(ctx context.Context, m Message) error
 }
 
+// BatchPublisher is a [Publisher] that can pipeline: the relay uses it
+// when its publisher has it. PublishBatch publishes msgs, whose ordering
+// keys are distinct (or empty), without waiting for one confirmation
+// before sending the next, and returns one error per message, in msgs'
+// order (nil: confirmed). The relay sends a claimed batch in waves: the
+// first unsent message of each key, then the next of each, and so on, so
+// a key's message is sent only once its predecessor is confirmed, and
+// stops after a wave with a failure.
+type BatchPublisher interface {
+	Publisher
+	PublishBatch(ctx context.Context, msgs []Message) []error
+}
+
 // Observer receives the relay's measurements; idemotel.NewOutboxMetrics
 // records them as OpenTelemetry metrics. Its methods must be safe for
 // concurrent use and must not block.
@@ -213,7 +226,7 @@ func sleep(ctx context.Context, d time.Duration) {
 // batch size of them in order and marks the published ones sent, in one
 // transaction; it returns how many it published (0: no partition has
 // work, or every one is claimed). On a failed publish it marks the ones
-// before it sent and returns the error with their count. [Relay.Run]
+// confirmed sent and returns the error with their count. [Relay.Run]
 // calls it in a loop; call it yourself to relay from your own loop.
 func (r *Relay) RelayOnce(ctx context.Context) (published int, err error) {
 	tx, err := r.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -238,25 +251,18 @@ func (r *Relay) RelayOnce(ctx context.Context) (published int, err error) {
 		return 0, err
 	}
 	read := time.Now()
-	var perr error
-	for i, m := range msgs {
-		pctx, cancel := context.WithTimeout(ctx, r.timeout)
-		perr = r.pub.Publish(pctx, m)
-		cancel()
-		if perr != nil {
-			if r.observer != nil {
-				r.observer.PublishFailed(ctx, m, perr)
-			}
-			perr = fmt.Errorf("outbox: publish %q: %w", m.ID, perr)
-			break
-		}
-		published++
-		if r.observer != nil {
-			r.observer.Published(ctx, m, ages[i]+time.Since(read))
-		}
+	var (
+		sent []int64
+		perr error
+	)
+	if bp, ok := r.pub.(BatchPublisher); ok {
+		sent, perr = r.publishWaves(ctx, bp, msgs, ids, ages, read)
+	} else {
+		sent, perr = r.publishEach(ctx, msgs, ids, ages, read)
 	}
+	published = len(sent)
 	if published > 0 {
-		if err := r.markSent(ctx, tx, ids[:published]); err != nil {
+		if err := r.markSent(ctx, tx, sent); err != nil {
 			return 0, errors.Join(perr, err)
 		}
 	}
@@ -264,6 +270,89 @@ func (r *Relay) RelayOnce(ctx context.Context) (published int, err error) {
 		return 0, errors.Join(perr, fmt.Errorf("outbox: commit the sent marks: %w", err))
 	}
 	return published, perr
+}
+
+// publishEach publishes msgs one by one, each after the previous one's
+// confirmation, until one fails; it returns the ids of those confirmed.
+func (r *Relay) publishEach(ctx context.Context, msgs []Message, ids []int64, ages []time.Duration, read time.Time) ([]int64, error) {
+	for i, m := range msgs {
+		pctx, cancel := context.WithTimeout(ctx, r.timeout)
+		err := r.pub.Publish(pctx, m)
+		cancel()
+		if err != nil {
+			r.failed(ctx, m, err)
+			return ids[:i], fmt.Errorf("outbox: publish %q: %w", m.ID, err)
+		}
+		r.published(ctx, m, ages[i]+time.Since(read))
+	}
+	return ids, nil
+}
+
+// publishWaves publishes msgs through bp in waves of distinct keys (see
+// [BatchPublisher]) until a wave has a failure; it returns the ids of the
+// messages confirmed.
+func (r *Relay) publishWaves(ctx context.Context, bp BatchPublisher, msgs []Message, ids []int64, ages []time.Duration, read time.Time) ([]int64, error) {
+	var sent []int64
+	remaining := make([]int, len(msgs))
+	for i := range remaining {
+		remaining[i] = i
+	}
+	for len(remaining) > 0 {
+		var wave, rest []int
+		keys := make(map[string]bool)
+		for _, i := range remaining {
+			if k := msgs[i].Key; k != "" {
+				if keys[k] {
+					rest = append(rest, i)
+					continue
+				}
+				keys[k] = true
+			}
+			wave = append(wave, i)
+		}
+		batch := make([]Message, len(wave))
+		for j, i := range wave {
+			batch[j] = msgs[i]
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.timeout)
+		errs := bp.PublishBatch(pctx, batch)
+		cancel()
+		var first error
+		for j, i := range wave {
+			var err error
+			if j < len(errs) {
+				err = errs[j]
+			} else {
+				err = errors.New("no result from PublishBatch")
+			}
+			if err != nil {
+				r.failed(ctx, msgs[i], err)
+				if first == nil {
+					first = fmt.Errorf("outbox: publish %q: %w", msgs[i].ID, err)
+				}
+				continue
+			}
+			sent = append(sent, ids[i])
+			r.published(ctx, msgs[i], ages[i]+time.Since(read))
+		}
+		if first != nil {
+			return sent, first
+		}
+		remaining = rest
+	}
+	return sent, nil
+}
+
+func (r *Relay) published(ctx context.Context, m Message, lag time.Duration) {
+	if r.observer != nil {
+		r.observer.Published(ctx, m, lag)
+	}
+}
+
+func (r *Relay) failed(ctx context.Context, m Message, err error) {
+	if r.observer != nil {
+		r.observer.PublishFailed(ctx, m, err)
+	}
 }
 
 // read returns the partition's oldest unsent messages, their row ids and

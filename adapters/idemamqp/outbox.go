@@ -22,8 +22,8 @@ var ErrNotConfirmed = errors.New("idemamqp: message not confirmed")
 // one queue). The message's ID is the AMQP message-id property, the key
 // idem's [Handler] dedupes deliveries by, so a copy published again (by a
 // relay that died between the confirm and its sent mark) is acked without
-// running the handler. Publish is safe for concurrent use (serialised on
-// one channel).
+// running the handler. Publish and PublishBatch are safe for concurrent
+// use (serialised on one channel).
 type Publisher struct {
 	dial     func() (*amqp.Connection, error)
 	exchange string
@@ -34,7 +34,7 @@ type Publisher struct {
 	returns chan amqp.Return
 }
 
-var _ outbox.Publisher = (*Publisher)(nil)
+var _ outbox.BatchPublisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher to exchange ("" for the default
 // exchange, which routes by queue name) whose connections dial opens, e.g.
@@ -53,41 +53,88 @@ func NewPublisher(dial func() (*amqp.Connection, error), exchange string) *Publi
 // mandatory, with its headers and message-id m.ID, and waits for the
 // broker's confirm within ctx.
 func (p *Publisher) Publish(ctx context.Context, m outbox.Message) error {
+	return p.PublishBatch(ctx, []outbox.Message{m})[0]
+}
+
+// returnsBuffer bounds the messages PublishBatch has in flight at once:
+// the broker's returns of unroutable ones are buffered until it reads
+// them.
+const returnsBuffer = 256
+
+// PublishBatch implements [outbox.BatchPublisher]: it publishes msgs as
+// Publish does, without waiting for one confirm before sending the next
+// (at most 256 in flight), and waits for their confirms within ctx.
+func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) []error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.open(); err != nil {
-		return err
+	errs := make([]error, len(msgs))
+	for start := 0; start < len(msgs); start += returnsBuffer {
+		end := min(len(msgs), start+returnsBuffer)
+		p.publishLocked(ctx, msgs[start:end], errs[start:end])
 	}
-	var headers amqp.Table
-	if len(m.Headers) > 0 {
-		headers = make(amqp.Table, len(m.Headers))
-		for k, v := range m.Headers {
-			headers[k] = v
+	return errs
+}
+
+// publishLocked publishes msgs and sets errs, one per message.
+func (p *Publisher) publishLocked(ctx context.Context, msgs []outbox.Message, errs []error) {
+	if err := p.open(); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return
+	}
+	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	for i, m := range msgs {
+		var headers amqp.Table
+		if len(m.Headers) > 0 {
+			headers = make(amqp.Table, len(m.Headers))
+			for k, v := range m.Headers {
+				headers[k] = v
+			}
+		}
+		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, m.Subject, true, false, amqp.Publishing{
+			MessageId: m.ID, Headers: headers, DeliveryMode: amqp.Persistent, Timestamp: m.Enqueued, Body: m.Payload,
+		})
+		if err != nil {
+			for j := i; j < len(msgs); j++ {
+				errs[j] = fmt.Errorf("idemamqp: publish %q: %w", msgs[j].ID, err)
+			}
+			break
+		}
+		confirms[i] = dc
+	}
+	broken := errs[len(errs)-1] != nil
+	for i, m := range msgs {
+		if confirms[i] == nil {
+			continue
+		}
+		acked, err := confirms[i].WaitContext(ctx)
+		switch {
+		case err != nil:
+			errs[i] = fmt.Errorf("idemamqp: confirm of %q: %w", m.ID, err)
+			broken = true // a confirm may still come: this channel's sequence is no longer known
+		case !acked:
+			errs[i] = fmt.Errorf("%w: %q nacked", ErrNotConfirmed, m.ID)
 		}
 	}
-	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, m.Subject, true, false, amqp.Publishing{
-		MessageId: m.ID, Headers: headers, DeliveryMode: amqp.Persistent, Timestamp: m.Enqueued, Body: m.Payload,
-	})
-	if err != nil {
+	// A basic.return precedes its message's confirm on the channel, and the
+	// library delivers it first: every return of this batch is buffered now.
+	for {
+		select {
+		case r := <-p.returns:
+			for i, m := range msgs {
+				if m.ID == r.MessageId && errs[i] == nil {
+					errs[i] = fmt.Errorf("%w: %q returned by %q: %d %s", ErrNotConfirmed, m.ID, p.exchange, r.ReplyCode, r.ReplyText)
+				}
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if broken {
 		p.closeLocked()
-		return fmt.Errorf("idemamqp: publish %q: %w", m.ID, err)
 	}
-	acked, err := dc.WaitContext(ctx)
-	if err != nil {
-		p.closeLocked() // the confirm may still come: this channel's sequence is no longer known
-		return fmt.Errorf("idemamqp: confirm of %q: %w", m.ID, err)
-	}
-	// A basic.return precedes the confirm on the channel, and the library
-	// delivers it first.
-	select {
-	case r := <-p.returns:
-		return fmt.Errorf("%w: %q returned by %s: %d %s", ErrNotConfirmed, m.ID, p.exchange, r.ReplyCode, r.ReplyText)
-	default:
-	}
-	if !acked {
-		return fmt.Errorf("%w: %q nacked", ErrNotConfirmed, m.ID)
-	}
-	return nil
 }
 
 // open dials and opens a confirm channel unless both are open.
@@ -109,7 +156,7 @@ func (p *Publisher) open() error {
 		return fmt.Errorf("idemamqp: open a confirm channel: %w", err)
 	}
 	p.conn, p.ch = conn, ch
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, 1))
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, returnsBuffer))
 	return nil
 }
 

@@ -151,7 +151,10 @@ func relayChild(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p := &pausingPublisher{Publisher: idemnats.NewPublisher(js), nc: nc, point: os.Getenv("OB_PAUSE"), at: int64(envInt("OB_PAUSE_AT"))}
+	var p outbox.Publisher = idemnats.NewPublisher(js) // an outbox.BatchPublisher: pipelined waves
+	if os.Getenv("OB_PAUSE") != "" {
+		p = &pausingPublisher{inner: idemnats.NewPublisher(js), nc: nc, point: os.Getenv("OB_PAUSE"), at: int64(envInt("OB_PAUSE_AT"))}
+	}
 	r, err := outbox.NewRelay(db, ob, p, outbox.WithBatchSize(max(1, envInt("OB_BATCH"))), outbox.WithWorkers(max(1, envInt("OB_WORKERS"))),
 		outbox.WithPollInterval(20*time.Millisecond), outbox.WithBackoff(50*time.Millisecond, time.Second), outbox.WithPublishTimeout(2*time.Second))
 	if err != nil {
@@ -161,8 +164,10 @@ func relayChild(ctx context.Context) error {
 	return r.Run(ctx)
 }
 
+// pausingPublisher publishes one message at a time (no PublishBatch),
+// pausing at its at-th.
 type pausingPublisher struct {
-	*idemnats.Publisher
+	inner *idemnats.Publisher
 	nc    *nats.Conn
 	point string
 	at    int64
@@ -171,7 +176,7 @@ type pausingPublisher struct {
 
 func (p *pausingPublisher) Publish(ctx context.Context, m outbox.Message) error {
 	if p.n.Add(1) != p.at {
-		return p.Publisher.Publish(ctx, m)
+		return p.inner.Publish(ctx, m)
 	}
 	switch p.point {
 	case "after-publish":
@@ -185,7 +190,7 @@ func (p *pausingPublisher) Publish(ctx context.Context, m outbox.Message) error 
 			return err
 		}
 	case "after-confirm":
-		if err := p.Publisher.Publish(ctx, m); err != nil {
+		if err := p.inner.Publish(ctx, m); err != nil {
 			return err
 		}
 	}

@@ -2,7 +2,6 @@ package outboxtest
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -50,7 +49,7 @@ func (l *lags) quantile(q float64) time.Duration {
 }
 
 // TestLoad relays messages from PostgreSQL with one relay (4 workers,
-// batches of 100) to NATS JetStream (a server of its own) and to
+// batches of 100, pipelined: one key per message) to NATS JetStream (a server of its own) and to
 // RabbitMQ, consumed through idem: every message yields one effect. It
 // logs the relay's throughput (a backlog of n messages drained) and its
 // lag (enqueue to broker confirm) for n more enqueued, in transactions of
@@ -96,7 +95,7 @@ func TestLoad(t *testing.T) {
 					}
 					var msgs []outbox.Message
 					for j := i; j < min(len(ids), i+10); j++ {
-						msgs = append(msgs, outbox.Message{ID: ids[j], Key: fmt.Sprintf("k%d", j%50), Subject: subject, Payload: []byte(ids[j])})
+						msgs = append(msgs, outbox.Message{ID: ids[j], Key: ids[j], Subject: subject, Payload: []byte(ids[j])}) // one aggregate per payment
 					}
 					if err := ob.Enqueue(context.Background(), tx, msgs...); err != nil {
 						t.Fatal(err)

@@ -55,6 +55,28 @@ func (r *recorder) Publish(ctx context.Context, m outbox.Message) error {
 	return nil
 }
 
+// batchRecorder is a recorder with PublishBatch, failing when a batch
+// holds two messages of one key.
+type batchRecorder struct{ *recorder }
+
+func (b batchRecorder) PublishBatch(ctx context.Context, msgs []outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	keys := map[string]bool{}
+	for _, m := range msgs {
+		if m.Key != "" && keys[m.Key] {
+			b.overlaps.Add(1)
+		}
+		keys[m.Key] = m.Key != ""
+	}
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = b.Publish(ctx, m) }()
+	}
+	wg.Wait()
+	return errs
+}
+
 func (r *recorder) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -101,59 +123,66 @@ func enqueue(t testing.TB, db *sql.DB, ob *outbox.Outbox, n, keys int) map[strin
 }
 
 // TestRelays runs one, two and three relays (two workers each) on one
-// outbox while a tenth of the publishes fail: every committed message is
-// published exactly once, never two at a time, in order per key; no
-// rolled-back one is.
+// outbox while a tenth of the publishes fail, with a Publisher and with a
+// BatchPublisher (waves of distinct keys, published concurrently): every
+// committed message is published exactly once, never two at a time, in
+// order per key; no rolled-back one is.
 func TestRelays(t *testing.T) {
 	for _, d := range dialects {
 		for _, relays := range []int{1, 2, 3} {
-			t.Run(fmt.Sprintf("%s/%d", d, relays), func(t *testing.T) {
-				t.Parallel()
-				db, _ := openDB(t, d)
-				ob := newOutbox(t, db, d, outbox.WithPartitions(8))
-				committed := enqueue(t, db, ob, 300, 12)
-				rec := newRecorder()
-				rec.failEvery = 10
-				ctx, cancel := context.WithCancel(context.Background())
-				var wg sync.WaitGroup
-				for range relays {
-					r, err := outbox.NewRelay(db, ob, rec, outbox.WithWorkers(2), outbox.WithBatchSize(7), outbox.WithLogger(quiet),
-						outbox.WithPollInterval(10*time.Millisecond), outbox.WithBackoff(time.Millisecond, 20*time.Millisecond))
-					if err != nil {
-						t.Fatal(err)
+			for _, batch := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%d/batch=%v", d, relays, batch), func(t *testing.T) {
+					t.Parallel()
+					db, _ := openDB(t, d)
+					ob := newOutbox(t, db, d, outbox.WithPartitions(8))
+					committed := enqueue(t, db, ob, 300, 12)
+					rec := newRecorder()
+					rec.failEvery = 10
+					var pub outbox.Publisher = rec
+					if batch {
+						pub = batchRecorder{rec}
 					}
-					wg.Add(1)
-					go func() { defer wg.Done(); _ = r.Run(ctx) }()
-				}
-				waitFor(t, "an empty outbox", 60*time.Second, func() bool { return unsent(t, db, ob.Table()) == 0 })
-				cancel()
-				wg.Wait()
-				seen := map[string]int{}
-				last := map[string]int{}
-				for _, m := range rec.published {
-					seen[m.ID]++
-					var i int
-					_, _ = fmt.Sscan(string(m.Payload), &i)
-					if prev, ok := last[m.Key]; ok && prev >= i {
-						t.Errorf("key %s: message %d published after %d", m.Key, i, prev)
+					ctx, cancel := context.WithCancel(context.Background())
+					var wg sync.WaitGroup
+					for range relays {
+						r, err := outbox.NewRelay(db, ob, pub, outbox.WithWorkers(2), outbox.WithBatchSize(7), outbox.WithLogger(quiet),
+							outbox.WithPollInterval(10*time.Millisecond), outbox.WithBackoff(time.Millisecond, 20*time.Millisecond))
+						if err != nil {
+							t.Fatal(err)
+						}
+						wg.Add(1)
+						go func() { defer wg.Done(); _ = r.Run(ctx) }()
 					}
-					last[m.Key] = i
-					if !committed[m.ID] {
-						t.Errorf("message %s of a rolled-back transaction published", m.ID)
+					waitFor(t, "an empty outbox", 60*time.Second, func() bool { return unsent(t, db, ob.Table()) == 0 })
+					cancel()
+					wg.Wait()
+					seen := map[string]int{}
+					last := map[string]int{}
+					for _, m := range rec.published {
+						seen[m.ID]++
+						var i int
+						_, _ = fmt.Sscan(string(m.Payload), &i)
+						if prev, ok := last[m.Key]; ok && prev >= i {
+							t.Errorf("key %s: message %d published after %d", m.Key, i, prev)
+						}
+						last[m.Key] = i
+						if !committed[m.ID] {
+							t.Errorf("message %s of a rolled-back transaction published", m.ID)
+						}
 					}
-				}
-				for id := range committed {
-					if seen[id] != 1 {
-						t.Errorf("message %s published %d times, want 1", id, seen[id])
+					for id := range committed {
+						if seen[id] != 1 {
+							t.Errorf("message %s published %d times, want 1", id, seen[id])
+						}
 					}
-				}
-				if n := rec.overlaps.Load(); n > 0 {
-					t.Errorf("%d messages published by two relays at once", n)
-				}
-				if len(seen) != len(committed) {
-					t.Errorf("%d distinct messages published, %d committed", len(seen), len(committed))
-				}
-			})
+					if n := rec.overlaps.Load(); n > 0 {
+						t.Errorf("%d messages published by two relays at once", n)
+					}
+					if len(seen) != len(committed) {
+						t.Errorf("%d distinct messages published, %d committed", len(seen), len(committed))
+					}
+				})
+			}
 		}
 	}
 }
