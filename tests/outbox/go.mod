@@ -8,7 +8,7 @@ require (
 	github.com/idemkit/idem/adapters/idemnats v0.1.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/outbox v0.1.0
-	github.com/idemkit/idem/stores/mysqlstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/stores/mysqlstore v0.1.0
 	github.com/idemkit/idem/stores/pgstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
