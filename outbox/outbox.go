@@ -23,9 +23,12 @@ type Message struct {
 	// unique, e.g. "payment.created:" + paymentID.
 	ID string
 	// Key is the ordering key, e.g. the aggregate id: at most 255 bytes.
-	// Messages of one key are published in the order they were enqueued
-	// (committed transactions' order of enqueue). Optional: messages
-	// without a key are spread over partitions by ID and have no order.
+	// Messages of one key are published in the order of their rows'
+	// sequence numbers, the enqueue order when the key's writers do not
+	// overlap (two transactions enqueuing for one key at once may be
+	// relayed in either order: serialise them on the aggregate's row).
+	// Optional: messages without a key are spread over partitions by ID
+	// and have no order.
 	Key string
 	// Subject is where to publish: the NATS subject, or the AMQP routing
 	// key. Required, at most 255 bytes.
