@@ -33,4 +33,14 @@
 // stores and idemctl show; lease loss and store errors add the span events
 // idem.lease_lost and idem.store_error, and a takeover the span event
 // idem.takeover (with idem.previous_owner and idem.lapsed).
+//
+// # The outbox relay
+//
+// [NewOutboxObserver] returns an outbox.Observer (outbox.WithObserver)
+// recording idem.outbox.lag (Histogram, s: enqueue to broker confirm),
+// idem.outbox.published (Counter, {message}), idem.outbox.publish.errors
+// (Counter, {error}, by error.type), idem.outbox.pending (Gauge, {message})
+// and idem.outbox.pending.age (Gauge, s). [InjectTraceContext]
+// (outbox.WithHeaders) carries the handler's trace context in each
+// message's headers; [ExtractTraceContext] continues it in the consumer.
 package idemotel
