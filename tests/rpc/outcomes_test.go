@@ -112,7 +112,9 @@ var rpcDoors = []rpcDoor{
 			s := startGRPC(t, e, []grpc.UnaryServerInterceptor{count})
 			plain, retrying := dial(t, s.addr), dial(t, s.addr, grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor()))
 			call := func(cc *grpc.ClientConn) func(context.Context, string, *structpb.Struct) error {
-				return func(ctx context.Context, key string, in *structpb.Struct) error { return create(ctx, cc, "alice", key, in).err }
+				return func(ctx context.Context, key string, in *structpb.Struct) error {
+					return create(ctx, cc, "alice", key, in).err
+				}
 			}
 			return call(plain), call(retrying), seen, s.pay
 		},
