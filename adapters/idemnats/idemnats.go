@@ -68,19 +68,34 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // called on each message of Fetch or Messages) that runs fn at most once
 // per message key, through [idem.Do] with operation name op (required,
 // e.g. "send-receipt"; two handlers of one stream need two names) on engine
-// e. It answers every message itself (Term, not TermWithReason, which
-// servers before 2.10.4 ignore, redelivering the message):
+// e. It answers every message itself, by Do's outcome ([idem.OutcomeOfError]):
 //
-//   - fn returned nil, or the message is a duplicate of one handled: Ack,
-//     after the record is completed (a duplicate does not run fn);
-//   - fn returned an [idem.Permanent] error, now or for the first copy:
-//     Term after it is stored, never redelivered, logged;
-//   - the key was seen with another payload ([idem.ErrMismatch]) or the
-//     message has no key: Term, logged;
-//   - in progress elsewhere ([idem.ErrInProgress]), store unavailable
-//     ([idem.ErrUnavailable]), a transient error of fn, or an unreadable
-//     record: NakWithDelay, logged (except in-progress);
-//   - fn panics: the key is released and the panic goes on.
+//	outcome                              answer          log
+//	fn returned nil, or a duplicate      Ack (after the record is completed; a duplicate does not run fn)
+//	fn's [idem.Permanent] error, now or  Term            warn "message terminated"
+//	  for the first copy (stored)
+//	key-expired ([idem.ErrKeyExpired])   Ack             info "already processed once; its record expired"
+//	response-not-stored                  Ack             info "already processed once; its record expired"
+//	  ([idem.ErrResultNotStored])
+//	operation-uncertain ([idem.ErrUncertain], a step's uncertainty included),
+//	stored-result-unreadable             Term            warn "parked for an operator", with the record
+//	  ([idem.ErrCorrupt])                                key idemctl takes ([idem.Operation.RecordKey])
+//	key-reused ([idem.ErrMismatch]),     Term            warn "message terminated"
+//	  no key, a key too long
+//	in progress ([idem.ErrInProgress])   NakWithDelay    none
+//	store unavailable, fn's transient    NakWithDelay    warn "message to be redelivered"
+//	  error
+//	fn panics                            none: the key is released and the panic goes on
+//
+// A key-expired message was processed once already (its record outlived
+// the retention): running it again is what the tombstone prevents, so it
+// is acknowledged. An uncertain one may or may not have taken effect: it
+// is neither run again nor cycled through redeliveries until MaxDeliver
+// drops it silently, but terminated with a warning naming the record,
+// for an operator to resolve (cmd/idemctl show, then complete or release
+// it and republish the message); JetStream also publishes a
+// MSG_TERMINATED advisory for it. Term, never TermWithReason: servers
+// before 2.10.4 ignore the reason's form and redeliver the message.
 //
 // A consumer that dies before its Ack leaves the record completed; the
 // redelivery is acked without running fn. One that dies while fn runs
@@ -114,19 +129,65 @@ func Handler(e *idem.Engine, op string, fn Func, opts ...Option) jetstream.Messa
 		_, err := idem.Do(c.ctx, e, operation, func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, fn(ctx, msg)
 		})
+		o := idem.OutcomeOfError(err)
 		switch {
 		case err == nil:
 			_ = msg.Ack()
-		case errors.Is(err, idem.ErrPermanent), errors.Is(err, idem.ErrMismatch), errors.Is(err, idem.ErrKeyTooLong):
+		case errors.Is(err, idem.ErrPermanent):
 			c.logger.WarnContext(c.ctx, "idemnats: message terminated", "subject", msg.Subject(), "op", op, "err", err)
 			_ = msg.Term()
-		case errors.Is(err, idem.ErrInProgress):
-			_ = msg.NakWithDelay(c.delay)
 		default:
-			c.logger.WarnContext(c.ctx, "idemnats: message to be redelivered", "subject", msg.Subject(), "op", op, "delay", c.delay, "err", err)
-			_ = msg.NakWithDelay(c.delay)
+			switch answerOf(o) {
+			case ack:
+				c.logger.InfoContext(c.ctx, "idemnats: message acked: already processed once; its record expired", "subject", msg.Subject(), "op", op, "outcome", o.String())
+				_ = msg.Ack()
+			case park:
+				c.logger.WarnContext(c.ctx, "idemnats: message terminated and parked for an operator: resolve its record with idemctl, then republish it",
+					"subject", msg.Subject(), "op", op, "outcome", o.String(), "key", operation.RecordKey(), "err", err)
+				_ = msg.Term()
+			case term:
+				c.logger.WarnContext(c.ctx, "idemnats: message terminated", "subject", msg.Subject(), "op", op, "outcome", o.String(), "err", err)
+				_ = msg.Term()
+			case nakQuiet:
+				_ = msg.NakWithDelay(c.delay)
+			default:
+				c.logger.WarnContext(c.ctx, "idemnats: message to be redelivered", "subject", msg.Subject(), "op", op, "delay", c.delay, "err", err)
+				_ = msg.NakWithDelay(c.delay)
+			}
 		}
 	}
+}
+
+// answer is what the handler does with a message by Do's outcome.
+type answer uint8
+
+const (
+	unmapped answer = iota
+	ack             // processed once already
+	park            // terminated for an operator, with the record's key logged
+	term            // terminated: never runs
+	nakQuiet        // redelivered after the retry delay, not logged (in progress)
+	nak             // redelivered after the retry delay, logged
+)
+
+// answerOf maps every outcome of the engine; idem.OutcomeNone is fn's
+// transient error. Outcomes [idem.Do] never has (no principal, body,
+// replay check or fingerprint function) are terminated like a mismatch.
+func answerOf(o idem.Outcome) answer {
+	switch o {
+	case idem.OutcomeNone, idem.OutcomeUnavailable:
+		return nak
+	case idem.OutcomeInProgress:
+		return nakQuiet
+	case idem.OutcomeKeyExpired, idem.OutcomeResponseNotStored:
+		return ack
+	case idem.OutcomeUncertain, idem.OutcomeUnreadable:
+		return park
+	case idem.OutcomeKeyReused, idem.OutcomeFingerprintChanged, idem.OutcomeReplayForbidden, idem.OutcomeKeyMissing,
+		idem.OutcomeKeyMalformed, idem.OutcomeNoPrincipal, idem.OutcomeBodyUnreadable, idem.OutcomeBodyTooLarge:
+		return term
+	}
+	return unmapped
 }
 
 // streamName is the default scope: the message's stream, or "" when its
