@@ -1,0 +1,159 @@
+package idemnats_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem/adapters/idemnats"
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/stores/memstore"
+)
+
+// keptStore hides memstore's LocalStore (and Extender): its leases lapse
+// as a crashed holder's would.
+type keptStore struct {
+	idem.Store
+	idem.Keeper
+}
+
+// logBuffer is a slog destination safe for concurrent use.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// waitFor polls Do on op (never running its function) until it returns an
+// error matching want.
+func waitFor(t *testing.T, e *idem.Engine, op idem.Operation, want error) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := idem.Do(ctxT(t), e, op, func(context.Context) (struct{}, error) {
+			t.Error("the operation ran again")
+			return struct{}{}, nil
+		})
+		if errors.Is(err, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Do never answered %v (last %v)", want, err)
+		}
+	}
+}
+
+// TestOutcomes drives the consumer into operation-uncertain (a holder
+// whose lease lapsed under WithUncertainAfterCrash), key-expired (a short
+// retention with tombstones) and key-reused through a real JetStream
+// stream: the uncertain message is terminated once (never redelivered,
+// JetStream's MSG_TERMINATED advisory published) with a warning naming the
+// record key idemctl takes; the expired one is acked without running the
+// handler, with an info line; the reused one is terminated.
+func TestOutcomes(t *testing.T) {
+	js, s, name := newStream(t)
+	mem := memstore.New()
+	defer mem.Close()
+	var logs logBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	e, err := idem.New(keptStore{Store: mem, Keeper: mem}, idem.WithLogger(quiet), idem.WithStoreTimeout(250*time.Millisecond),
+		idem.WithLease(time.Second), idem.WithUncertainAfterCrash(time.Hour), idem.WithRetention(300*time.Millisecond), idem.WithTombstones(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.Close(context.Background()) }()
+	nc, err := nats.Connect(natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	terminated, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED." + name + ".receipts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r runs
+	c := consume(t, s, idemnats.Handler(e, "send-receipt", func(_ context.Context, msg jetstream.Msg) error {
+		r.add(msg.Headers().Get(jetstream.MsgIDHeader))
+		return nil
+	}, idemnats.WithRetryDelay(10*time.Millisecond), idemnats.WithLogger(logger)))
+
+	// Uncertain: another instance's execution of the key stalls past its
+	// lease (as a crashed one would).
+	op := idem.Operation{Scope: name, Name: "send-receipt", Key: "crashed", Payload: []byte("body")}
+	started, finish := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(context.Background(), e, op, func(context.Context) (struct{}, error) {
+			close(started)
+			<-finish
+			return struct{}{}, nil
+		})
+		held <- err
+	}()
+	<-started
+	waitFor(t, e, op, idem.ErrUncertain)
+	publish(t, js, name+".pay", "crashed", "body")
+	settled(t, c)
+	if _, err := terminated.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("no MSG_TERMINATED advisory for the uncertain message: %v", err)
+	}
+	info, err := c.Info(ctxT(t))
+	if err != nil || info.Delivered.Consumer != 1 || info.NumRedelivered != 0 {
+		t.Fatalf("consumer %+v, %v: want the uncertain message delivered once, never redelivered", info, err)
+	}
+	if !strings.Contains(logs.String(), "parked for an operator") || !strings.Contains(logs.String(), "key="+op.RecordKey()) {
+		t.Fatalf("log %q: want a warning naming the record key %s", logs.String(), op.RecordKey())
+	}
+	close(finish)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+
+	// Key-expired: processed once, its record's retention over.
+	publish(t, js, name+".pay", "spent", "body")
+	settled(t, c)
+	waitFor(t, e, idem.Operation{Scope: name, Name: "send-receipt", Key: "spent", Payload: []byte("body")}, idem.ErrKeyExpired)
+	time.Sleep(200 * time.Millisecond) // past the stream's duplicate window
+	publish(t, js, name+".pay", "spent", "body")
+	settled(t, c)
+	if !strings.Contains(logs.String(), "already processed once") {
+		t.Fatalf("log %q: want the expired message's info line", logs.String())
+	}
+
+	// Key-reused: the same key with another payload.
+	publish(t, js, name+".pay", "reused", "body")
+	settled(t, c)
+	time.Sleep(200 * time.Millisecond)
+	publish(t, js, name+".pay", "reused", "another body")
+	settled(t, c)
+	if _, err := terminated.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("no MSG_TERMINATED advisory for the reused key: %v", err)
+	}
+	info, err = c.Info(ctxT(t))
+	if err != nil || info.Delivered.Consumer != 5 || info.NumRedelivered != 0 {
+		t.Fatalf("consumer %+v, %v: want 5 messages each delivered once", info, err)
+	}
+	for id, want := range map[string]int{"crashed": 0, "spent": 1, "reused": 1} {
+		if got := r.get(id); got != want {
+			t.Errorf("message %q handled %d times, want %d", id, got, want)
+		}
+	}
+}
