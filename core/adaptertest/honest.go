@@ -102,7 +102,9 @@ func (s *suite) testReplayCheck(t *testing.T) {
 // testFingerprints: with a multipart fingerprint a body re-sent with
 // another boundary replays; with a JSON fingerprint a re-ordered body and a
 // changed excluded member replay while a changed member that counts is
-// 422; the handler always reads the body as sent.
+// 422; the handler always reads the body as sent; a record made under a
+// fingerprint function the engine does not know is 422
+// fingerprint-changed.
 func (s *suite) testFingerprints(t *testing.T) {
 	app, base := s.serve(t, nil, idem.WithFingerprint(idem.MultipartFingerprint()))
 	multipartCall := func(amount string) call {
@@ -148,6 +150,18 @@ func (s *suite) testFingerprints(t *testing.T) {
 	}
 	wantProblem(t, s.do(t, base, jsonCall(`{"amount":200,"note":"a"}`)), http.StatusUnprocessableEntity, "key-reused")
 	wantExecutions(t, app, 1)
+
+	// A record made under a function this engine does not know (another
+	// deploy's): 422 fingerprint-changed, nothing executed.
+	store := s.cfg.NewStore(t)
+	app, base = s.serve(t, store, idem.WithFingerprint(idem.JSONFingerprint()))
+	if r := s.do(t, base, jsonCall(`{"amount":100}`)); r.status != 201 {
+		t.Fatalf("first: %d", r.status)
+	}
+	other, otherBase := s.serve(t, store)
+	wantProblem(t, s.do(t, otherBase, jsonCall(`{"amount":100}`)), http.StatusUnprocessableEntity, "fingerprint-changed")
+	wantExecutions(t, app, 1)
+	wantExecutions(t, other, 0)
 }
 
 // keptStore is a store that keeps records ([idem.Keeper]) but neither
