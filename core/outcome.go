@@ -110,6 +110,52 @@ func (o Outcome) Status() int {
 // automatically (an operator resolves it, cmd/idemctl).
 func (o Outcome) Retryable() bool { return o < outcomeCount && outcomeTable[o].retryable }
 
+// ConsumerAction is what a message consumer (adapters/idemnats,
+// adapters/idemamqp) does with a message whose [Do] ended with an outcome
+// ([Outcome.ConsumerAction]), so that every consumer decides alike.
+type ConsumerAction uint8
+
+// The consumer actions.
+const (
+	// ConsumerRedeliver: nothing was decided for good (in progress
+	// elsewhere, store unavailable, the function's transient error):
+	// redeliver after a delay.
+	ConsumerRedeliver ConsumerAction = iota + 1
+	// ConsumerAck: the message was processed once already (key-expired:
+	// only its tombstone is left; response-not-stored): acknowledge it,
+	// never run it again.
+	ConsumerAck
+	// ConsumerPark: it may or may not have taken effect, or its record is
+	// unreadable (operation-uncertain, stored-result-unreadable): set it
+	// aside where an operator sees it (terminate, dead-letter) with the
+	// record's key ([Operation.RecordKey]) logged, never cycle it through
+	// redeliveries.
+	ConsumerPark
+	// ConsumerDrop: it can never run (key reused with another payload, a
+	// malformed key, and the answers Do never gives): terminate or reject
+	// it.
+	ConsumerDrop
+)
+
+// ConsumerAction returns what a message consumer does with a message
+// whose Do ended with o; OutcomeNone (the function's own transient error)
+// is ConsumerRedeliver. A [Permanent] error is the consumer's to handle
+// first (it has OutcomeNone).
+func (o Outcome) ConsumerAction() ConsumerAction {
+	switch o {
+	case OutcomeNone, OutcomeInProgress, OutcomeUnavailable:
+		return ConsumerRedeliver
+	case OutcomeKeyExpired, OutcomeResponseNotStored:
+		return ConsumerAck
+	case OutcomeUncertain, OutcomeUnreadable:
+		return ConsumerPark
+	case OutcomeKeyReused, OutcomeFingerprintChanged, OutcomeReplayForbidden, OutcomeKeyMissing,
+		OutcomeKeyMalformed, OutcomeNoPrincipal, OutcomeBodyUnreadable, OutcomeBodyTooLarge:
+		return ConsumerDrop
+	}
+	return 0
+}
+
 // Err returns the error [Do] returns for the outcome, nil for outcomes Do
 // never has (it has no principal, body, replay check or fingerprint
 // function): ErrInProgress, ErrMismatch, ErrUncertain, ErrKeyExpired,

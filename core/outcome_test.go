@@ -51,6 +51,9 @@ func TestOutcomeTable(t *testing.T) {
 			if OutcomeOfType(o.ProblemType()) != o {
 				t.Errorf("OutcomeOfType(%q) = %s", o.ProblemType(), OutcomeOfType(o.ProblemType()))
 			}
+			if o.ConsumerAction() == 0 {
+				t.Errorf("outcome %s has no consumer action", o)
+			}
 			if e := o.Err(); e != nil && OutcomeOfError(fmt.Errorf("wrapped: %w", e)) != o {
 				t.Errorf("OutcomeOfError(%v) = %s, want %s", e, OutcomeOfError(e), o)
 			}
@@ -62,6 +65,12 @@ func TestOutcomeTable(t *testing.T) {
 	for o, want := range map[Outcome]bool{OutcomeInProgress: true, OutcomeUnavailable: true, OutcomeUncertain: false, OutcomeKeyExpired: false, OutcomeReplayForbidden: false, OutcomeFingerprintChanged: false, OutcomeKeyReused: false} {
 		if o.Retryable() != want {
 			t.Errorf("%s.Retryable() = %v", o, !want)
+		}
+	}
+	for o, want := range map[Outcome]ConsumerAction{OutcomeNone: ConsumerRedeliver, OutcomeInProgress: ConsumerRedeliver,
+		OutcomeUncertain: ConsumerPark, OutcomeKeyExpired: ConsumerAck, OutcomeKeyReused: ConsumerDrop} {
+		if o.ConsumerAction() != want {
+			t.Errorf("%s.ConsumerAction() = %d, want %d", o, o.ConsumerAction(), want)
 		}
 	}
 	if OutcomeOfError(errors.New("app")) != OutcomeNone || OutcomeOfError(&StoredError{Message: "x"}) != OutcomeNone {

@@ -65,7 +65,7 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // through [idem.Do] with operation name op (required, e.g.
 // "send-receipt"; two handlers of one queue need two names) on engine e,
 // and answers each delivery itself, by Do's outcome
-// ([idem.OutcomeOfError]):
+// ([idem.OutcomeOfError], [idem.Outcome.ConsumerAction]):
 //
 //	outcome                              answer                  log
 //	fn returned nil, or a duplicate      Ack (after the record is completed; a duplicate does not run fn)
@@ -136,19 +136,19 @@ func Handler(e *idem.Engine, op string, fn Func, opts ...Option) func(ctx contex
 			c.logger.WarnContext(ctx, "idemamqp: permanent failure stored, delivery acked", "routing_key", d.RoutingKey, "op", op, "err", err)
 			_ = d.Ack(false)
 		default:
-			switch answerOf(o) {
-			case ack:
+			switch o.ConsumerAction() {
+			case idem.ConsumerAck:
 				c.logger.InfoContext(ctx, "idemamqp: delivery acked: already processed once; its record expired", "routing_key", d.RoutingKey, "op", op, "outcome", o.String())
 				_ = d.Ack(false)
-			case park:
+			case idem.ConsumerPark:
 				c.logger.WarnContext(ctx, "idemamqp: delivery rejected and parked for an operator (dead-lettered if the queue has a dead-letter exchange): resolve its record with idemctl, then republish it",
 					"routing_key", d.RoutingKey, "op", op, "outcome", o.String(), "key", operation.RecordKey(), "err", err)
 				_ = d.Reject(false)
-			case reject:
+			case idem.ConsumerDrop:
 				c.logger.WarnContext(ctx, "idemamqp: delivery rejected", "routing_key", d.RoutingKey, "op", op, "outcome", o.String(), "err", err)
 				_ = d.Reject(false)
-			default: // requeue, requeueQuiet
-				if answerOf(o) == requeue {
+			default: // idem.ConsumerRedeliver
+				if o != idem.OutcomeInProgress {
 					c.logger.WarnContext(ctx, "idemamqp: delivery to be requeued", "routing_key", d.RoutingKey, "op", op, "delay", c.delay, "err", err)
 				}
 				pause(ctx, c.delay)
@@ -156,38 +156,6 @@ func Handler(e *idem.Engine, op string, fn Func, opts ...Option) func(ctx contex
 			}
 		}
 	}
-}
-
-// answer is what the handler does with a delivery by Do's outcome.
-type answer uint8
-
-const (
-	unmapped     answer = iota
-	ack                 // processed once already
-	park                // rejected for an operator, with the record's key logged
-	reject              // rejected: never runs
-	requeueQuiet        // requeued after the retry delay, not logged (in progress)
-	requeue             // requeued after the retry delay, logged
-)
-
-// answerOf maps every outcome of the engine; idem.OutcomeNone is fn's
-// transient error. Outcomes [idem.Do] never has (no principal, body,
-// replay check or fingerprint function) are rejected like a mismatch.
-func answerOf(o idem.Outcome) answer {
-	switch o {
-	case idem.OutcomeNone, idem.OutcomeUnavailable:
-		return requeue
-	case idem.OutcomeInProgress:
-		return requeueQuiet
-	case idem.OutcomeKeyExpired, idem.OutcomeResponseNotStored:
-		return ack
-	case idem.OutcomeUncertain, idem.OutcomeUnreadable:
-		return park
-	case idem.OutcomeKeyReused, idem.OutcomeFingerprintChanged, idem.OutcomeReplayForbidden, idem.OutcomeKeyMissing,
-		idem.OutcomeKeyMalformed, idem.OutcomeNoPrincipal, idem.OutcomeBodyUnreadable, idem.OutcomeBodyTooLarge:
-		return reject
-	}
-	return unmapped
 }
 
 // pause waits d or until ctx is done.

@@ -68,7 +68,8 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // called on each message of Fetch or Messages) that runs fn at most once
 // per message key, through [idem.Do] with operation name op (required,
 // e.g. "send-receipt"; two handlers of one stream need two names) on engine
-// e. It answers every message itself, by Do's outcome ([idem.OutcomeOfError]):
+// e. It answers every message itself, by Do's outcome ([idem.OutcomeOfError],
+// [idem.Outcome.ConsumerAction]):
 //
 //	outcome                              answer          log
 //	fn returned nil, or a duplicate      Ack (after the record is completed; a duplicate does not run fn)
@@ -137,57 +138,25 @@ func Handler(e *idem.Engine, op string, fn Func, opts ...Option) jetstream.Messa
 			c.logger.WarnContext(c.ctx, "idemnats: message terminated", "subject", msg.Subject(), "op", op, "err", err)
 			_ = msg.Term()
 		default:
-			switch answerOf(o) {
-			case ack:
+			switch o.ConsumerAction() {
+			case idem.ConsumerAck:
 				c.logger.InfoContext(c.ctx, "idemnats: message acked: already processed once; its record expired", "subject", msg.Subject(), "op", op, "outcome", o.String())
 				_ = msg.Ack()
-			case park:
+			case idem.ConsumerPark:
 				c.logger.WarnContext(c.ctx, "idemnats: message terminated and parked for an operator: resolve its record with idemctl, then republish it",
 					"subject", msg.Subject(), "op", op, "outcome", o.String(), "key", operation.RecordKey(), "err", err)
 				_ = msg.Term()
-			case term:
+			case idem.ConsumerDrop:
 				c.logger.WarnContext(c.ctx, "idemnats: message terminated", "subject", msg.Subject(), "op", op, "outcome", o.String(), "err", err)
 				_ = msg.Term()
-			case nakQuiet:
-				_ = msg.NakWithDelay(c.delay)
-			default:
-				c.logger.WarnContext(c.ctx, "idemnats: message to be redelivered", "subject", msg.Subject(), "op", op, "delay", c.delay, "err", err)
+			default: // idem.ConsumerRedeliver
+				if o != idem.OutcomeInProgress {
+					c.logger.WarnContext(c.ctx, "idemnats: message to be redelivered", "subject", msg.Subject(), "op", op, "delay", c.delay, "err", err)
+				}
 				_ = msg.NakWithDelay(c.delay)
 			}
 		}
 	}
-}
-
-// answer is what the handler does with a message by Do's outcome.
-type answer uint8
-
-const (
-	unmapped answer = iota
-	ack             // processed once already
-	park            // terminated for an operator, with the record's key logged
-	term            // terminated: never runs
-	nakQuiet        // redelivered after the retry delay, not logged (in progress)
-	nak             // redelivered after the retry delay, logged
-)
-
-// answerOf maps every outcome of the engine; idem.OutcomeNone is fn's
-// transient error. Outcomes [idem.Do] never has (no principal, body,
-// replay check or fingerprint function) are terminated like a mismatch.
-func answerOf(o idem.Outcome) answer {
-	switch o {
-	case idem.OutcomeNone, idem.OutcomeUnavailable:
-		return nak
-	case idem.OutcomeInProgress:
-		return nakQuiet
-	case idem.OutcomeKeyExpired, idem.OutcomeResponseNotStored:
-		return ack
-	case idem.OutcomeUncertain, idem.OutcomeUnreadable:
-		return park
-	case idem.OutcomeKeyReused, idem.OutcomeFingerprintChanged, idem.OutcomeReplayForbidden, idem.OutcomeKeyMissing,
-		idem.OutcomeKeyMalformed, idem.OutcomeNoPrincipal, idem.OutcomeBodyUnreadable, idem.OutcomeBodyTooLarge:
-		return term
-	}
-	return unmapped
 }
 
 // streamName is the default scope: the message's stream, or "" when its

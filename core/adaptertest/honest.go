@@ -164,9 +164,16 @@ func (s *suite) testFingerprints(t *testing.T) {
 	wantExecutions(t, other, 0)
 }
 
-// keptStore is a store that keeps records ([idem.Keeper]) but neither
-// renews leases nor lives in the process: a held handler's lease lapses
-// as a crashed holder's would.
+// Crashable returns s, which must implement [idem.Keeper], as a store
+// that keeps records but neither renews leases ([idem.Extender]) nor lives
+// in the process ([idem.LocalStore]): an execution held in its handler
+// loses its lease as a crashed holder's would, for tests driving the
+// engine into "operation-uncertain" ([idem.WithUncertainAfterCrash]). It
+// panics when s is not a Keeper.
+func Crashable(s idem.Store) idem.Store {
+	return keptStore{Store: s, Keeper: s.(idem.Keeper)}
+}
+
 type keptStore struct {
 	idem.Store
 	idem.Keeper
@@ -178,11 +185,10 @@ type keptStore struct {
 // slow rather than dead, still completes, and retries then replay.
 func (s *suite) testUncertain(t *testing.T) {
 	store := s.cfg.NewStore(t)
-	k, ok := store.(idem.Keeper)
-	if !ok {
+	if _, ok := store.(idem.Keeper); !ok {
 		t.Fatalf("%T: the suite's store must implement idem.Keeper", store)
 	}
-	app, base := s.serve(t, keptStore{Store: store, Keeper: k},
+	app, base := s.serve(t, Crashable(store),
 		idem.WithStoreTimeout(250*time.Millisecond), idem.WithLease(time.Second), idem.WithUncertainAfterCrash(time.Hour))
 	var wg sync.WaitGroup
 	var first result

@@ -16,15 +16,9 @@ import (
 	"github.com/idemkit/idem/adapters/idemhttp"
 	"github.com/idemkit/idem/client/idemclient"
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/adaptertest"
 	"github.com/idemkit/idem/stores/memstore"
 )
-
-// keptStore hides memstore's LocalStore (and Extender): its leases lapse
-// as a crashed holder's would.
-type keptStore struct {
-	idem.Store
-	idem.Keeper
-}
 
 // orders is an idemhttp service on a real listener: POST /orders answers
 // 201 after counting an execution (held until release with ?hold=1);
@@ -157,7 +151,7 @@ func TestClientOutcomes(t *testing.T) {
 			mem := memstore.New()
 			defer mem.Close()
 			newEngine := func(opts ...idem.Option) *idem.Engine {
-				e, err := idem.New(keptStore{Store: mem, Keeper: mem}, opts...)
+				e, err := idem.New(adaptertest.Crashable(mem), opts...)
 				if err != nil {
 					t.Fatal(err)
 				}

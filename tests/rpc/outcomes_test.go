@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/adapters/idemgrpc"
 	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/adaptertest"
 	"github.com/idemkit/idem/stores/memstore"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -20,13 +21,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 )
-
-// keptStore hides memstore's LocalStore (and Extender): its leases lapse
-// as a crashed holder's would, and the engine does not renew them.
-type keptStore struct {
-	idem.Store
-	idem.Keeper
-}
 
 // scenario drives the engine into one outcome: a first call with the key
 // through the engine first (blocked there when block is set, its lease
@@ -53,7 +47,7 @@ func scenarios() []scenario {
 			once.Do(func() {
 				s := memstore.New()
 				t.Cleanup(func() { _ = s.Close() })
-				e = newEngine(t, keptStore{Store: s, Keeper: s}, opts...)
+				e = newEngine(t, adaptertest.Crashable(s), opts...)
 			})
 			return e
 		}

@@ -1,10 +1,8 @@
 package idemamqp_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -15,51 +13,10 @@ import (
 
 	"github.com/idemkit/idem/adapters/idemamqp"
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/adaptertest"
 	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/tests/adapters/internal/client"
 )
-
-// keptStore hides memstore's LocalStore (and Extender): its leases lapse
-// as a crashed holder's would.
-type keptStore struct {
-	idem.Store
-	idem.Keeper
-}
-
-// logBuffer is a slog destination safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// waitFor polls Do on op (never running its function) until it returns an
-// error matching want.
-func waitFor(t *testing.T, e *idem.Engine, op idem.Operation, want error) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := idem.Do(ctxT(t), e, op, func(context.Context) (struct{}, error) {
-			t.Error("the operation ran again")
-			return struct{}{}, nil
-		})
-		if errors.Is(err, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Do never answered %v (last %v)", want, err)
-		}
-	}
-}
 
 // newQueueDLX declares a queue of its own whose rejected deliveries are
 // dead-lettered to a second queue, both deleted at the end of the test.
@@ -102,9 +59,9 @@ func TestOutcomes(t *testing.T) {
 	conn, pub, queue, dead := newQueueDLX(t)
 	mem := memstore.New()
 	defer mem.Close()
-	var logs logBuffer
+	var logs client.Log
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	e, err := idem.New(keptStore{Store: mem, Keeper: mem}, idem.WithLogger(quiet), idem.WithStoreTimeout(250*time.Millisecond),
+	e, err := idem.New(adaptertest.Crashable(mem), idem.WithLogger(quiet), idem.WithStoreTimeout(250*time.Millisecond),
 		idem.WithLease(time.Second), idem.WithUncertainAfterCrash(time.Hour), idem.WithRetention(300*time.Millisecond), idem.WithTombstones(time.Hour))
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +141,7 @@ func TestOutcomes(t *testing.T) {
 		held <- err
 	}()
 	<-started
-	waitFor(t, e, op, idem.ErrUncertain)
+	client.WaitForDo(t, e, op, idem.ErrUncertain)
 	publish(t, pub, queue, "crashed", "body")
 	waitDead("crashed")
 	if !strings.Contains(logs.String(), "parked for an operator") || !strings.Contains(logs.String(), "key="+op.RecordKey()) {
@@ -198,7 +155,7 @@ func TestOutcomes(t *testing.T) {
 	// Key-expired: processed once, its record's retention over.
 	publish(t, pub, queue, "spent", "body")
 	waitAcked("spent")
-	waitFor(t, e, idem.Operation{Name: "send-receipt", Key: "spent", Payload: []byte("body")}, idem.ErrKeyExpired)
+	client.WaitForDo(t, e, idem.Operation{Name: "send-receipt", Key: "spent", Payload: []byte("body")}, idem.ErrKeyExpired)
 	publish(t, pub, queue, "spent", "body")
 	waitAcked("spent")
 	if !strings.Contains(logs.String(), "already processed once") {

@@ -1,12 +1,9 @@
 package idemnats_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,51 +12,10 @@ import (
 
 	"github.com/idemkit/idem/adapters/idemnats"
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/adaptertest"
 	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/tests/adapters/internal/client"
 )
-
-// keptStore hides memstore's LocalStore (and Extender): its leases lapse
-// as a crashed holder's would.
-type keptStore struct {
-	idem.Store
-	idem.Keeper
-}
-
-// logBuffer is a slog destination safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// waitFor polls Do on op (never running its function) until it returns an
-// error matching want.
-func waitFor(t *testing.T, e *idem.Engine, op idem.Operation, want error) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := idem.Do(ctxT(t), e, op, func(context.Context) (struct{}, error) {
-			t.Error("the operation ran again")
-			return struct{}{}, nil
-		})
-		if errors.Is(err, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Do never answered %v (last %v)", want, err)
-		}
-	}
-}
 
 // TestOutcomes drives the consumer into operation-uncertain (a holder
 // whose lease lapsed under WithUncertainAfterCrash), key-expired (a short
@@ -72,9 +28,9 @@ func TestOutcomes(t *testing.T) {
 	js, s, name := newStream(t)
 	mem := memstore.New()
 	defer mem.Close()
-	var logs logBuffer
+	var logs client.Log
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	e, err := idem.New(keptStore{Store: mem, Keeper: mem}, idem.WithLogger(quiet), idem.WithStoreTimeout(250*time.Millisecond),
+	e, err := idem.New(adaptertest.Crashable(mem), idem.WithLogger(quiet), idem.WithStoreTimeout(250*time.Millisecond),
 		idem.WithLease(time.Second), idem.WithUncertainAfterCrash(time.Hour), idem.WithRetention(300*time.Millisecond), idem.WithTombstones(time.Hour))
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +65,7 @@ func TestOutcomes(t *testing.T) {
 		held <- err
 	}()
 	<-started
-	waitFor(t, e, op, idem.ErrUncertain)
+	client.WaitForDo(t, e, op, idem.ErrUncertain)
 	publish(t, js, name+".pay", "crashed", "body")
 	settled(t, c)
 	if _, err := terminated.NextMsg(10 * time.Second); err != nil {
@@ -130,7 +86,7 @@ func TestOutcomes(t *testing.T) {
 	// Key-expired: processed once, its record's retention over.
 	publish(t, js, name+".pay", "spent", "body")
 	settled(t, c)
-	waitFor(t, e, idem.Operation{Scope: name, Name: "send-receipt", Key: "spent", Payload: []byte("body")}, idem.ErrKeyExpired)
+	client.WaitForDo(t, e, idem.Operation{Scope: name, Name: "send-receipt", Key: "spent", Payload: []byte("body")}, idem.ErrKeyExpired)
 	time.Sleep(200 * time.Millisecond) // past the stream's duplicate window
 	publish(t, js, name+".pay", "spent", "body")
 	settled(t, c)
