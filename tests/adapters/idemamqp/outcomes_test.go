@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -72,28 +71,7 @@ func TestOutcomes(t *testing.T) {
 		r.add(d.MessageId)
 		return nil
 	}, idemamqp.WithRetryDelay(10*time.Millisecond), idemamqp.WithLogger(logger))
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	delivered := map[string]int{}
-	acked := make(chan string, 100)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for d := range deliveries {
-			mu.Lock()
-			delivered[d.MessageId]++
-			mu.Unlock()
-			d.Acknowledger = &watch{Acknowledger: d.Acknowledger, id: d.MessageId, acked: acked}
-			h(context.Background(), d)
-		}
-	}()
+	w := consumeWatched(t, conn, queue, h)
 	deadCh, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -113,44 +91,19 @@ func TestOutcomes(t *testing.T) {
 			t.Fatalf("%s never dead-lettered", id)
 		}
 	}
-	waitAcked := func(id string) {
-		t.Helper()
-		for {
-			select {
-			case got := <-acked:
-				if got == id {
-					return
-				}
-			case <-ctxT(t).Done():
-				t.Fatalf("%s never acked", id)
-			}
-		}
-	}
+	waitAcked := func(id string) { t.Helper(); w.wait(w.acked, id) }
 
 	// Uncertain: another instance's execution of the key stalls past its
 	// lease (as a crashed one would).
 	op := idem.Operation{Name: "send-receipt", Key: "crashed", Payload: []byte("body")}
-	started, finish := make(chan struct{}), make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		_, err := idem.Do(context.Background(), e, op, func(context.Context) (struct{}, error) {
-			close(started)
-			<-finish
-			return struct{}{}, nil
-		})
-		held <- err
-	}()
-	<-started
+	release := client.Hold(t, e, op)
 	client.WaitForDo(t, e, op, idem.ErrUncertain)
 	publish(t, pub, queue, "crashed", "body")
 	waitDead("crashed")
 	if !strings.Contains(logs.String(), "parked for an operator") || !strings.Contains(logs.String(), "key="+op.RecordKey()) {
 		t.Fatalf("log %q: want a warning naming the record key %s", logs.String(), op.RecordKey())
 	}
-	close(finish)
-	if err := <-held; err != nil {
-		t.Fatal(err)
-	}
+	release()
 
 	// Key-expired: processed once, its record's retention over.
 	publish(t, pub, queue, "spent", "body")
@@ -168,13 +121,10 @@ func TestOutcomes(t *testing.T) {
 	publish(t, pub, queue, "reused", "another body")
 	waitDead("reused")
 
-	_ = ch.Close()
-	<-done
-	mu.Lock()
-	defer mu.Unlock()
+	w.stop()
 	for id, want := range map[string]int{"crashed": 1, "spent": 2, "reused": 2} {
-		if delivered[id] != want {
-			t.Errorf("%q delivered %d times, want %d (no requeue)", id, delivered[id], want)
+		if got := w.deliveries(id); got != want {
+			t.Errorf("%q delivered %d times, want %d (no requeue)", id, got, want)
 		}
 	}
 	for id, want := range map[string]int{"crashed": 0, "spent": 1, "reused": 1} {

@@ -54,17 +54,7 @@ func TestOutcomes(t *testing.T) {
 	// Uncertain: another instance's execution of the key stalls past its
 	// lease (as a crashed one would).
 	op := idem.Operation{Scope: name, Name: "send-receipt", Key: "crashed", Payload: []byte("body")}
-	started, finish := make(chan struct{}), make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		_, err := idem.Do(context.Background(), e, op, func(context.Context) (struct{}, error) {
-			close(started)
-			<-finish
-			return struct{}{}, nil
-		})
-		held <- err
-	}()
-	<-started
+	release := client.Hold(t, e, op)
 	client.WaitForDo(t, e, op, idem.ErrUncertain)
 	publish(t, js, name+".pay", "crashed", "body")
 	settled(t, c)
@@ -78,10 +68,7 @@ func TestOutcomes(t *testing.T) {
 	if !strings.Contains(logs.String(), "parked for an operator") || !strings.Contains(logs.String(), "key="+op.RecordKey()) {
 		t.Fatalf("log %q: want a warning naming the record key %s", logs.String(), op.RecordKey())
 	}
-	close(finish)
-	if err := <-held; err != nil {
-		t.Fatal(err)
-	}
+	release()
 
 	// Key-expired: processed once, its record's retention over.
 	publish(t, js, name+".pay", "spent", "body")

@@ -150,3 +150,30 @@ func WaitForDo(t *testing.T, e *idem.Engine, op idem.Operation, want error) {
 		}
 	}
 }
+
+// Hold runs op through idem.Do on e with a function that blocks until
+// release is called: another instance's execution in progress (or, once
+// its lease lapsed on a store from adaptertest.Crashable, one that looks
+// crashed). It returns once the function started; release ends it and
+// fails the test if Do then failed.
+func Hold(t *testing.T, e *idem.Engine, op idem.Operation) (release func()) {
+	t.Helper()
+	started, finish := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(context.Background(), e, op, func(context.Context) (struct{}, error) {
+			close(started)
+			<-finish
+			return struct{}{}, nil
+		})
+		held <- err
+	}()
+	<-started
+	return func() {
+		t.Helper()
+		close(finish)
+		if err := <-held; err != nil {
+			t.Errorf("the held execution: %v", err)
+		}
+	}
+}
