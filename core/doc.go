@@ -51,7 +51,8 @@
 //     step; [StepKey] and [DerivedKey] give each step a stable key to
 //     forward downstream.
 //   - What clients see: [Problem] and [ProblemTypeBase] (RFC 9457 answers),
-//     [DefaultHeader], [ReplayedHeader], [MaxKeyLength].
+//     [DefaultHeader], [ReplayedHeader], [MaxKeyLength]; [Outcome] names
+//     each of the engine's answers and whether it may be retried.
 //   - Operators and tests: [ScopedKey] names the record of one request (as
 //     cmd/idemctl does), [Fingerprint] and [ParseKey] (errors
 //     [ErrKeyMissing], [ErrKeyMalformed], [ErrKeyTooLong], [ErrKeyConflict])
@@ -76,7 +77,11 @@
 // [Execution.FinishLines] with [HeaderLines], [Execution.Fail] (an error
 // without a response), [Execution.Abort] (a panic), after
 // [Execution.SnapshotHeader] or [Execution.Unreplayable] where the
-// framework needs them. The suite core/adaptertest checks an adapter
+// framework needs them. An adapter for another protocol (gRPC, a client, a
+// message consumer) translates the engine's answers by [Outcome]
+// ([OutcomeOf] a Response, [OutcomeOfError] an error of [Do],
+// [Outcome.ConsumerAction]), never by HTTP status, and iterates [Outcomes]
+// in a test. The suite core/adaptertest checks an adapter
 // through its real framework; CONTRIBUTING.md says where its tests live.
 //
 // # Writing a store
