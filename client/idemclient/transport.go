@@ -74,7 +74,18 @@ type Transport struct {
 	bodyLimit     int64
 	respBuffer    int64
 	hook          func(Attempt)
+	fromStep      bool // WithKeyFromContext
 }
+
+// WithKeyFromContext makes the [Transport] send, as the idempotency key of
+// a request made inside an idem.Step of the calling service's execution,
+// the step's derived key (idem.DerivedKey: the same on every run and
+// takeover of that execution), so that a chain of idem services stays
+// exactly-once with no key plumbing: a takeover that runs the step again
+// sends the same key, and the downstream service replays its answer. It
+// ranks below a key in the request's header and one set with [WithKey].
+// Optional. Default is off (a random key per request).
+func WithKeyFromContext() Option { return func(t *Transport) { t.fromStep = true } }
 
 // Option configures a [Transport].
 type Option func(*Transport)
@@ -377,6 +388,11 @@ func (t *Transport) keyFor(req *http.Request) (string, bool, error) {
 	}
 	if key, ok := req.Context().Value(keyContextKey{}).(string); ok {
 		return key, true, checkKey(key)
+	}
+	if t.fromStep {
+		if key, ok := idem.DerivedKey(req.Context()); ok {
+			return key, true, nil
+		}
 	}
 	if !slices.Contains(t.methods, req.Method) {
 		return "", false, nil

@@ -385,42 +385,58 @@ func testJournalRacing(t *testing.T, s idem.Store) {
 	}
 }
 
-// stalling wraps a store and hides [idem.LocalStore], so that the engine
-// takes real leases, and fails every Extend once stalled is set: a holder
-// whose process stalls and stops renewing, while it still runs.
-type stalling struct {
+// Stalling wraps a store (an [idem.Extender], [idem.Keeper] and
+// [idem.Journal]) and hides [idem.LocalStore], so that an engine takes
+// real leases even on memstore, and fails every Extend once [Stalling.Stall]
+// was called: a holder whose process stalls and stops renewing, while it
+// still runs.
+type Stalling struct {
 	idem.Store
 	stalled atomic.Bool
 }
 
-func (s *stalling) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+// NewStalling returns s wrapped; every method but Extend goes to s.
+func NewStalling(s idem.Store) *Stalling { return &Stalling{Store: s} }
+
+// Stall makes every later Extend fail: the engine's renewals stop, and
+// the lease lapses while the handler still runs.
+func (s *Stalling) Stall() { s.stalled.Store(true) }
+
+// Extend renews the lease through the wrapped store, or fails once stalled.
+func (s *Stalling) Extend(ctx context.Context, key, token string, lease time.Duration) error {
 	if s.stalled.Load() {
 		return errors.New("storetest: stalled")
 	}
 	return s.Store.(idem.Extender).Extend(ctx, key, token, lease)
 }
 
-func (s *stalling) AcquireKeep(ctx context.Context, key, token, fp string, lease time.Duration, keep idem.Keep) (idem.Record, bool, error) {
+// AcquireKeep is the wrapped store's [idem.Keeper.AcquireKeep].
+func (s *Stalling) AcquireKeep(ctx context.Context, key, token, fp string, lease time.Duration, keep idem.Keep) (idem.Record, bool, error) {
 	return s.Store.(idem.Keeper).AcquireKeep(ctx, key, token, fp, lease, keep)
 }
 
-func (s *stalling) Resolve(ctx context.Context, key string, response []byte, retention time.Duration) error {
+// Resolve is the wrapped store's [idem.Keeper.Resolve].
+func (s *Stalling) Resolve(ctx context.Context, key string, response []byte, retention time.Duration) error {
 	return s.Store.(idem.Keeper).Resolve(ctx, key, response, retention)
 }
 
-func (s *stalling) StartStep(ctx context.Context, key, token, name string, retain time.Duration) (idem.StepEntry, error) {
+// StartStep is the wrapped store's [idem.Journal.StartStep].
+func (s *Stalling) StartStep(ctx context.Context, key, token, name string, retain time.Duration) (idem.StepEntry, error) {
 	return s.Store.(idem.Journal).StartStep(ctx, key, token, name, retain)
 }
 
-func (s *stalling) FinishStep(ctx context.Context, key, token, name string, result []byte) error {
+// FinishStep is the wrapped store's [idem.Journal.FinishStep].
+func (s *Stalling) FinishStep(ctx context.Context, key, token, name string, result []byte) error {
 	return s.Store.(idem.Journal).FinishStep(ctx, key, token, name, result)
 }
 
-func (s *stalling) Suspend(ctx context.Context, key, token string, keep time.Duration) error {
+// Suspend is the wrapped store's [idem.Journal.Suspend].
+func (s *Stalling) Suspend(ctx context.Context, key, token string, keep time.Duration) error {
 	return s.Store.(idem.Journal).Suspend(ctx, key, token, keep)
 }
 
-func (s *stalling) Steps(ctx context.Context, key string) ([]idem.StepEntry, error) {
+// Steps is the wrapped store's [idem.Journal.Steps].
+func (s *Stalling) Steps(ctx context.Context, key string) ([]idem.StepEntry, error) {
 	return s.Store.(idem.Journal).Steps(ctx, key)
 }
 
@@ -474,7 +490,7 @@ type charge struct{ ID string }
 func testStepsThroughDo(t *testing.T, s idem.Store) {
 	// A journaled result as Step encodes it, made by Step itself on a first key.
 	var rec takeoverRecorder
-	e := doEngine(t, &stalling{Store: s}, idem.WithLease(shortLease*4), idem.WithStoreTimeout(shortLease), idem.WithEventHook(rec.hook))
+	e := doEngine(t, NewStalling(s), idem.WithLease(shortLease*4), idem.WithStoreTimeout(shortLease), idem.WithEventHook(rec.hook))
 	j := journal(t, s)
 	var charges, emails atomic.Int32
 	chargeStep := func(ctx context.Context) (charge, error) {
@@ -556,7 +572,7 @@ func testStepsThroughDo(t *testing.T, s idem.Store) {
 // the new holder finishes the work once, and the stalled one's
 // completion is refused.
 func testStepStalledHolder(t *testing.T, s idem.Store) {
-	st := &stalling{Store: s}
+	st := NewStalling(s)
 	e := doEngine(t, st, idem.WithLease(shortLease*4), idem.WithStoreTimeout(shortLease))
 	op := doOp("p1")
 	var runs atomic.Int32
@@ -568,7 +584,7 @@ func testStepStalledHolder(t *testing.T, s idem.Store) {
 			return idem.Step(ctx, "charge", func(context.Context) (int, error) {
 				n := runs.Add(1)
 				if n == 1 {
-					st.stalled.Store(true) // this holder stops renewing
+					st.Stall() // this holder stops renewing
 					close(inStep)
 					<-release
 				}
