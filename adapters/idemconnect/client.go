@@ -16,10 +16,11 @@ import (
 type ClientOption func(*clientConfig)
 
 type clientConfig struct {
-	key    string
-	budget idemrpc.Budget
-	newKey func() string
-	skip   func(procedure string) bool
+	key      string
+	budget   idemrpc.Budget
+	newKey   func() string
+	fromStep bool // WithKeyFromContext
+	skip     func(procedure string) bool
 }
 
 // WithClientKeyHeader sets the request header carrying the idempotency key.
@@ -59,6 +60,14 @@ func WithBackoff(first, maxDelay time.Duration) ClientOption {
 // characters, 130 random bits).
 func WithNewKey(fn func() string) ClientOption { return func(c *clientConfig) { c.newKey = fn } }
 
+// WithKeyFromContext makes a call made inside an idem.Step of the calling
+// service's execution carry the step's derived key (idem.DerivedKey: the
+// same on every run and takeover of that execution) instead of a fresh
+// one, so that a chain of idem services stays exactly-once with no key
+// plumbing. A key already in the call's header wins. Optional. Default is
+// off.
+func WithKeyFromContext() ClientOption { return func(c *clientConfig) { c.fromStep = true } }
+
 // WithClientSkip sets a predicate on the procedure that, returning true,
 // sends a call without a key and without retries. Optional. Default is nil:
 // every unary call with side effects gets a key.
@@ -90,6 +99,14 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 	for _, o := range opts {
 		o(&c)
 	}
+	newKey := func(ctx context.Context) string {
+		if c.fromStep {
+			if key, ok := idem.DerivedKey(ctx); ok {
+				return key
+			}
+		}
+		return c.newKey()
+	}
 	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			spec := req.Spec()
@@ -97,7 +114,7 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 				return next(ctx, req)
 			}
 			if req.Header().Get(c.key) == "" {
-				req.Header().Set(c.key, c.newKey())
+				req.Header().Set(c.key, newKey(ctx))
 			}
 			r := c.budget.Start()
 			for {

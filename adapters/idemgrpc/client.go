@@ -17,10 +17,11 @@ import (
 type ClientOption func(*clientConfig)
 
 type clientConfig struct {
-	key    string
-	budget idemrpc.Budget
-	newKey func() string
-	skip   func(fullMethod string) bool
+	key      string
+	budget   idemrpc.Budget
+	newKey   func() string
+	fromStep bool // WithKeyFromContext
+	skip     func(fullMethod string) bool
 }
 
 // WithClientKeyMetadata sets the request metadata name carrying the
@@ -60,6 +61,14 @@ func WithBackoff(first, maxDelay time.Duration) ClientOption {
 // characters, 130 random bits).
 func WithNewKey(fn func() string) ClientOption { return func(c *clientConfig) { c.newKey = fn } }
 
+// WithKeyFromContext makes a call made inside an idem.Step of the calling
+// service's execution carry the step's derived key (idem.DerivedKey: the
+// same on every run and takeover of that execution) instead of a fresh
+// one, so that a chain of idem services stays exactly-once with no key
+// plumbing. A key already in the call's metadata wins. Optional. Default is
+// off.
+func WithKeyFromContext() ClientOption { return func(c *clientConfig) { c.fromStep = true } }
+
 // WithClientSkip sets a predicate on the full method name that, returning
 // true, sends a call without a key and without retries. Optional. Default
 // is nil: every unary call gets a key.
@@ -90,12 +99,20 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 	for _, o := range opts {
 		o(&c)
 	}
+	newKey := func(ctx context.Context) string {
+		if c.fromStep {
+			if key, ok := idem.DerivedKey(ctx); ok {
+				return key
+			}
+		}
+		return c.newKey()
+	}
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if c.skip != nil && c.skip(method) {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
 		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(c.key)) == 0 {
-			ctx = metadata.AppendToOutgoingContext(ctx, c.key, c.newKey())
+			ctx = metadata.AppendToOutgoingContext(ctx, c.key, newKey(ctx))
 		}
 		r := c.budget.Start()
 		for {
