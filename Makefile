@@ -14,7 +14,7 @@ bench:
 # Peers only (about 10 minutes, after make bench): the paired peer benchmarks
 # -count 6 with benchstat and the execution counts; RESULTS.md again.
 # Nothing slower: the benchmarks at BASE and at the working tree in turns on this
-# machine (COMPARE_ROUNDS rounds, default 6), benchstat into RESULTS.md (after make bench).
+# machine (COMPARE_ROUNDS rounds, default 6), benchstat into benchmarks/results/compare.txt, linked from RESULTS.md (after make bench).
 bench-compare:
 	./scripts/bench.sh compare $(BASE)
 
@@ -57,3 +57,4 @@ vulncheck:
 soak:
 	bash -c 'source scripts/services.sh && cd tests/chaos && go test -race -count=1 -timeout 30m -run "TestSoak|TestSentinelFailover" -v -soak=$${SOAK:-3m} .'
 	bash -c 'source scripts/services.sh && cd examples/consumer && go test -count=1 -timeout 30m -run TestExactlyOnce -v -payments 300 -duplicates 100 -kills 60 .'
+	bash -c 'source scripts/services.sh && cd tests/outbox && go test -count=1 -timeout 30m -run "TestChaosOutbox|TestClusterRelay|TestLoad" -v -soak .'

@@ -20,7 +20,7 @@ import (
 )
 
 var (
-	e2eFrameworks = flag.String("bench.e2e", "gin,fiber", "comma-separated examples/<name> services for BenchmarkE2E")
+	e2eFrameworks = flag.String("bench.e2e", "gin,fiber", "comma-separated -framework values of examples/payments for BenchmarkE2E")
 	e2eWorkers    = flag.Int("bench.e2e-workers", 16, "concurrent connections of the BenchmarkE2E load generator")
 )
 
@@ -39,7 +39,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildExample compiles examples/<name> with go build (once per run).
+// buildExample compiles the payments service (examples/payments), to be run
+// with -framework name, with go build (once per name and run).
 var built sync.Map // name -> string (binary path) or error
 
 func buildExample(b *testing.B, name string) string {
@@ -56,9 +57,9 @@ func buildExample(b *testing.B, name string) string {
 		return v.(string)
 	}
 	bin := filepath.Join(binDir, name)
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/idemkit/idem/examples/"+name)
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/idemkit/idem/examples/payments")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		err = fmt.Errorf("go build examples/%s: %w\n%s", name, err, out)
+		err = fmt.Errorf("go build examples/payments for %s: %w\n%s", name, err, out)
 		built.Store(name, err)
 		b.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func (s *service) stop() {
 	}
 }
 
-// BenchmarkE2E loads examples/gin and examples/fiber over loopback with
+// BenchmarkE2E loads the payments service (examples/payments) on Gin and Fiber over loopback with
 // vegeta (as a library, max rate, -bench.e2e-workers connections): POST
 // /v1/payments with -charge-latency 0, with idem on the memory and Redis
 // stores and with -no-idem, for fresh traffic (a new key per request,
@@ -141,13 +142,10 @@ func BenchmarkE2E(b *testing.B) {
 	}
 	for _, fw := range strings.Split(*e2eFrameworks, ",") {
 		b.Run("fw="+fw, func(b *testing.B) {
-			if _, err := os.Stat(filepath.Join("..", "examples", fw)); err != nil {
-				b.Skipf("examples/%s does not exist yet", fw)
-			}
 			bin := buildExample(b, fw)
 			for _, mode := range modes {
 				b.Run("mode="+mode.name, func(b *testing.B) {
-					svc := startService(b, bin, append(mode.args, "-charge-latency", "0", "-ttl", "10m")...)
+					svc := startService(b, bin, append([]string{"-framework", fw}, append(mode.args, "-charge-latency", "0", "-ttl", "10m")...)...)
 					for _, traffic := range []string{"fresh", "replay"} {
 						b.Run("traffic="+traffic, func(b *testing.B) { attack(b, svc.url, traffic == "fresh") })
 					}

@@ -13,8 +13,9 @@ type Info struct {
 	// (seen by middleware outside idem; handlers run only when it is false).
 	Replayed bool
 
-	unit   Unit    // set by Execution.WithInfo for Transactional stores
-	engine *Engine // the engine whose execution this is, set by Execution.WithInfo
+	unit   Unit       // set by Execution.WithInfo for Transactional stores
+	engine *Engine    // the engine whose execution this is, set by Execution.WithInfo
+	exec   *Execution // the execution, for Step; set by Execution.WithInfo
 }
 
 // ContextWithInfo returns ctx carrying info. Adapters call it; a client can't

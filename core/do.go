@@ -315,6 +315,8 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 	switch {
 	case err != nil: // permanent: returned whether or not it was stored
 		return zero, err
+	case errors.Is(cerr, ErrUncertain): // a step's outcome is unknown: ended uncertain, not completed
+		return zero, cerr
 	case cerr == nil, errors.Is(cerr, ErrNotDurable), x.unit == nil:
 		return v, nil
 	case errors.Is(cerr, ErrNotOwner):

@@ -44,8 +44,15 @@
 //   - In a handler: [InfoFromContext] and [Info] (the scoped key, fit to
 //     forward as a payment provider's idempotency key; whether the answer is
 //     a replay, for middleware outside idem).
+//   - Effects outside the store's transaction: [Step] journals each one
+//     (options [Repeatable], [StepCodec]; errors [ErrStepUncertain],
+//     [ErrNoJournal], [ErrStepTooLarge], [ErrStepName], [ErrTooManySteps]),
+//     so that a takeover after a crash resumes after the last finished
+//     step; [StepKey] and [DerivedKey] give each step a stable key to
+//     forward downstream.
 //   - What clients see: [Problem] and [ProblemTypeBase] (RFC 9457 answers),
-//     [DefaultHeader], [ReplayedHeader], [MaxKeyLength].
+//     [DefaultHeader], [ReplayedHeader], [MaxKeyLength]; [Outcome] names
+//     each of the engine's answers and whether it may be retried.
 //   - Operators and tests: [ScopedKey] names the record of one request (as
 //     cmd/idemctl does), [Fingerprint] and [ParseKey] (errors
 //     [ErrKeyMissing], [ErrKeyMalformed], [ErrKeyTooLong], [ErrKeyConflict])
@@ -70,7 +77,11 @@
 // [Execution.FinishLines] with [HeaderLines], [Execution.Fail] (an error
 // without a response), [Execution.Abort] (a panic), after
 // [Execution.SnapshotHeader] or [Execution.Unreplayable] where the
-// framework needs them. The suite core/adaptertest checks an adapter
+// framework needs them. An adapter for another protocol (gRPC, a client, a
+// message consumer) translates the engine's answers by [Outcome]
+// ([OutcomeOf] a Response, [OutcomeOfError] an error of [Do],
+// [Outcome.ConsumerAction]), never by HTTP status, and iterates [Outcomes]
+// in a test. The suite core/adaptertest checks an adapter
 // through its real framework; CONTRIBUTING.md says where its tests live.
 //
 // # Writing a store
@@ -84,16 +95,19 @@
 // handlers reach it through [UnitFromContext]), [Inspector] with
 // [RecordInfo] and [ErrRecordChanged] and [Lister] with [ListQuery] and
 // [ListPage] (cmd/idemctl), [Keeper] with [Keep] (uncertain records and
-// tombstones, [StateUncertain] and [StateExpired]), or [LocalStore]. The
+// tombstones, [StateUncertain] and [StateExpired]), [Journal] with
+// [StepEntry] and [SuspendUnit] (the step journal of [Step], takeovers
+// reported; limits [MaxSteps], [MaxStepBytes], [MaxStepName]), or
+// [LocalStore]. The
 // suite core/storetest checks a store against its real server, including
-// an outage (storetest.RunOutage).
+// an outage (storetest.RunOutage) and the journal (storetest.RunJournal).
 //
 // # Events
 //
 // [WithEventHook] receives one [Event] per decision and store call:
 // [EventKind] (acquired, replayed, conflict, mismatch, rejected, completed,
 // released, lease-lost, store-error, unprotected, replay-forbidden,
-// fingerprint-changed, uncertain, key-expired), the [StoreOp] behind it
+// fingerprint-changed, uncertain, key-expired, takeover), the [StoreOp] behind it
 // and durations, never the raw key or the principal.
 // observability/idemotel turns them into OpenTelemetry metrics and span
 // data.

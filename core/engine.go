@@ -59,6 +59,7 @@ type Engine struct {
 	extender Extender
 	tx       Transactional // nil unless the store offers transactional completion
 	keeper   Keeper        // set when the engine keeps records (WithUncertainAfterCrash, WithTombstones)
+	journal  Journal       // the store's step journal (Step), nil when it has none
 	local    bool          // the store does no I/O: no timeout contexts
 	cfg      config
 
@@ -105,6 +106,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	e.deadlines = newDeadlines(cfg.storeTimeout)
 	e.extender, _ = store.(Extender)
 	e.tx, _ = store.(Transactional)
+	e.journal, _ = store.(Journal)
 	if cfg.keep != (Keep{}) {
 		k, ok := store.(Keeper)
 		if !ok {
@@ -307,6 +309,9 @@ func (e *Engine) begin(ctx context.Context, ev *Event, pol *routePolicy, fp, tok
 			e.releaseLater(ctx, *ev, token, pol.lease) // the acquire may still land: don't leave a lease nobody owns
 			return nil, Record{}, err
 		case acquired:
+			if rec.State == StateInProgress && rec.Token != "" {
+				e.reportTakeover(ctx, *ev, rec)
+			}
 			x := &Execution{e: e, pol: pol, token: token, fp: fp, ev: *ev, started: now}
 			x.detached.parent = ctx
 			x.ctx = &x.detached
@@ -377,6 +382,22 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 		e.cfg.logger.ErrorContext(ctx, "idem: stored record unreadable; answering 500 until it is deleted from the store (README: Clearing an unreadable record)",
 			"key", ev.Key, "method", ev.Method, "route", ev.Route, "err", err)
 	}
+	e.emit(ctx, ev)
+}
+
+// reportTakeover reports an acquisition that took a lapsed lease over
+// from rec.Token's holder ([Journal] stores report it): an
+// [EventTakeover] and a warning naming the whole key (idemctl show takes
+// it) and the previous owner.
+func (e *Engine) reportTakeover(ctx context.Context, ev Event, rec Record) {
+	ev.Kind, ev.PreviousOwner, ev.Lapsed = EventTakeover, rec.Token, -rec.LeaseLeft
+	ev.Op, ev.StoreDuration = 0, 0 // the acquire is reported once, by EventAcquired
+	owner := "unknown"
+	if host, pid, ok := TokenOwner(rec.Token); ok {
+		owner = host + ":" + strconv.Itoa(pid)
+	}
+	e.cfg.logger.WarnContext(ctx, "idem: took over a lapsed lease; its holder stopped renewing it (crashed or stalled), the handler runs again from its last journaled step (README: After a crash)",
+		"key", ev.Key, "previous_owner", owner, "lapsed", ev.Lapsed, "method", ev.Method, "route", ev.Route)
 	e.emit(ctx, ev)
 }
 

@@ -24,10 +24,11 @@ const (
 	EventFingerprintChanged                      // 422: the key's record was fingerprinted by a function this engine does not know
 	EventUncertain                               // 409: the key's holder crashed mid-request; an operator must resolve it (WithUncertainAfterCrash)
 	EventKeyExpired                              // 410: the key's response is no longer stored, its tombstone is (WithTombstones)
+	EventTakeover                                // a lapsed lease was taken over (its holder crashed or stalled); EventAcquired follows
 )
 
 var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error", "unprotected",
-	"replay-forbidden", "fingerprint-changed", "uncertain", "key-expired"}
+	"replay-forbidden", "fingerprint-changed", "uncertain", "key-expired", "takeover"}
 
 // String returns the event's name, e.g. "replayed".
 func (k EventKind) String() string {
@@ -46,9 +47,10 @@ const (
 	OpComplete                    // Store.Complete
 	OpRelease                     // Store.Release
 	OpExtend                      // Extender.Extend (lease renewal)
+	OpSuspend                     // Journal.Suspend (a step's outcome is unknown)
 )
 
-var opNames = [...]string{"", "acquire", "complete", "release", "extend"}
+var opNames = [...]string{"", "acquire", "complete", "release", "extend", "suspend"}
 
 // String returns the operation's name, e.g. "acquire", or "" for none.
 func (o StoreOp) String() string {
@@ -90,6 +92,12 @@ type Event struct {
 	// HandlerDuration is how long the handler ran, from the acquisition to
 	// Finish, Fail or Abort; set only when Ended is true.
 	HandlerDuration time.Duration
+	// PreviousOwner is, for EventTakeover, the lease token of the holder
+	// whose lease lapsed ("host:pid:random.n", see [TokenOwner]).
+	PreviousOwner string
+	// Lapsed is, for EventTakeover, how long the previous lease had lapsed
+	// when it was taken over.
+	Lapsed time.Duration
 	// Ended is true on the one event that ends an execution announced by
 	// EventAcquired: its completion or release (completed, released, or
 	// lease-lost or store-error at completion or release). Events while the

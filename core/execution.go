@@ -50,9 +50,11 @@ type Execution struct {
 	due  time.Duration // next renewal (renewClock), under the engine's renewals.mu
 	slot int           // index in the renewals heap, -1 out of it; under renewals.mu
 
-	renewing bool // startRenewal registered x with the engine's renewals
-	finished bool // Finish or Fail was called; under mu
-	mu       sync.Mutex
+	renewing    bool                // startRenewal registered x with the engine's renewals
+	finished    bool                // Finish or Fail was called; under mu
+	steps       map[string]struct{} // steps running (Step); under mu
+	suspendStep string              // the step whose unknown outcome makes x end uncertain (Step); under mu
+	mu          sync.Mutex
 }
 
 // Write captures response body bytes for storage. It keeps at most one byte
@@ -190,6 +192,12 @@ func (x *Execution) bodyLen() int {
 // status (0 means 200): it reports false when the key was released instead.
 func (x *Execution) ending(status int) (int, bool) {
 	x.finishing() // the lease stays renewed while completion is tried
+	if step := x.suspending(); step != "" {
+		x.suspend(step)
+		x.stopRenewal()
+		x.recycle()
+		return status, false
+	}
 	if status == 0 {
 		status = http.StatusOK
 	}
@@ -380,7 +388,11 @@ func (x *Execution) Abort(status int, header http.Header) {
 // a retry executes again.
 func (x *Execution) Fail() {
 	x.finishing()
-	x.release()
+	if step := x.suspending(); step != "" {
+		x.suspend(step)
+	} else {
+		x.release()
+	}
 	x.stopRenewal()
 	x.recycle()
 }

@@ -86,7 +86,7 @@ func (x *Execution) WithInfo(ctx context.Context) context.Context {
 	if x.e.tx != nil && x.unit == nil {
 		x.unit = x.e.tx.Unit(x.ev.Key, x.token)
 	}
-	x.info = Info{Key: x.ev.Key, unit: x.unit, engine: x.e}
+	x.info = Info{Key: x.ev.Key, unit: x.unit, engine: x.e, exec: x}
 	x.infoCtx = infoCtx{Context: ctx, info: &x.info}
 	return &x.infoCtx // held in x: no allocation
 }

@@ -65,7 +65,7 @@ func (ps *problems) inProgressFor(seconds int64) *Response {
 		h[k] = v // shared, read-only
 	}
 	h["Retry-After"] = []string{strconv.FormatInt(seconds, 10)}
-	r := &Response{Status: base.Status, Header: h, Body: base.Body}
+	r := &Response{Status: base.Status, Header: h, Body: base.Body, outcome: base.outcome}
 	if seconds <= maxCachedRetryAfter {
 		ps.inProgressAfter[seconds].Store(r)
 	}
@@ -74,11 +74,14 @@ func (ps *problems) inProgressFor(seconds int64) *Response {
 
 // response returns p as the engine answers it: RFC 9457, or as rendered.
 func (ps *problems) response(p Problem) *Response {
+	o := OutcomeOfType(p.Type)
 	if ps.render == nil {
-		return p.Response()
+		r := p.Response()
+		r.outcome = o
+		return r
 	}
 	ct, body := ps.render(p)
-	return &Response{Status: p.Status, Header: http.Header{"Content-Type": {ct}}, Body: body}
+	return &Response{Status: p.Status, Header: http.Header{"Content-Type": {ct}}, Body: body, outcome: o}
 }
 
 func newProblems(retryAfter time.Duration, render func(Problem) (string, []byte)) problems {

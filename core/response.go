@@ -18,7 +18,8 @@ type Response struct {
 	Header http.Header
 	Body   []byte
 
-	wire *wire // a replay read in place: its header lines (Header is nil)
+	wire    *wire   // a replay read in place: its header lines (Header is nil)
+	outcome Outcome // the engine's own answer it is (problem.go), else 0
 }
 
 // IsReplay reports whether resp is a stored response being replayed (it

@@ -137,7 +137,10 @@ type Store interface {
 	// with a lapsed lease (takeover), and reports acquired = true. Otherwise
 	// it returns the live record unchanged (in-progress, or completed with
 	// its Response) and acquired = false, so the engine can decide replay,
-	// conflict or mismatch from the same round trip.
+	// conflict or mismatch from the same round trip. When acquired is
+	// true rec is the zero Record, except in a [Journal] store taking a
+	// lapsed lease over (see [Journal]: the previous holder's Token,
+	// LeaseLeft < 0).
 	Acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration) (rec Record, acquired bool, err error)
 
 	// Complete stores response, the engine's encoding of the response, for

@@ -21,6 +21,7 @@ require (
 	github.com/idemkit/idem/client/idemclient v0.1.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/observability/idemotel v0.1.0
+	github.com/idemkit/idem/outbox v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
 	github.com/idemkit/idem/stores/mysqlstore v0.1.0
@@ -44,6 +45,8 @@ require (
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
+
+require github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
@@ -131,6 +134,7 @@ replace (
 	github.com/idemkit/idem/client/idemclient => ../client/idemclient
 	github.com/idemkit/idem/core => ../core
 	github.com/idemkit/idem/observability/idemotel => ../observability/idemotel
+	github.com/idemkit/idem/outbox => ../outbox
 	github.com/idemkit/idem/stores/memstore => ../stores/memstore
 	github.com/idemkit/idem/stores/mongostore => ../stores/mongostore
 	github.com/idemkit/idem/stores/mysqlstore => ../stores/mysqlstore

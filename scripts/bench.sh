@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make bench`: runs the benchmarks module's quick profile (a few minutes on
 # 2 cores) against the Redis and FerretDB test server of services.sh, then
-# writes benchmarks/RESULTS.md and benchmarks/overhead.png with
-# benchmarks/cmd/report. Raw output: benchmarks/results/.
+# writes benchmarks/RESULTS.md (the current results only) and
+# benchmarks/overhead.png with benchmarks/cmd/report. Raw output and
+# benchstat's: benchmarks/results/; notes on earlier passes:
+# benchmarks/results/history.md (written by hand, never by this script).
 # `make bench-load` (`scripts/bench.sh load`): only the load benchmark over
 # real sockets (benchmarks/cmd/load, 3-5 minutes), then RESULTS.md again
 # from the last bench.txt and this load.txt.
@@ -34,13 +36,13 @@ PEERS=$OUT/peers.txt
 GOPEERS=$OUT/go-peers.txt
 COMPARE=$OUT/compare.txt # benchstat of `scripts/bench.sh compare REV`
 
-report() { # RESULTS.md, overhead.png and load.png from every result file there is
+report() { # RESULTS.md (today's numbers; it links benchstat's and compare's files), overhead.png and load.png from every result file there is
   local in=$RAW stat=$OUT/benchstat.txt
   for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
   for f in "$OUT/peers-benchstat.txt" "$OUT/go-peers-benchstat.txt"; do if [ -f "$f" ]; then stat="$stat,$f"; fi; done
   local cmp=()
   if [ -f "$COMPARE" ]; then cmp=(-compare "$COMPARE"); fi
-  go run ./cmd/report -in "$in" -benchstat "$stat" "${cmp[@]}" -notes notes.md -md RESULTS.md -png overhead.png -loadpng load.png
+  go run ./cmd/report -in "$in" -benchstat "$stat" "${cmp[@]}" -md RESULTS.md -png overhead.png -loadpng load.png
   echo "bench: wrote benchmarks/RESULTS.md, overhead.png and load.png"
 }
 

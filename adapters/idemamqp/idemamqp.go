@@ -64,20 +64,37 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // consuming with autoAck false; it runs fn at most once per delivery key,
 // through [idem.Do] with operation name op (required, e.g.
 // "send-receipt"; two handlers of one queue need two names) on engine e,
-// and answers each delivery itself:
+// and answers each delivery itself, by Do's outcome
+// ([idem.OutcomeOfError], [idem.Outcome.ConsumerAction]):
 //
-//   - fn returned nil, or the delivery is a duplicate of one handled: Ack,
-//     after the record is completed (a duplicate does not run fn);
-//   - fn returned an [idem.Permanent] error, now or for the first copy:
-//     Ack after it is stored (the error is logged), never redelivered;
-//   - the key was seen with another payload ([idem.ErrMismatch]) or the
-//     delivery has no key: Reject without requeue (dead-lettered if the
-//     queue has a dead-letter exchange), logged;
-//   - in progress elsewhere ([idem.ErrInProgress]), store unavailable
-//     ([idem.ErrUnavailable]), a transient error of fn, or an unreadable
-//     record: Nack with requeue after the retry delay, logged (except
-//     in-progress);
-//   - fn panics: the key is released and the panic goes on.
+//	outcome                              answer                  log
+//	fn returned nil, or a duplicate      Ack (after the record is completed; a duplicate does not run fn)
+//	fn's [idem.Permanent] error, now or  Ack (stored, never      warn "permanent failure stored"
+//	  for the first copy                   redelivered)
+//	key-expired ([idem.ErrKeyExpired])   Ack                     info "already processed once; its record expired"
+//	response-not-stored                  Ack                     info, as key-expired
+//	  ([idem.ErrResultNotStored])
+//	operation-uncertain ([idem.ErrUncertain], a step's uncertainty included),
+//	stored-result-unreadable             Reject, no requeue      warn "parked for an operator", with the
+//	  ([idem.ErrCorrupt])                  (dead-lettered)       record key idemctl takes ([idem.Operation.RecordKey])
+//	key-reused ([idem.ErrMismatch]),     Reject, no requeue      warn "delivery rejected"
+//	  no key, a key too long               (dead-lettered)
+//	in progress ([idem.ErrInProgress])   Nack, requeue, after    none
+//	                                       the retry delay
+//	store unavailable, fn's transient    Nack, requeue, after    warn "delivery to be requeued"
+//	  error                                the retry delay
+//	fn panics                            none: the key is released and the panic goes on
+//
+// A key-expired delivery was processed once already (its record outlived
+// the retention): running it again is what the tombstone prevents, so it
+// is acknowledged. An uncertain one may or may not have taken effect: it
+// is neither run again nor requeued in a loop, but rejected without
+// requeue, which moves it to the queue's dead-letter exchange when the
+// queue has one (x-dead-letter-exchange; RabbitMQ "Dead Letter
+// Exchanges"), where an operator finds it beside the warning naming its
+// record: resolve the record (cmd/idemctl show, then complete or release
+// it) and republish the message. Give queues a dead-letter exchange: without
+// one a rejected delivery is dropped, and only the log names it.
 //
 // ctx bounds the handler and the retry delay. A consumer that dies before
 // its Ack leaves the record completed; the redelivery is acked without
@@ -111,21 +128,32 @@ func Handler(e *idem.Engine, op string, fn Func, opts ...Option) func(ctx contex
 		_, err := idem.Do(ctx, e, operation, func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, fn(ctx, d)
 		})
+		o := idem.OutcomeOfError(err)
 		switch {
 		case err == nil:
 			_ = d.Ack(false)
 		case errors.Is(err, idem.ErrPermanent):
 			c.logger.WarnContext(ctx, "idemamqp: permanent failure stored, delivery acked", "routing_key", d.RoutingKey, "op", op, "err", err)
 			_ = d.Ack(false)
-		case errors.Is(err, idem.ErrMismatch), errors.Is(err, idem.ErrKeyTooLong):
-			c.logger.WarnContext(ctx, "idemamqp: delivery rejected", "routing_key", d.RoutingKey, "op", op, "err", err)
-			_ = d.Reject(false)
 		default:
-			if !errors.Is(err, idem.ErrInProgress) {
-				c.logger.WarnContext(ctx, "idemamqp: delivery to be requeued", "routing_key", d.RoutingKey, "op", op, "delay", c.delay, "err", err)
+			switch o.ConsumerAction() {
+			case idem.ConsumerAck:
+				c.logger.InfoContext(ctx, "idemamqp: delivery acked: already processed once; its record expired", "routing_key", d.RoutingKey, "op", op, "outcome", o.String())
+				_ = d.Ack(false)
+			case idem.ConsumerPark:
+				c.logger.WarnContext(ctx, "idemamqp: delivery rejected and parked for an operator (dead-lettered if the queue has a dead-letter exchange): resolve its record with idemctl, then republish it",
+					"routing_key", d.RoutingKey, "op", op, "outcome", o.String(), "key", operation.RecordKey(), "err", err)
+				_ = d.Reject(false)
+			case idem.ConsumerDrop:
+				c.logger.WarnContext(ctx, "idemamqp: delivery rejected", "routing_key", d.RoutingKey, "op", op, "outcome", o.String(), "err", err)
+				_ = d.Reject(false)
+			default: // idem.ConsumerRedeliver
+				if o != idem.OutcomeInProgress {
+					c.logger.WarnContext(ctx, "idemamqp: delivery to be requeued", "routing_key", d.RoutingKey, "op", op, "delay", c.delay, "err", err)
+				}
+				pause(ctx, c.delay)
+				_ = d.Nack(false, true)
 			}
-			pause(ctx, c.delay)
-			_ = d.Nack(false, true)
 		}
 	}
 }

@@ -16,11 +16,11 @@ import (
 type ClientOption func(*clientConfig)
 
 type clientConfig struct {
-	key       string
-	attempts  int
-	base, max time.Duration
-	newKey    func() string
-	skip      func(procedure string) bool
+	key      string
+	budget   idemrpc.Budget
+	newKey   func() string
+	fromStep bool // WithKeyFromContext
+	skip     func(procedure string) bool
 }
 
 // WithClientKeyHeader sets the request header carrying the idempotency key.
@@ -29,23 +29,44 @@ func WithClientKeyHeader(name string) ClientOption {
 	return func(c *clientConfig) { c.key = http.CanonicalHeaderKey(name) }
 }
 
-// WithAttempts sets how many times one logical call is sent at most, the
-// first included; 1 disables the interceptor's own retries (the key is
-// still added). Optional. Default is 4.
-func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.attempts = max(1, n) } }
+// WithAttempts sets how many times a logical call that fails
+// (Unavailable, a broken transport) is sent at most, the first included;
+// 1 disables the interceptor's own retries (the key is still added).
+// In-progress answers do not count (see [WithInProgressWait]). Optional.
+// Default is 4.
+func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.budget.Attempts = max(1, n) } }
+
+// WithInProgressWait bounds how long a call whose context has no deadline
+// keeps retrying idem's in-progress answers (each after its RetryInfo
+// delay); a call with a deadline retries them until the deadline leaves no
+// room for the next delay, whatever this is. Optional. Default is
+// [idemrpc.DefaultInProgressWait] (30s, the engine's default lease).
+func WithInProgressWait(d time.Duration) ClientOption {
+	return func(c *clientConfig) { c.budget.InProgressWait = d }
+}
 
 // WithBackoff sets the delay before the first retry of an Unavailable call
 // without RetryInfo, doubled on each further retry up to maxDelay; each
 // delay is drawn at random from its upper half (jitter). Optional. Default
 // is 100ms, up to 5s.
 func WithBackoff(first, maxDelay time.Duration) ClientOption {
-	return func(c *clientConfig) { c.base, c.max = max(first, time.Millisecond), max(maxDelay, first) }
+	return func(c *clientConfig) {
+		c.budget.First, c.budget.Max = max(first, time.Millisecond), max(maxDelay, first)
+	}
 }
 
 // WithNewKey sets the function making a fresh idempotency key for a
 // logical call. Optional. Default is crypto/rand.Text (26 base32
 // characters, 130 random bits).
 func WithNewKey(fn func() string) ClientOption { return func(c *clientConfig) { c.newKey = fn } }
+
+// WithKeyFromContext makes a call made inside an idem.Step of the calling
+// service's execution carry the step's derived key (idem.DerivedKey: the
+// same on every run and takeover of that execution) instead of a fresh
+// one, so that a chain of idem services stays exactly-once with no key
+// plumbing. A key already in the call's header wins. Optional. Default is
+// off.
+func WithKeyFromContext() ClientOption { return func(c *clientConfig) { c.fromStep = true } }
 
 // WithClientSkip sets a predicate on the procedure that, returning true,
 // sends a call without a key and without retries. Optional. Default is nil:
@@ -57,21 +78,34 @@ func WithClientSkip(fn func(procedure string) bool) ClientOption {
 // NewClientInterceptor returns a client interceptor (connect.WithInterceptors
 // on a client) that gives each logical unary call one idempotency key in its
 // request header (or keeps the one the caller set) and retries it with that
-// same key: after CodeUnavailable or a transport failure (an error the
-// client made up, not the server's, from a reset connection or a truncated
+// same key, by [idemrpc.Retry]: idem's in-progress answer (CodeAborted,
+// reason IN_PROGRESS) after its RetryInfo delay, for as long as the call's
+// deadline leaves room for the delay (without a deadline,
+// [WithInProgressWait]), so that a call with a deadline waits for a slow
+// handler; CodeUnavailable or a transport failure (an error the client
+// made up, not the server's, from a reset connection or a truncated
 // response, which connect-go reports as CodeCanceled, CodeUnknown or
-// CodeInternal), waiting the google.rpc.RetryInfo delay
-// when the error carries one (spread by up to a fifth), else an exponential
-// backoff with jitter; and after CodeAborted with RetryInfo (idem's answer
-// while the first attempt is in progress). Every other outcome is returned
-// at once. The context wins: no attempt starts after it is done, and a
-// retry whose delay would pass its deadline is not made; the last error is
-// returned. Procedures free of side effects, streams and handler calls pass
-// through.
+// CodeInternal) after the RetryInfo delay when the error carries one, else
+// an exponential backoff with jitter, up to [WithAttempts] sends; an
+// application's CodeAborted with RetryInfo like CodeUnavailable. Server
+// delays are spread by up to a fifth. Every other outcome is returned at
+// once: idem's uncertain, key-expired, replay-forbidden, key-reused and
+// fingerprint-changed answers are never retried, whatever their code. The
+// context wins: no attempt starts after it is done, and a retry whose delay
+// would pass its deadline is not made; the last error is returned.
+// Procedures free of side effects, streams and handler calls pass through.
 func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
-	c := clientConfig{key: idem.DefaultHeader, attempts: 4, base: 100 * time.Millisecond, max: 5 * time.Second, newKey: crand.Text}
+	c := clientConfig{key: idem.DefaultHeader, newKey: crand.Text, budget: idemrpc.DefaultBudget}
 	for _, o := range opts {
 		o(&c)
+	}
+	newKey := func(ctx context.Context) string {
+		if c.fromStep {
+			if key, ok := idem.DerivedKey(ctx); ok {
+				return key
+			}
+		}
+		return c.newKey()
 	}
 	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
@@ -80,19 +114,12 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 				return next(ctx, req)
 			}
 			if req.Header().Get(c.key) == "" {
-				req.Header().Set(c.key, c.newKey())
+				req.Header().Set(c.key, newKey(ctx))
 			}
-			backoff := idemrpc.NewBackoff(c.base, c.max)
-			for attempt := 1; ; attempt++ {
+			r := c.budget.Start()
+			for {
 				res, err := next(ctx, req)
-				if err == nil || attempt >= c.attempts {
-					return res, err
-				}
-				delay, ok := RetryDelay(err)
-				if !ok && transportFailure(ctx, err) {
-					delay, ok = -1, true
-				}
-				if !ok || !idemrpc.Wait(ctx, backoff.Delay(delay)) {
+				if err == nil || !r.Again(ctx, uint32(connect.CodeOf(err)), details(err), transportFailure(ctx, err)) {
 					return res, err
 				}
 			}
@@ -102,22 +129,33 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 
 // RetryDelay reports whether a call that failed with err may be sent again
 // with the same idempotency key, and after how long: the google.rpc.RetryInfo
-// delay when err carries one, else -1 (the caller picks a backoff).
-// CodeUnavailable is retryable; CodeAborted only with RetryInfo (idem's
-// in-progress answer).
+// delay when err carries one, else -1 (the caller picks a backoff). It is
+// [idemrpc.Retry] on err's code and details: idem's answers by their
+// ErrorInfo reason (IN_PROGRESS and STORE_UNAVAILABLE only), other errors
+// CodeUnavailable, or CodeAborted with RetryInfo.
 func RetryDelay(err error) (time.Duration, bool) {
 	ce := new(connect.Error)
 	if !errors.As(err, &ce) {
 		return 0, false
 	}
-	var details []any
+	delay, retry, _ := idemrpc.Retry(uint32(ce.Code()), details(err))
+	return delay, retry
+}
+
+// details returns the decoded details of err (nil for an error that is not
+// a *connect.Error).
+func details(err error) []any {
+	ce := new(connect.Error)
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	var ds []any
 	for _, d := range ce.Details() {
 		if v, err := d.Value(); err == nil {
-			details = append(details, v)
+			ds = append(ds, v)
 		}
 	}
-	delay := idemrpc.RetryInfoDelay(details)
-	return delay, idemrpc.Retryable(uint32(ce.Code()), delay)
+	return ds
 }
 
 // transportFailure reports whether err is the client's own report of a

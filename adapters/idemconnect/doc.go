@@ -24,11 +24,16 @@
 // OK and deterministic client errors stored, Canceled, Aborted,
 // ResourceExhausted, DeadlineExceeded, Unavailable, Unimplemented, Unknown,
 // Internal and DataLoss released), and idem's own answers are Connect
-// errors with google.rpc details, as in idemgrpc: InvalidArgument
-// (BadRequest) for a missing or malformed key, Unauthenticated without a
-// principal, Aborted with RetryInfo (and Retry-After) while the key is in
-// progress, FailedPrecondition (PreconditionFailure) for a key reused with
-// another request, Unavailable with RetryInfo when the store is down.
+// errors with google.rpc details, by the engine's outcome, as in idemgrpc
+// (idemrpc.Code's table): InvalidArgument (BadRequest) for a missing or
+// malformed key, Unauthenticated without a principal, Aborted with
+// RetryInfo (and Retry-After) while the key is in progress,
+// FailedPrecondition (PreconditionFailure) for a key reused with another
+// request, a changed fingerprint function, an uncertain outcome (reason
+// OPERATION_UNCERTAIN, no RetryInfo) or an expired key (KEY_EXPIRED),
+// PermissionDenied for a refused replay, Unavailable with RetryInfo when
+// the store is down. [NewClientInterceptor] retries in-progress answers
+// within the call's deadline and never the final ones.
 // Records, routes, fingerprints and the stored form are those of idemgrpc:
 // a call executed through grpc-go is replayed through connect-go and the
 // reverse.

@@ -17,11 +17,11 @@ import (
 type ClientOption func(*clientConfig)
 
 type clientConfig struct {
-	key       string
-	attempts  int
-	base, max time.Duration
-	newKey    func() string
-	skip      func(fullMethod string) bool
+	key      string
+	budget   idemrpc.Budget
+	newKey   func() string
+	fromStep bool // WithKeyFromContext
+	skip     func(fullMethod string) bool
 }
 
 // WithClientKeyMetadata sets the request metadata name carrying the
@@ -30,23 +30,44 @@ func WithClientKeyMetadata(name string) ClientOption {
 	return func(c *clientConfig) { c.key = strings.ToLower(name) }
 }
 
-// WithAttempts sets how many times one logical call is sent at most, the
-// first included; 1 disables the interceptor's own retries (the key is
-// still added). Optional. Default is 4.
-func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.attempts = max(1, n) } }
+// WithAttempts sets how many times a logical call that fails
+// (Unavailable, a broken transport) is sent at most, the first included;
+// 1 disables the interceptor's own retries (the key is still added).
+// In-progress answers do not count (see [WithInProgressWait]). Optional.
+// Default is 4.
+func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.budget.Attempts = max(1, n) } }
+
+// WithInProgressWait bounds how long a call whose context has no deadline
+// keeps retrying idem's in-progress answers (each after its RetryInfo
+// delay); a call with a deadline retries them until the deadline leaves no
+// room for the next delay, whatever this is. Optional. Default is
+// [idemrpc.DefaultInProgressWait] (30s, the engine's default lease).
+func WithInProgressWait(d time.Duration) ClientOption {
+	return func(c *clientConfig) { c.budget.InProgressWait = d }
+}
 
 // WithBackoff sets the delay before the first retry of an Unavailable call
 // without RetryInfo, doubled on each further retry up to maxDelay; each
 // delay is drawn at random from its upper half (jitter). Optional. Default
 // is 100ms, up to 5s.
 func WithBackoff(first, maxDelay time.Duration) ClientOption {
-	return func(c *clientConfig) { c.base, c.max = max(first, time.Millisecond), max(maxDelay, first) }
+	return func(c *clientConfig) {
+		c.budget.First, c.budget.Max = max(first, time.Millisecond), max(maxDelay, first)
+	}
 }
 
 // WithNewKey sets the function making a fresh idempotency key for a
 // logical call. Optional. Default is crypto/rand.Text (26 base32
 // characters, 130 random bits).
 func WithNewKey(fn func() string) ClientOption { return func(c *clientConfig) { c.newKey = fn } }
+
+// WithKeyFromContext makes a call made inside an idem.Step of the calling
+// service's execution carry the step's derived key (idem.DerivedKey: the
+// same on every run and takeover of that execution) instead of a fresh
+// one, so that a chain of idem services stays exactly-once with no key
+// plumbing. A key already in the call's metadata wins. Optional. Default is
+// off.
+func WithKeyFromContext() ClientOption { return func(c *clientConfig) { c.fromStep = true } }
 
 // WithClientSkip sets a predicate on the full method name that, returning
 // true, sends a call without a key and without retries. Optional. Default
@@ -57,37 +78,47 @@ func WithClientSkip(fn func(fullMethod string) bool) ClientOption {
 
 // UnaryClientInterceptor returns an interceptor that gives each logical
 // unary call one idempotency key in its outgoing metadata (or keeps the one
-// the caller put there) and retries it with that same key: after
-// Unavailable (the server did not run it, or the answer was lost), waiting
-// the google.rpc.RetryInfo delay when the status carries one, else an
-// exponential backoff with jitter (server delays are spread by up to
-// a fifth); and after Aborted with RetryInfo (idem's
-// answer while the first attempt is still in progress). Every other outcome
-// is returned at once. gRPC's own retry policy (service config) and its
-// transparent retries run beneath the interceptor and re-send the same
-// metadata, so they reuse the key too. The context wins: no attempt starts
-// after it is done, and a retry whose delay would pass its deadline is not
-// made; the last error is returned.
+// the caller put there) and retries it with that same key, by
+// [idemrpc.Retry]: idem's in-progress answer (Aborted, reason IN_PROGRESS)
+// after its RetryInfo delay, for as long as the call's deadline leaves room
+// for the delay (without a deadline, [WithInProgressWait]), so that a
+// call with a deadline waits for a slow handler; Unavailable (the server
+// did not run it, or the answer was lost) after the RetryInfo delay when
+// the status carries one, else an exponential backoff with jitter, up to
+// [WithAttempts] sends; an application's Aborted with RetryInfo like
+// Unavailable. Server delays are spread by up to a fifth. Every other
+// outcome is returned at once: idem's uncertain, key-expired,
+// replay-forbidden, key-reused and fingerprint-changed answers are never
+// retried, whatever their code ([RetryDelay]). gRPC's own retry policy
+// (service config) and its transparent retries run beneath the interceptor
+// and re-send the same metadata, so they reuse the key too. The context
+// wins: no attempt starts after it is done, and a retry whose delay would
+// pass its deadline is not made; the last error is returned.
 func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
-	c := clientConfig{key: strings.ToLower(idem.DefaultHeader), attempts: 4, base: 100 * time.Millisecond, max: 5 * time.Second, newKey: crand.Text}
+	c := clientConfig{key: strings.ToLower(idem.DefaultHeader), newKey: crand.Text, budget: idemrpc.DefaultBudget}
 	for _, o := range opts {
 		o(&c)
+	}
+	newKey := func(ctx context.Context) string {
+		if c.fromStep {
+			if key, ok := idem.DerivedKey(ctx); ok {
+				return key
+			}
+		}
+		return c.newKey()
 	}
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if c.skip != nil && c.skip(method) {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
 		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(c.key)) == 0 {
-			ctx = metadata.AppendToOutgoingContext(ctx, c.key, c.newKey())
+			ctx = metadata.AppendToOutgoingContext(ctx, c.key, newKey(ctx))
 		}
-		backoff := idemrpc.NewBackoff(c.base, c.max)
-		for attempt := 1; ; attempt++ {
+		r := c.budget.Start()
+		for {
 			err := invoker(ctx, method, req, reply, cc, opts...)
-			if err == nil || attempt >= c.attempts {
-				return err
-			}
-			delay, ok := RetryDelay(err)
-			if !ok || !idemrpc.Wait(ctx, backoff.Delay(delay)) {
+			st, ok := status.FromError(err)
+			if err == nil || !ok || !r.Again(ctx, uint32(st.Code()), st.Details(), false) {
 				return err
 			}
 		}
@@ -96,14 +127,15 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 
 // RetryDelay reports whether a call that failed with err may be sent again
 // with the same idempotency key, and after how long: the google.rpc.RetryInfo
-// delay when err carries one, else -1 (the caller picks a backoff).
-// Unavailable is retryable; Aborted only with RetryInfo (idem's in-progress
-// answer; other Aborted errors are the application's to handle).
+// delay when err carries one, else -1 (the caller picks a backoff). It is
+// [idemrpc.Retry] on err's status: idem's answers by their ErrorInfo
+// reason (IN_PROGRESS and STORE_UNAVAILABLE only), other errors
+// Unavailable, or Aborted with RetryInfo.
 func RetryDelay(err error) (time.Duration, bool) {
 	st, ok := status.FromError(err)
 	if !ok {
 		return 0, false
 	}
-	delay := idemrpc.RetryInfoDelay(st.Details())
-	return delay, idemrpc.Retryable(uint32(st.Code()), delay)
+	delay, retry, _ := idemrpc.Retry(uint32(st.Code()), st.Details())
+	return delay, retry
 }

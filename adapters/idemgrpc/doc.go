@@ -37,22 +37,33 @@
 //
 // # idem's own answers
 //
-//	situation (HTTP answer)             gRPC status          details (plus ErrorInfo{Domain: ErrorDomain, Reason})
-//	key missing or malformed (400)      InvalidArgument      BadRequest field violation on the metadata name
-//	no principal (401)                  Unauthenticated
-//	same key in progress (409)          Aborted              RetryInfo (the engine's Retry-After)
-//	key reused, other request (422)     FailedPrecondition   PreconditionFailure{Type: "IDEMPOTENCY_KEY"}
-//	request message too large (413)     ResourceExhausted
-//	executed, response not stored (410) FailedPrecondition   ErrorInfo metadata original_status
-//	store unavailable (503)             Unavailable          RetryInfo
-//	stored record unreadable (500)      Internal
+// They are mapped from the engine's outcome ([idem.Outcome]), never from
+// the HTTP status two outcomes may share; idemrpc.Code has the whole table:
+//
+//	outcome (HTTP answer)                    gRPC status          details (plus ErrorInfo{Domain: ErrorDomain, Reason})
+//	key-missing, key-malformed (400)         InvalidArgument      BadRequest field violation on the metadata name
+//	no-principal (401)                       Unauthenticated
+//	in-progress (409)                        Aborted              RetryInfo (the engine's Retry-After)
+//	key-reused (422)                         FailedPrecondition   PreconditionFailure{Type: "IDEMPOTENCY_KEY"}
+//	fingerprint-changed (422)                FailedPrecondition   PreconditionFailure
+//	operation-uncertain (409)                FailedPrecondition   PreconditionFailure; no RetryInfo
+//	key-expired (410)                        FailedPrecondition   PreconditionFailure
+//	replay-forbidden (403)                   PermissionDenied
+//	body-too-large (413)                     ResourceExhausted
+//	response-not-stored (410)                FailedPrecondition   ErrorInfo metadata original_status
+//	store-unavailable (503)                  Unavailable          RetryInfo
+//	stored-result-unreadable (500)           Internal
 //
 // A reused key is FailedPrecondition rather than InvalidArgument: the
 // request is valid on its own and fails only against the state the key
 // already holds, which is gRPC's definition of FailedPrecondition (and a
-// client must not retry it unchanged). Aborted is gRPC's code for a
-// concurrency conflict to retry at a higher level; [UnaryClientInterceptor]
-// retries it only when it carries RetryInfo, as idem's does.
+// client must not retry it unchanged). An uncertain outcome is
+// FailedPrecondition too, without RetryInfo: the status code guide keeps
+// Aborted for conflicts to "retry at a higher level" and FailedPrecondition
+// for calls not to retry "until the system state has been explicitly
+// fixed", here by an operator resolving the record. [UnaryClientInterceptor]
+// retries by the ErrorInfo reason: in-progress within the call's deadline,
+// store-unavailable up to its attempts, nothing else of idem's.
 //
 // # Sharing records with HTTP and Connect
 //

@@ -68,19 +68,35 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // called on each message of Fetch or Messages) that runs fn at most once
 // per message key, through [idem.Do] with operation name op (required,
 // e.g. "send-receipt"; two handlers of one stream need two names) on engine
-// e. It answers every message itself (Term, not TermWithReason, which
-// servers before 2.10.4 ignore, redelivering the message):
+// e. It answers every message itself, by Do's outcome ([idem.OutcomeOfError],
+// [idem.Outcome.ConsumerAction]):
 //
-//   - fn returned nil, or the message is a duplicate of one handled: Ack,
-//     after the record is completed (a duplicate does not run fn);
-//   - fn returned an [idem.Permanent] error, now or for the first copy:
-//     Term after it is stored, never redelivered, logged;
-//   - the key was seen with another payload ([idem.ErrMismatch]) or the
-//     message has no key: Term, logged;
-//   - in progress elsewhere ([idem.ErrInProgress]), store unavailable
-//     ([idem.ErrUnavailable]), a transient error of fn, or an unreadable
-//     record: NakWithDelay, logged (except in-progress);
-//   - fn panics: the key is released and the panic goes on.
+//	outcome                              answer          log
+//	fn returned nil, or a duplicate      Ack (after the record is completed; a duplicate does not run fn)
+//	fn's [idem.Permanent] error, now or  Term            warn "message terminated"
+//	  for the first copy (stored)
+//	key-expired ([idem.ErrKeyExpired])   Ack             info "already processed once; its record expired"
+//	response-not-stored                  Ack             info "already processed once; its record expired"
+//	  ([idem.ErrResultNotStored])
+//	operation-uncertain ([idem.ErrUncertain], a step's uncertainty included),
+//	stored-result-unreadable             Term            warn "parked for an operator", with the record
+//	  ([idem.ErrCorrupt])                                key idemctl takes ([idem.Operation.RecordKey])
+//	key-reused ([idem.ErrMismatch]),     Term            warn "message terminated"
+//	  no key, a key too long
+//	in progress ([idem.ErrInProgress])   NakWithDelay    none
+//	store unavailable, fn's transient    NakWithDelay    warn "message to be redelivered"
+//	  error
+//	fn panics                            none: the key is released and the panic goes on
+//
+// A key-expired message was processed once already (its record outlived
+// the retention): running it again is what the tombstone prevents, so it
+// is acknowledged. An uncertain one may or may not have taken effect: it
+// is neither run again nor cycled through redeliveries until MaxDeliver
+// drops it silently, but terminated with a warning naming the record,
+// for an operator to resolve (cmd/idemctl show, then complete or release
+// it and republish the message); JetStream also publishes a
+// MSG_TERMINATED advisory for it. Term, never TermWithReason: servers
+// before 2.10.4 ignore the reason's form and redeliver the message.
 //
 // A consumer that dies before its Ack leaves the record completed; the
 // redelivery is acked without running fn. One that dies while fn runs
@@ -114,17 +130,31 @@ func Handler(e *idem.Engine, op string, fn Func, opts ...Option) jetstream.Messa
 		_, err := idem.Do(c.ctx, e, operation, func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, fn(ctx, msg)
 		})
+		o := idem.OutcomeOfError(err)
 		switch {
 		case err == nil:
 			_ = msg.Ack()
-		case errors.Is(err, idem.ErrPermanent), errors.Is(err, idem.ErrMismatch), errors.Is(err, idem.ErrKeyTooLong):
+		case errors.Is(err, idem.ErrPermanent):
 			c.logger.WarnContext(c.ctx, "idemnats: message terminated", "subject", msg.Subject(), "op", op, "err", err)
 			_ = msg.Term()
-		case errors.Is(err, idem.ErrInProgress):
-			_ = msg.NakWithDelay(c.delay)
 		default:
-			c.logger.WarnContext(c.ctx, "idemnats: message to be redelivered", "subject", msg.Subject(), "op", op, "delay", c.delay, "err", err)
-			_ = msg.NakWithDelay(c.delay)
+			switch o.ConsumerAction() {
+			case idem.ConsumerAck:
+				c.logger.InfoContext(c.ctx, "idemnats: message acked: already processed once; its record expired", "subject", msg.Subject(), "op", op, "outcome", o.String())
+				_ = msg.Ack()
+			case idem.ConsumerPark:
+				c.logger.WarnContext(c.ctx, "idemnats: message terminated and parked for an operator: resolve its record with idemctl, then republish it",
+					"subject", msg.Subject(), "op", op, "outcome", o.String(), "key", operation.RecordKey(), "err", err)
+				_ = msg.Term()
+			case idem.ConsumerDrop:
+				c.logger.WarnContext(c.ctx, "idemnats: message terminated", "subject", msg.Subject(), "op", op, "outcome", o.String(), "err", err)
+				_ = msg.Term()
+			default: // idem.ConsumerRedeliver
+				if o != idem.OutcomeInProgress {
+					c.logger.WarnContext(c.ctx, "idemnats: message to be redelivered", "subject", msg.Subject(), "op", op, "delay", c.delay, "err", err)
+				}
+				_ = msg.NakWithDelay(c.delay)
+			}
 		}
 	}
 }

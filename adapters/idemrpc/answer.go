@@ -96,34 +96,97 @@ func HTTPStatus(code uint32) int {
 }
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo detail on idem's own
-// answers; its reason names the case (KEY_MISSING, KEY_MALFORMED,
-// NO_PRINCIPAL, IN_PROGRESS, KEY_REUSED, BODY_TOO_LARGE,
-// RESPONSE_NOT_STORED, STORE_UNAVAILABLE, STORED_RESULT_UNREADABLE), the
-// problem types of the README's behaviour table in upper snake case.
+// answers; its reason names the outcome ([Reason]): the problem type of the
+// README's behaviour table in upper snake case, e.g. IN_PROGRESS,
+// OPERATION_UNCERTAIN.
 const ErrorDomain = "idem.idemkit.github.com"
 
+// Reason returns the google.rpc.ErrorInfo reason of outcome o: its problem
+// type fragment in upper snake case ("operation-uncertain":
+// OPERATION_UNCERTAIN); "" for idem.OutcomeNone.
+func Reason(o idem.Outcome) string {
+	return strings.ToUpper(strings.ReplaceAll(o.String(), "-", "_"))
+}
+
+// OutcomeOfReason returns the outcome whose [Reason] is reason, or
+// idem.OutcomeNone.
+func OutcomeOfReason(reason string) idem.Outcome {
+	return idem.OutcomeOfType(idem.ProblemTypeBase + strings.ToLower(strings.ReplaceAll(reason, "_", "-")))
+}
+
+// Code returns the status code idem answers outcome o with on gRPC and
+// Connect, chosen by the gRPC status code guide (google.rpc.Code: "use
+// ABORTED if the client should retry at a higher level ... use
+// FAILED_PRECONDITION if the client should not retry until the system
+// state has been explicitly fixed"):
+//
+//	outcome                   code                reason                    details           client
+//	in-progress               Aborted             IN_PROGRESS               RetryInfo         retries within its deadline
+//	store-unavailable         Unavailable         STORE_UNAVAILABLE         RetryInfo         retries
+//	operation-uncertain       FailedPrecondition  OPERATION_UNCERTAIN       PreconditionFailure  stops: an operator resolves the record
+//	key-expired               FailedPrecondition  KEY_EXPIRED               PreconditionFailure  stops: use a new key for a new call
+//	key-reused                FailedPrecondition  KEY_REUSED                PreconditionFailure  stops
+//	fingerprint-changed       FailedPrecondition  FINGERPRINT_CHANGED       PreconditionFailure  stops
+//	response-not-stored       FailedPrecondition  RESPONSE_NOT_STORED       ErrorInfo original_status  stops
+//	replay-forbidden          PermissionDenied    REPLAY_FORBIDDEN          -                 stops
+//	stored-result-unreadable  Internal            STORED_RESULT_UNREADABLE  -                 stops
+//	key-missing, key-malformed  InvalidArgument   KEY_MISSING, KEY_MALFORMED  BadRequest      stops
+//	body-unreadable           InvalidArgument     BODY_UNREADABLE           -                 stops
+//	no-principal              Unauthenticated     NO_PRINCIPAL              -                 stops
+//	body-too-large            ResourceExhausted   BODY_TOO_LARGE            -                 stops
+//
+// operation-uncertain is FailedPrecondition, not Aborted: Aborted tells a
+// client to retry the sequence, and gRPC clients (idem's among them) retry
+// Aborted with RetryInfo, while an uncertain outcome must not be retried
+// until an operator has fixed the record. Unknown for idem.OutcomeNone.
+func Code(o idem.Outcome) uint32 {
+	switch o {
+	case idem.OutcomeInProgress:
+		return Aborted
+	case idem.OutcomeUnavailable:
+		return Unavailable
+	case idem.OutcomeUncertain, idem.OutcomeKeyExpired, idem.OutcomeKeyReused, idem.OutcomeFingerprintChanged, idem.OutcomeResponseNotStored:
+		return FailedPrecondition
+	case idem.OutcomeReplayForbidden:
+		return PermissionDenied
+	case idem.OutcomeUnreadable:
+		return Internal
+	case idem.OutcomeKeyMissing, idem.OutcomeKeyMalformed, idem.OutcomeBodyUnreadable:
+		return InvalidArgument
+	case idem.OutcomeNoPrincipal:
+		return Unauthenticated
+	case idem.OutcomeBodyTooLarge:
+		return ResourceExhausted
+	}
+	return Unknown
+}
+
 // Answer turns an answer of the engine that is not a replay (an RFC 9457
-// problem, or the app's rendering of one) into a google.rpc.Status with
-// details: always an ErrorInfo{Domain: ErrorDomain}, then BadRequest (key
-// missing or malformed), PreconditionFailure (key reused) or RetryInfo (in
-// progress, store unavailable). keyName names where the key travels
-// ("idempotency-key"), keyKind what that is ("metadata", "header"); keys
-// are its values in the request. retryAfter is the RetryInfo delay, 0
-// without one.
+// problem, or the app's rendering of one) into a google.rpc.Status by its
+// outcome ([idem.OutcomeOf]; codes, reasons and details in [Code]'s
+// table): always an ErrorInfo{Domain: ErrorDomain, Reason: [Reason]}, then
+// BadRequest (key missing or malformed), PreconditionFailure
+// (FailedPrecondition outcomes) or RetryInfo (in progress, store
+// unavailable: the answer's Retry-After). keyName names where the key
+// travels ("idempotency-key"), keyKind what that is ("metadata",
+// "header"); keys are its values in the request. retryAfter is the
+// RetryInfo delay, 0 without one.
 func Answer(resp *idem.Response, keyName, keyKind string, keys []string) (st *spb.Status, retryAfter time.Duration) {
 	var p idem.Problem
 	_ = json.Unmarshal(resp.Body, &p) // a custom renderer's body: p stays empty
-	slug, _ := strings.CutPrefix(p.Type, idem.ProblemTypeBase)
-	var code uint32
+	o := idem.OutcomeOf(resp)
+	if o == idem.OutcomeNone && resp.IsReplay() && resp.Status == http.StatusGone {
+		o = idem.OutcomeResponseNotStored // rendered by a custom renderer; an RPC outcome is never stored as 410
+	}
+	code := Code(o)
 	var msg string
 	var details []proto.Message
-	switch resp.Status {
-	case http.StatusBadRequest:
-		code, slug = InvalidArgument, "key-malformed"
+	switch o {
+	case idem.OutcomeKeyMissing, idem.OutcomeKeyMalformed:
 		_, err := idem.ParseKey(keys)
 		switch {
 		case errors.Is(err, idem.ErrKeyMissing):
-			slug, msg = "key-missing", "this method requires "+keyName+" "+keyKind+": a unique value, e.g. a UUID, sent again unchanged with every retry"
+			msg = "this method requires " + keyName + " " + keyKind + ": a unique value, e.g. a UUID, sent again unchanged with every retry"
 		case err != nil:
 			msg = keyName + " " + keyKind + " malformed: " + strings.TrimPrefix(err.Error(), "idem: ")
 		case p.Detail != "":
@@ -132,25 +195,37 @@ func Answer(resp *idem.Response, keyName, keyKind string, keys []string) (st *sp
 			msg = keyName + " " + keyKind + " refused"
 		}
 		details = append(details, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: keyName, Description: msg}}})
-	case http.StatusUnauthorized:
-		code, slug, msg = Unauthenticated, "no-principal", "idempotency keys are scoped to the authenticated caller; this call has none"
-	case http.StatusConflict:
-		code, slug, msg, retryAfter = Aborted, "in-progress", "a call with this idempotency key is in progress; retry after the RetryInfo delay to get its result", retryAfterOf(resp)
-	case http.StatusUnprocessableEntity:
-		code, slug, msg = FailedPrecondition, "key-reused", "this idempotency key was already used with a different request (method or message); use a new key for a new request"
-		details = append(details, &errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{Type: "IDEMPOTENCY_KEY", Subject: keyName, Description: msg}}})
-	case http.StatusRequestEntityTooLarge:
-		code, slug, msg = ResourceExhausted, "body-too-large", "the request message is larger than this service accepts for idempotent calls; nothing was executed"
-	case http.StatusGone:
-		code, slug, msg = FailedPrecondition, "response-not-stored", "the call with this idempotency key was executed once, but its response was too large to store and cannot be replayed"
-	case http.StatusServiceUnavailable:
-		code, slug, msg, retryAfter = Unavailable, "store-unavailable", "the idempotency store could not be reached, so the call was not executed; it is safe to retry with the same key", retryAfterOf(resp)
-	case http.StatusInternalServerError:
-		code, slug, msg = Internal, "stored-result-unreadable", "the call with this idempotency key was recorded, but its stored result cannot be read; retrying will not help until the operator clears the record"
+	case idem.OutcomeNoPrincipal:
+		msg = "idempotency keys are scoped to the authenticated caller; this call has none"
+	case idem.OutcomeBodyUnreadable:
+		msg = "the request message could not be read completely"
+	case idem.OutcomeInProgress:
+		msg, retryAfter = "a call with this idempotency key is in progress; retry after the RetryInfo delay to get its result", retryAfterOf(resp)
+	case idem.OutcomeKeyReused:
+		msg = "this idempotency key was already used with a different request (method or message); use a new key for a new request"
+	case idem.OutcomeFingerprintChanged:
+		msg = "a call with this idempotency key was recorded while this service compared requests another way, so it cannot tell whether this call is the same one; nothing was executed; use a new key for a new request"
+	case idem.OutcomeUncertain:
+		msg = "a call with this idempotency key started but its server stopped before recording the outcome, so it may or may not have taken effect; do not retry: the service operator must resolve it first"
+	case idem.OutcomeKeyExpired:
+		msg = "this idempotency key was used and its response is no longer stored; do not retry with it: check the outcome of the original call, and use a new key for a new call"
+	case idem.OutcomeReplayForbidden:
+		msg = "a call with this idempotency key was already made, and this caller is not allowed to see its outcome"
+	case idem.OutcomeBodyTooLarge:
+		msg = "the request message is larger than this service accepts for idempotent calls; nothing was executed"
+	case idem.OutcomeResponseNotStored:
+		msg = "the call with this idempotency key was executed once, but its response was too large to store and cannot be replayed"
+	case idem.OutcomeUnavailable:
+		msg, retryAfter = "the idempotency store could not be reached, so the call was not executed; it is safe to retry with the same key", retryAfterOf(resp)
+	case idem.OutcomeUnreadable:
+		msg = "the call with this idempotency key was recorded, but its stored result cannot be read; retrying will not help until the operator clears the record"
 	default:
-		code, msg = Unknown, p.Detail
+		msg = p.Detail
 	}
-	info := &errdetails.ErrorInfo{Domain: ErrorDomain, Reason: strings.ToUpper(strings.ReplaceAll(slug, "-", "_"))}
+	if code == FailedPrecondition && o != idem.OutcomeResponseNotStored {
+		details = append(details, &errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{Type: "IDEMPOTENCY_KEY", Subject: keyName, Description: msg}}})
+	}
+	info := &errdetails.ErrorInfo{Domain: ErrorDomain, Reason: Reason(o)}
 	if p.OriginalStatus != 0 {
 		info.Metadata = map[string]string{"original_status": strconv.Itoa(p.OriginalStatus)}
 	}

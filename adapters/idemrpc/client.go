@@ -5,15 +5,29 @@ import (
 	"math/rand/v2"
 	"time"
 
+	idem "github.com/idemkit/idem/core"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 )
 
-// Retryable reports whether a call that ended with code may be sent again
-// with the same idempotency key: Unavailable always, Aborted only with a
-// RetryInfo delay (server >= 0: idem's in-progress answer; other Aborted
-// errors are the application's).
-func Retryable(code uint32, server time.Duration) bool {
-	return code == Unavailable || code == Aborted && server >= 0
+// Retry decides whether a call that ended with code and details (a
+// status's decoded details) may be sent again with the same idempotency
+// key, and after what server delay (the google.rpc.RetryInfo delay, -1
+// without one). An answer of idem (an ErrorInfo of [ErrorDomain]) is
+// retried by its outcome ([idem.Outcome.Retryable]: in progress and store
+// unavailable only; never operation-uncertain, key-expired,
+// replay-forbidden, key-reused or fingerprint-changed, whatever its code);
+// o is that outcome, idem.OutcomeNone for other errors. Other errors:
+// Unavailable always, Aborted only with a RetryInfo delay (an
+// application's own Aborted without one is its to handle).
+func Retry(code uint32, details []any) (server time.Duration, retry bool, o idem.Outcome) {
+	server = RetryInfoDelay(details)
+	for _, d := range details {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == ErrorDomain {
+			o = OutcomeOfReason(ei.GetReason())
+			return server, o.Retryable(), o
+		}
+	}
+	return server, code == Unavailable || code == Aborted && server >= 0, idem.OutcomeNone
 }
 
 // RetryInfoDelay returns the delay of the first google.rpc.RetryInfo among
@@ -61,4 +75,75 @@ func Wait(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// DefaultInProgressWait is how long a call without a deadline keeps
+// retrying in-progress answers by default ([Budget.InProgressWait]): the
+// engine's default lease, so that a handler that runs as long as its lease
+// allows is waited for.
+const DefaultInProgressWait = 30 * time.Second
+
+// Budget bounds the attempts of one logical call of a client interceptor.
+type Budget struct {
+	// Attempts is how many times a call that fails (Unavailable, a broken
+	// transport) is sent at most, the first included; 1 disables retries
+	// altogether. In-progress answers do not count: they are retried within
+	// the call's deadline, or InProgressWait without one.
+	Attempts int
+	// InProgressWait bounds the time spent retrying in-progress answers of
+	// a call whose context has no deadline.
+	InProgressWait time.Duration
+	// First and Max are the exponential backoff's first step and cap for
+	// retries without a server delay ([NewBackoff]).
+	First, Max time.Duration
+}
+
+// DefaultBudget is the client interceptors' default budget: 4 sends of a
+// failing call, in-progress answers retried for [DefaultInProgressWait]
+// without a deadline, backoff from 100ms up to 5s.
+var DefaultBudget = Budget{Attempts: 4, InProgressWait: DefaultInProgressWait, First: 100 * time.Millisecond, Max: 5 * time.Second}
+
+// Retrier applies a [Budget] to one logical call; make one per call with
+// [Budget.Start].
+type Retrier struct {
+	b        Budget
+	backoff  *Backoff
+	start    time.Time
+	failures int
+}
+
+// Start returns a Retrier for a call starting now.
+func (b Budget) Start() *Retrier {
+	return &Retrier{b: b, backoff: NewBackoff(b.First, b.Max), start: time.Now()}
+}
+
+// Again reports whether the call, whose last attempt ended with code and
+// details (a status's decoded details), is sent again, after waiting the
+// delay: [Retry] decides whether it may be; transport reports a broken
+// exchange the server sent nothing for (retryable, no server delay). An
+// in-progress answer is retried while the context's deadline (or, without
+// one, InProgressWait from Start) leaves room for its RetryInfo delay;
+// other retryable errors while fewer than Attempts sends failed. It returns
+// false at once when ctx is done or its deadline would pass during the
+// wait.
+func (r *Retrier) Again(ctx context.Context, code uint32, details []any, transport bool) bool {
+	if r.b.Attempts <= 1 || ctx.Err() != nil {
+		return false
+	}
+	server, retry, o := Retry(code, details)
+	if transport {
+		server, retry, o = -1, true, idem.OutcomeNone
+	}
+	if !retry {
+		return false
+	}
+	delay := r.backoff.Delay(server)
+	if o == idem.OutcomeInProgress {
+		if _, ok := ctx.Deadline(); !ok && time.Since(r.start)+delay > r.b.InProgressWait {
+			return false
+		}
+	} else if r.failures++; r.failures >= r.b.Attempts {
+		return false
+	}
+	return Wait(ctx, delay)
 }

@@ -3,8 +3,8 @@
 // stored form of a unary call's outcome ([Outcome]), so that both read each
 // other's records; the table from status codes to the HTTP statuses the
 // engine's store policy decides on ([HTTPStatus]); idem's own answers as
-// google.rpc statuses ([Answer]); and the client's retry rule ([Retryable],
-// [Backoff]). Applications use the adapters; they need this package only
+// google.rpc statuses by the engine's outcome ([Answer], [Code], [Reason]);
+// and the client's retry rule ([Retry], [Budget], [Backoff]). Applications use the adapters; they need this package only
 // to write a store policy by code ([HTTPStatus]) or another RPC adapter.
 package idemrpc
 

@@ -1,15 +1,20 @@
 package idemclient
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	idem "github.com/idemkit/idem/core"
 )
 
 // Decision is what a client does with the outcome of one attempt of a
@@ -53,6 +58,58 @@ func ClassifyStatus(status int) Decision {
 		return Retry
 	}
 	return Stop
+}
+
+// ClassifyResponse returns the decision for a response to a request
+// carrying an idempotency key, and the outcome it reports when it is one of
+// idem's answers (an RFC 9457 problem whose type is one of the README's
+// behaviour table, [idem.OutcomeOfType]; idem.OutcomeNone otherwise). An
+// answer of idem is decided by its outcome: Retry for in-progress and
+// store-unavailable only ([idem.Outcome.Retryable]), so a 409
+// operation-uncertain, a 410 key-expired, a 403 replay-forbidden, a 422
+// key-reused or fingerprint-changed and a 500 stored-result-unreadable stop
+// at once. Any other response is decided by [ClassifyStatus]. To read the
+// problem type it reads up to 64 KiB of a problem+json body with one of
+// idem's statuses, and puts the bytes back in front of resp.Body.
+func ClassifyResponse(resp *http.Response) (Decision, idem.Outcome) {
+	if o := problemOutcome(resp); o != idem.OutcomeNone {
+		if o.Retryable() {
+			return Retry, o
+		}
+		return Stop, o
+	}
+	return ClassifyStatus(resp.StatusCode), idem.OutcomeNone
+}
+
+// maxProblemBytes bounds the body read to find a problem's type.
+const maxProblemBytes = 64 << 10
+
+// problemOutcome returns the outcome of an idem problem response, reading
+// its body into memory (put back in front of resp.Body).
+func problemOutcome(resp *http.Response) idem.Outcome {
+	if resp.Body == nil || resp.Body == http.NoBody || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+		return idem.OutcomeNone
+	}
+	switch resp.StatusCode {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusConflict, http.StatusGone,
+		http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity, http.StatusInternalServerError, http.StatusServiceUnavailable:
+	default:
+		return idem.OutcomeNone
+	}
+	buf, err := io.ReadAll(io.LimitReader(resp.Body, maxProblemBytes))
+	rest := resp.Body
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(buf), rest), rest}
+	if err != nil {
+		return idem.OutcomeNone
+	}
+	var p idem.Problem
+	if json.Unmarshal(buf, &p) != nil {
+		return idem.OutcomeNone
+	}
+	return idem.OutcomeOfType(p.Type)
 }
 
 // ClassifyError returns the decision for an error a transport returned

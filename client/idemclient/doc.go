@@ -17,10 +17,16 @@
 //
 // # Retries
 //
-// [ClassifyStatus] and [ClassifyError] decide, [ParseRetryAfter] and
-// [Backoff] set the wait: 409 (in progress), 429, 500, 502, 503, 504 and
+// [ClassifyResponse] and [ClassifyError] decide, [ParseRetryAfter] and
+// [Backoff] set the wait: idem's in-progress and store-unavailable answers
+// (told apart by their problem type, since 409 is also
+// operation-uncertain), 429, 502, 504, other servers' 409, 500 and 503, and
 // transport failures are retried, honouring Retry-After up to a cap, else
-// with exponential backoff and full jitter; every other status is final.
+// with exponential backoff and full jitter. idem's final answers about the
+// key (operation-uncertain, key-expired, replay-forbidden, key-reused,
+// fingerprint-changed, stored-result-unreadable) stop at once with an
+// [*OutcomeError] (errors.Is with [ErrUncertain], [ErrKeyExpired], ...);
+// every other status is returned as it is.
 // The attempts, the total time and the request context bound the retries;
 // when they end first the error is a [*GaveUpError] carrying the key, the
 // last status or error and the reason (errors.Is with [ErrAttemptsExhausted],
@@ -35,7 +41,9 @@
 // whether it is a stored answer replayed by the server (Idempotent-Replayed:
 // true), [Attempts] how many attempts it took and [RequestKey] the key it
 // was sent with; they read the response's Request, the last attempt.
-// [WithAttemptHook] sees every attempt, for logs and metrics.
+// [WithAttemptHook] sees every attempt, for logs and metrics; both count
+// the re-sends net/http's transport makes by itself on a broken keep-alive
+// connection ([ErrResent]).
 //
 // # Other retrying clients
 //

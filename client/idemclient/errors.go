@@ -1,9 +1,14 @@
 package idemclient
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"time"
+
+	idem "github.com/idemkit/idem/core"
 )
 
 // Reasons a [Transport] stops retrying, carried by [GaveUpError.Reason] and
@@ -22,6 +27,99 @@ var (
 	// Request.GetBody, so it could be sent only once.
 	ErrBodyNotReplayable = errors.New("idemclient: request body cannot be re-sent")
 )
+
+// ErrResent is the Err of an [Attempt] that net/http's transport re-sent by
+// itself on a new connection, its reused keep-alive connection having
+// broken before any response byte arrived (golang/go#19943).
+var ErrResent = errors.New("idemclient: connection broke before a response; net/http re-sent the request on a new connection")
+
+// Errors an [*OutcomeError] matches with errors.Is, one per answer of idem
+// that ends the key's use without a result. None is retried: sending the
+// same request again with the same key gets the same answer.
+var (
+	// ErrUncertain: 409 "operation-uncertain". The request started on a
+	// server that stopped before recording its outcome: it may or may not
+	// have taken effect. Do not retry; the service's operator resolves the
+	// record (cmd/idemctl). Also matches idem.ErrUncertain.
+	ErrUncertain = errors.New("idemclient: the outcome of the request with this key is uncertain; do not retry, the service operator must resolve it")
+	// ErrKeyExpired: 410 "key-expired". The key was used and its response
+	// is no longer stored: check the original request's outcome, use a new
+	// key for a new request. Also matches idem.ErrKeyExpired.
+	ErrKeyExpired = errors.New("idemclient: the key was used and its response is no longer stored")
+	// ErrReplayForbidden: 403 "replay-forbidden". The key was used, and
+	// this caller may not see its outcome.
+	ErrReplayForbidden = errors.New("idemclient: the key was used and this caller may not see its outcome")
+	// ErrKeyReused: 422 "key-reused". The key was used with another request
+	// (a client bug). Also matches idem.ErrMismatch.
+	ErrKeyReused = errors.New("idemclient: the key was used with another request")
+	// ErrFingerprintChanged: 422 "fingerprint-changed". The key's record was
+	// made while the service compared requests another way; nothing was
+	// executed. Use a new key for a new request.
+	ErrFingerprintChanged = errors.New("idemclient: the key's record was made under another request comparison; nothing was executed")
+	// ErrStoredResultUnreadable: 500 "stored-result-unreadable". The key's
+	// record cannot be read; the operator clears it. Also matches
+	// idem.ErrCorrupt.
+	ErrStoredResultUnreadable = errors.New("idemclient: the key's stored result is unreadable")
+)
+
+// outcomeErrors are the errors of the outcomes returned as an OutcomeError.
+var outcomeErrors = map[idem.Outcome]error{
+	idem.OutcomeUncertain:          ErrUncertain,
+	idem.OutcomeKeyExpired:         ErrKeyExpired,
+	idem.OutcomeReplayForbidden:    ErrReplayForbidden,
+	idem.OutcomeKeyReused:          ErrKeyReused,
+	idem.OutcomeFingerprintChanged: ErrFingerprintChanged,
+	idem.OutcomeUnreadable:         ErrStoredResultUnreadable,
+}
+
+// OutcomeError is returned (wrapped in a *url.Error by http.Client) when the
+// server answered with one of idem's answers that end the key's use without
+// a result: operation-uncertain, key-expired, replay-forbidden, key-reused,
+// fingerprint-changed or stored-result-unreadable. It is returned at once,
+// without a retry, and matches the Err* of its outcome (and core's error
+// for it, e.g. idem.ErrUncertain) with errors.Is. The response's body was
+// read and closed.
+type OutcomeError struct {
+	// Key is the idempotency key the request carried.
+	Key string
+	// Attempts is the number of attempts sent.
+	Attempts int
+	// StatusCode is the response's status.
+	StatusCode int
+	// Outcome is idem's answer.
+	Outcome idem.Outcome
+	// Title and Detail are the problem's (RFC 9457).
+	Title, Detail string
+}
+
+// Error names the outcome, the key and the server's detail.
+func (e *OutcomeError) Error() string {
+	return fmt.Sprintf("idemclient: %v (status %d, %s) for idempotency key %q after %d attempt(s): %s",
+		outcomeErrors[e.Outcome], e.StatusCode, e.Outcome, e.Key, e.Attempts, e.Detail)
+}
+
+// Unwrap returns the outcome's Err* and core's error for it.
+func (e *OutcomeError) Unwrap() []error {
+	var errs []error
+	for _, err := range []error{outcomeErrors[e.Outcome], e.Outcome.Err()} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// newOutcomeError returns the OutcomeError for resp, whose outcome is o,
+// or nil when o is not one of them. It reads resp's problem.
+func newOutcomeError(key string, attempts int, resp *http.Response, o idem.Outcome) *OutcomeError {
+	if outcomeErrors[o] == nil {
+		return nil
+	}
+	var p idem.Problem
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxProblemBytes))
+	_ = json.Unmarshal(b, &p)
+	return &OutcomeError{Key: key, Attempts: attempts, StatusCode: resp.StatusCode, Outcome: o, Title: p.Title, Detail: p.Detail}
+}
 
 // GaveUpError is returned (wrapped in a *url.Error by http.Client) when a
 // request with an idempotency key still needed a retry but the Transport

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	idem "github.com/idemkit/idem/core"
@@ -40,20 +42,26 @@ const (
 // transport untouched, once.
 //
 // Every attempt of a covered request carries the same key and the same body
-// bytes. An attempt is retried when [ClassifyError] or [ClassifyStatus] says
-// [Retry]; the wait is the response's Retry-After when it has one (up to
+// bytes. An attempt is retried when [ClassifyError] or [ClassifyResponse]
+// says [Retry]; the wait is the response's Retry-After when it has one (up to
 // [WithMaxRetryAfter]), else [Backoff]. Retrying stops at [WithMaxAttempts]
 // attempts or [WithMaxElapsed] in total, or when the request context ends,
 // with a [*GaveUpError]. A final response, replayed or not, is returned as
 // the server sent it; [Attempts], [Replayed] and [RequestKey] read what
-// happened from it.
+// happened from it. An answer of idem that ends the key's use without a
+// result (operation-uncertain, key-expired, replay-forbidden, key-reused,
+// fingerprint-changed, stored-result-unreadable) is returned as an
+// [*OutcomeError] at once, never retried.
 //
 // Go's http.Transport treats a request carrying an Idempotency-Key header as
 // replayable (golang/go#19943): when a reused keep-alive connection breaks
 // before any response byte arrived, it re-sends the request itself, with the
 // same key and the body from GetBody (set here whenever the body can be
-// re-sent). Such re-sends stay inside one attempt and are safe for the same
-// reason ours are.
+// re-sent). The Transport sees such re-sends (a new connection obtained
+// within one send, observed with net/http/httptrace's GotConn) and counts
+// each as an attempt of its own: [Attempts] includes them, the attempt hook
+// is called for each (Err [ErrResent]) and they count towards
+// [WithMaxAttempts]. A base transport that reports no GotConn hides them.
 type Transport struct {
 	base          http.RoundTripper
 	methods       []string
@@ -66,7 +74,18 @@ type Transport struct {
 	bodyLimit     int64
 	respBuffer    int64
 	hook          func(Attempt)
+	fromStep      bool // WithKeyFromContext
 }
+
+// WithKeyFromContext makes the [Transport] send, as the idempotency key of
+// a request made inside an idem.Step of the calling service's execution,
+// the step's derived key (idem.DerivedKey: the same on every run and
+// takeover of that execution), so that a chain of idem services stays
+// exactly-once with no key plumbing: a takeover that runs the step again
+// sends the same key, and the downstream service replays its answer. It
+// ranks below a key in the request's header and one set with [WithKey].
+// Optional. Default is off (a random key per request).
+func WithKeyFromContext() Option { return func(t *Transport) { t.fromStep = true } }
 
 // Option configures a [Transport].
 type Option func(*Transport)
@@ -132,7 +151,9 @@ func WithResponseBuffer(n int64) Option { return func(t *Transport) { t.respBuff
 
 // WithAttemptHook sets a function called after every attempt of a covered
 // request, on the caller's goroutine, before the wait that may follow (for
-// logs and metrics). It must not keep or close Attempt.Response. Optional.
+// logs and metrics), including those net/http's transport re-sent on a new
+// connection by itself (reported when its send returns, with Err
+// [ErrResent]). It must not keep or close Attempt.Response. Optional.
 // Default is none.
 func WithAttemptHook(hook func(Attempt)) Option { return func(t *Transport) { t.hook = hook } }
 
@@ -172,7 +193,7 @@ func New(opts ...Option) *Transport {
 // response carries as Response.Request.
 type attemptInfo struct {
 	key string
-	n   int
+	n   int // set once the attempt's send returned
 }
 
 type attemptContextKey struct{}
@@ -181,13 +202,17 @@ func infoOf(resp *http.Response) (attemptInfo, bool) {
 	if resp == nil || resp.Request == nil {
 		return attemptInfo{}, false
 	}
-	info, ok := resp.Request.Context().Value(attemptContextKey{}).(attemptInfo)
-	return info, ok
+	info, ok := resp.Request.Context().Value(attemptContextKey{}).(*attemptInfo)
+	if !ok {
+		return attemptInfo{}, false
+	}
+	return *info, true
 }
 
 // Attempts returns how many attempts the Transport made for the request resp
-// answers (1 when the first attempt was final), or 0 when resp did not come
-// through a Transport's covered request.
+// answers (1 when the first attempt was final), re-sends of net/http's
+// transport included, or 0 when resp did not come through a Transport's
+// covered request.
 func Attempts(resp *http.Response) int {
 	info, _ := infoOf(resp)
 	return info.n
@@ -224,7 +249,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	start := time.Now()
 	for n := 1; ; n++ {
-		attempt := req.Clone(context.WithValue(ctx, attemptContextKey{}, attemptInfo{key: key, n: n}))
+		info := &attemptInfo{key: key, n: n}
+		var conns atomic.Int32 // connections the send obtained: more than one is a re-send
+		actx := httptrace.WithClientTrace(context.WithValue(ctx, attemptContextKey{}, info),
+			&httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { conns.Add(1) }})
+		attempt := req.Clone(actx)
 		if len(attempt.Header.Values(HeaderKey)) == 0 {
 			attempt.Header.Set(HeaderKey, key)
 		}
@@ -233,10 +262,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		attempt, cancel := t.withAttemptTimeout(attempt)
 		resp, err := t.base.RoundTrip(attempt)
-		if err == nil && ClassifyStatus(resp.StatusCode) == Stop && t.respBuffer > 0 {
-			err = bufferBody(resp, t.respBuffer)
-			if err != nil {
-				resp = nil
+		for range conns.Load() - 1 { // net/http re-sent the attempt on a new connection
+			t.report(Attempt{Key: key, N: n, Request: attempt, Err: ErrResent, Decision: Retry})
+			n++
+		}
+		info.n = n
+		var decision Decision
+		var outcome idem.Outcome
+		if err == nil {
+			decision, outcome = ClassifyResponse(resp)
+			if decision == Stop && t.respBuffer > 0 {
+				if err = bufferBody(resp, t.respBuffer); err != nil {
+					resp = nil
+				}
 			}
 		}
 
@@ -256,7 +294,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			a.Wait = Backoff(n, t.baseDelay, t.maxDelay)
 		} else {
-			a.Decision = ClassifyStatus(resp.StatusCode)
+			a.Decision = decision
+			if oe := newOutcomeError(key, n, resp, outcome); oe != nil {
+				t.report(a)
+				drain(resp.Body)
+				cancel()
+				return nil, oe
+			}
 			if a.Decision == Stop {
 				resp.Request = attempt
 				if t.attemptTO > 0 {
@@ -344,6 +388,11 @@ func (t *Transport) keyFor(req *http.Request) (string, bool, error) {
 	}
 	if key, ok := req.Context().Value(keyContextKey{}).(string); ok {
 		return key, true, checkKey(key)
+	}
+	if t.fromStep {
+		if key, ok := idem.DerivedKey(req.Context()); ok {
+			return key, true, nil
+		}
 	}
 	if !slices.Contains(t.methods, req.Method) {
 		return "", false, nil

@@ -798,8 +798,8 @@ func TestCloseIdleConnections(t *testing.T) {
 // TestNetHTTPReplay: Go's http.Transport re-sends a request carrying an
 // Idempotency-Key by itself when a reused keep-alive connection closes
 // before any response byte (golang/go#19943). The server then sees the
-// request twice within one attempt, with the same key and body: safe, and
-// invisible in Attempts.
+// request twice within one send, with the same key and body: safe, and
+// counted as an attempt of its own (Attempts, the hook with ErrResent).
 func TestNetHTTPReplay(t *testing.T) {
 	s := newScript(t, func(n int, w http.ResponseWriter, _ *http.Request) {
 		if n == 1 { // the second request, on the kept-alive connection: closed unanswered
@@ -813,23 +813,26 @@ func TestNetHTTPReplay(t *testing.T) {
 		}
 		w.WriteHeader(201)
 	})
-	var attempts int
-	cl := client(idemclient.WithAttemptHook(func(idemclient.Attempt) { attempts++ }))
+	var hooked []idemclient.Attempt
+	cl := client(idemclient.WithAttemptHook(func(a idemclient.Attempt) { hooked = append(hooked, a) }))
 	defer closeIdle(cl)
-	for i := range 2 {
+	for i, want := range []int{1, 2} {
 		resp, err := post(t, cl, s.srv.URL, "same body")
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
-		if idemclient.Attempts(resp) != 1 || resp.StatusCode != 201 {
-			t.Fatalf("call %d: %d after %d attempts", i+1, resp.StatusCode, idemclient.Attempts(resp))
+		if idemclient.Attempts(resp) != want || resp.StatusCode != 201 {
+			t.Fatalf("call %d: %d after %d attempts, want 201 after %d", i+1, resp.StatusCode, idemclient.Attempts(resp), want)
 		}
 	}
 	got := s.requests()
-	if len(got) != 3 || attempts != 2 {
-		t.Fatalf("server saw %d requests for %d attempts; want 3 for 2 (one re-sent by net/http)", len(got), attempts)
+	if len(got) != 3 || len(hooked) != 3 {
+		t.Fatalf("server saw %d requests, the hook %d attempts; want 3 and 3 (one re-sent by net/http)", len(got), len(hooked))
+	}
+	if a := hooked[1]; !errors.Is(a.Err, idemclient.ErrResent) || a.N != 1 || a.Decision != idemclient.Retry || hooked[2].N != 2 || hooked[2].Err != nil {
+		t.Errorf("hooked re-send %+v, then %+v", a, hooked[2])
 	}
 	if got[1].keys[0] != got[2].keys[0] || got[1].body != got[2].body || got[0].keys[0] == got[1].keys[0] {
 		t.Errorf("net/http's re-send: %+v", got)

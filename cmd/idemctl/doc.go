@@ -3,9 +3,25 @@
 // mongostore, pgstore and mysqlstore (stores implementing idem.Inspector,
 // and idem.Lister for list and key prefixes).
 //
-//	idemctl list  -store URL [-state in-progress|completed|all] [-limit 20] [-cursor C] [KEY-PREFIX]
-//	idemctl show  -store URL [-body] KEY | -principal P -route R -key K [-method POST]
-//	idemctl evict -store URL [-yes] KEY | -principal P -route R -key K [-method POST]
+//	idemctl list  -store ADDR [-state in-progress|uncertain|completed|all] [-limit 20] [-cursor C] [-lease 30s] [KEY-PREFIX]
+//	idemctl show  -store ADDR [-body] [-lease 30s] KEY | -principal P -route R -key K [-method POST]
+//	idemctl evict -store ADDR [-yes] KEY | -principal P -route R -key K [-method POST]
+//	idemctl release|complete -store ADDR ... (uncertain records)
+//
+// Install it from a checkout of the repository (the go.work at its root
+// takes the checkout's modules):
+//
+//	go install ./cmd/idemctl              # from the repository root
+//	cd cmd/idemctl && go install .        # or from this folder (its replace directives name the checkout)
+//
+// ADDR is the address the service itself is given, in the form its driver
+// takes: a go-sql-driver DSN (root@tcp(127.0.0.1:3306)/payments, as the
+// examples' -mysql-dsn) or mysql://user:password@host:port/database; a pgx
+// URL (postgres://app@127.0.0.1:5432/payments, postgresql://) or
+// keyword/value DSN ("host=127.0.0.1 user=app dbname=payments"); a Redis
+// URL (redis://, rediss://; with a master_name parameter, Sentinel
+// addresses, as the examples' -redis-url); a MongoDB URI (mongodb://,
+// mongodb+srv://).
 //
 // KEY is the scoped key in any form idem prints: the 16 hex characters a
 // log line carries as key= ("key=" may be pasted with them), the 64 of a
@@ -19,28 +35,43 @@
 // "idem:" (redisstore.WithPrefix), -table "idem_records" (pgstore and
 // mysqlstore WithTable; schema.table too), -collection idem.idempotency
 // (the collection the service gives mongostore.New). When nothing is
-// found, idemctl says on stderr which layout it searched and which flag
-// names another.
+// found, idemctl says on stderr which layout it searched, and names the
+// flag only when it checked that the layout is not the service's: the
+// table or collection does not exist, or no Redis key has the prefix. On
+// Redis it also says when the server's maxmemory-policy can evict records
+// (redisstore.Store.Eviction).
 //
 //	idemctl list  -store redis://127.0.0.1:6379/0 -prefix payments:idem: -state in-progress
 //	idemctl show  -store postgres://app@127.0.0.1:5432/payments key=20749a9e2ab7c3dd
-//	idemctl show  -store mysql://root@127.0.0.1:3306/payments -body 20749a9e2ab7c3dd > body.json
+//	idemctl show  -store 'root@tcp(127.0.0.1:3306)/payments' -body 20749a9e2ab7c3dd > body.json
 //	idemctl evict -store mongodb://127.0.0.1:27017/ -collection payments.idempotency -principal acct_1 -route /v1/payments -key 8e03978e
 //
 // list prints one line per record: scoped key, state, and for in-progress
-// records whether the lease is held (retries get 409 until it ends) or has
-// lapsed (its holder stopped renewing: the next request executes; SQL and
-// MongoDB keep such records until purged, Redis expires them with the
-// lease), for completed ones the retention left. It shows soonest expiry
-// first, -limit records at a time, and prints the -cursor of the next
-// page; on Redis it uses SCAN with COUNT, never KEYS, and a page may end
-// early with a cursor after a bounded scan.
+// records whether the lease is held and renewed, held but no longer
+// renewed, or lapsed (its holder stopped renewing: the next request
+// executes; SQL and MongoDB keep such records until purged, Redis expires
+// them with the lease), for completed ones the retention left, and the
+// lease owner. It cannot show the route: stores keep only the hashed
+// scoped key. It shows soonest expiry first, -limit records at a time, and
+// prints the -cursor of the next page; on Redis it uses SCAN with COUNT,
+// never KEYS, and a page may end early with a cursor after a bounded scan.
+//
+// The lease owner is the host and process id in the holder's token (an
+// engine's tokens are "host:pid:random.counter", idem.TokenOwner). Whether
+// the holder still renews its lease is read from the time left: an engine
+// writes a full lease every lease/3, so a renewing holder keeps more than
+// lease - lease/3 - 2 × store timeout (16s under the default 30s lease and
+// 2s store timeout; -lease and -store-timeout name the service's). At or
+// below that, the holder stopped (crashed or stalls) and the lease lapses
+// in the time left; above it, the holder renews, or took the lease less
+// than a renewal period ago: show again later to tell.
 //
 // show prints the scoped key, the store key it read (Redis key with its
 // prefix, SQL table and key, MongoDB collection and _id), state, time to
-// live, lease owner, fingerprint and, for completed records, the stored
-// status, header lines and body size. With -body it writes the stored
-// body, byte for byte, to stdout, and the record to stderr.
+// live, lease owner and whether its holder renews, fingerprint and, for
+// completed records, the stored status, header lines and body size. With
+// -body it writes the stored body, byte for byte, to stdout, and the
+// record to stderr.
 //
 // evict deletes only the record it showed: one that completed or changed
 // owner meanwhile is left alone. Evict an in-progress record only when its

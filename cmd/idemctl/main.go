@@ -19,7 +19,7 @@ import (
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-const usage = `usage: idemctl show|evict|list|release|complete -store URL [flags] [KEY]
+const usage = `usage: idemctl show|evict|list|release|complete -store ADDR [flags] [KEY]
 
 show     prints the idempotency record of one key (-body: its stored response
          body, raw, on stdout; the record on stderr);
@@ -64,6 +64,7 @@ type cmdFlags struct {
 	limit                              int
 	yes, body                          bool
 	timeout                            time.Duration
+	lease                              leaseView     // show, list: the service's lease and store timeout
 	status                             int           // complete
 	file                               string        // complete
 	headers                            headerLines   // complete
@@ -94,7 +95,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fs.PrintDefaults()
 	}
 	var o cmdFlags
-	fs.StringVar(&o.store, "store", "", "store URL: redis://[user:password@]host:port/db (rediss:// for TLS), mongodb://host/ (mongodb+srv:// too), postgres://[user:password@]host[:port]/database (postgresql:// too) or mysql://[user:password@]host[:port]/database")
+	fs.StringVar(&o.store, "store", "", "the store's address as the service is given it: "+storeForms)
 	fs.StringVar(&o.prefix, "prefix", redisstore.DefaultPrefix, "Redis key prefix of the store (redisstore.WithPrefix)")
 	fs.StringVar(&o.collection, "collection", defaultCollection, "MongoDB database.collection of the store (the collection given to mongostore.New)")
 	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "SQL table of the store, table or schema.table (pgstore.WithTable, mysqlstore.WithTable)")
@@ -109,6 +110,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.IntVar(&o.limit, "limit", 20, "list: records per page")
 	fs.StringVar(&o.cursor, "cursor", "", "list: the cursor the previous page printed")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound on the whole command")
+	fs.DurationVar(&o.lease.lease, "lease", idem.DefaultLease, "show, list: the service's lease (idem.WithLease), to tell a holder that renews from one that stopped")
+	fs.DurationVar(&o.lease.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "show, list: the service's store timeout (idem.WithStoreTimeout), the renewal's margin")
 	fs.IntVar(&o.status, "status", 0, "complete: the HTTP status retries get (100-599)")
 	fs.StringVar(&o.file, "file", "", `complete: file holding the body retries get ("-": stdin; none: empty body)`)
 	fs.Var(&o.headers, "header", `complete: a header line retries get, "Name: value" (repeatable)`)
@@ -137,6 +140,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil && o.store == "" {
 		err = errors.New("-store is required")
 	}
+	if err == nil && (o.lease.lease <= 0 || o.lease.storeTimeout <= 0) {
+		err = errors.New("-lease and -store-timeout must be > 0")
+	}
 	var answer []byte // complete's encoded response
 	if err == nil && cmd == "complete" {
 		answer, err = o.answer(stdin)
@@ -155,18 +161,19 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	defer b.close()
 
 	if cmd == "list" {
-		return list(ctx, b, query, stdout, stderr)
+		return list(ctx, b, query, o.lease, stdout, stderr)
 	}
 	listed := key == "" // the store listed the key: it holds a record, maybe a lapsed lease
 	if listed {
 		var code int
-		if key, code = resolve(ctx, b, query.KeyPrefix, stdout, stderr); key == "" {
+		if key, code = resolve(ctx, b, query.KeyPrefix, o.lease, stdout, stderr); key == "" {
 			return code
 		}
 	}
 	info, found, err := b.in.Inspect(ctx, key)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemctl: inspect %s: %v\n", b.layout, err)
+		printHints(ctx, b, stderr)
 		return exitFail
 	}
 	if !found {
@@ -174,7 +181,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		if listed {
 			fmt.Fprintln(stdout, "the store still keeps it: an in-progress record whose lease lapsed (its holder stopped renewing), until it is purged or taken over")
 		} else {
-			fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
+			notFound(ctx, b, stderr)
 		}
 		return exitFail
 	}
@@ -183,7 +190,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		view = stderr
 	}
 	fmt.Fprintf(view, "scoped key   %s\nstore key    %s\n", key, b.storeKey(key))
-	printRecord(view, info, time.Now())
+	printRecord(view, info, o.lease, time.Now())
+	if j, ok := b.in.(idem.Journal); ok {
+		steps, err := j.Steps(ctx, key)
+		if err != nil {
+			fmt.Fprintf(stderr, "idemctl: steps: %v\n", err)
+			return exitFail
+		}
+		printSteps(view, steps)
+	}
 	switch {
 	case cmd == "show" && o.body:
 		return dumpBody(info, stdout, stderr)
@@ -309,7 +324,7 @@ const maxMatches = 10
 // resolve looks up the one record whose scoped key starts with prefix. It
 // returns "" and the exit code when there is none or more than one (then
 // listed).
-func resolve(ctx context.Context, b *backend, prefix string, stdout, stderr io.Writer) (string, int) {
+func resolve(ctx context.Context, b *backend, prefix string, lv leaseView, stdout, stderr io.Writer) (string, int) {
 	if b.ls == nil {
 		fmt.Fprintf(stderr, "idemctl: %s cannot look a key prefix up; give the 64-hex scoped key or the request\n", b.layout)
 		return "", exitUsage
@@ -320,6 +335,7 @@ func resolve(ctx context.Context, b *backend, prefix string, stdout, stderr io.W
 		page, err := b.ls.List(ctx, q)
 		if err != nil {
 			fmt.Fprintf(stderr, "idemctl: look the key prefix up in %s: %v\n", b.layout, err)
+			printHints(ctx, b, stderr)
 			return "", exitFail
 		}
 		for _, r := range page.Records { // Redis SCAN may return a key twice
@@ -335,18 +351,18 @@ func resolve(ctx context.Context, b *backend, prefix string, stdout, stderr io.W
 	switch len(found) {
 	case 0:
 		fmt.Fprintf(stdout, "key prefix   %s\nno record's scoped key starts with it\n", prefix)
-		fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
+		notFound(ctx, b, stderr)
 		return "", exitFail
 	case 1:
 		return found[0].Key, exitOK
 	}
 	fmt.Fprintf(stdout, "key prefix   %s is ambiguous; give more of the scoped key. Records found:\n", prefix)
-	printList(stdout, found[:min(len(found), maxMatches)])
+	printList(stdout, found[:min(len(found), maxMatches)], lv)
 	return "", exitFail
 }
 
 // list prints one page of records and how to ask for the next.
-func list(ctx context.Context, b *backend, q idem.ListQuery, stdout, stderr io.Writer) int {
+func list(ctx context.Context, b *backend, q idem.ListQuery, lv leaseView, stdout, stderr io.Writer) int {
 	if b.ls == nil {
 		fmt.Fprintf(stderr, "idemctl: %s cannot list records\n", b.layout)
 		return exitUsage
@@ -354,6 +370,7 @@ func list(ctx context.Context, b *backend, q idem.ListQuery, stdout, stderr io.W
 	page, err := b.ls.List(ctx, q)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemctl: list %s: %v\n", b.layout, err)
+		printHints(ctx, b, stderr)
 		return exitFail
 	}
 	// Soonest expiry first: stuck leases, then the oldest records (SQL and
@@ -365,31 +382,92 @@ func list(ctx context.Context, b *backend, q idem.ListQuery, stdout, stderr io.W
 		fmt.Fprintln(stdout, "none in this part of the store")
 	case len(page.Records) == 0 && q.Cursor == "":
 		fmt.Fprintln(stdout, "no records")
-		fmt.Fprintf(stderr, "idemctl: nothing found in %s; %s\n", b.layout, b.hint)
+		notFound(ctx, b, stderr)
 	}
-	printList(stdout, page.Records)
+	printList(stdout, page.Records, lv)
 	if page.Next != "" {
 		fmt.Fprintf(stdout, "more: run again with -cursor %s\n", page.Next)
 	}
 	return exitOK
 }
 
-// printList writes one line per record: scoped key, state, and the time
-// left on its lease (held, or lapsed: its holder stopped), its keep
-// (uncertain) or its retention.
-func printList(w io.Writer, recs []idem.ListedRecord) {
+// printList writes one line per record: scoped key, state, the time left
+// on its lease (and whether its holder renews it, or it lapsed), its keep
+// (uncertain) or its retention, and the lease owner. The route is not
+// shown: stores keep only the hashed scoped key (idem.ScopedKey).
+func printList(w io.Writer, recs []idem.ListedRecord, lv leaseView) {
 	for _, r := range recs {
 		ttl := roundTTL(r.TTL)
 		switch {
 		case r.State == idem.StateUncertain:
-			fmt.Fprintf(w, "%s  uncertain    holder stopped mid-request: retries get 409 until resolved (release or complete), kept %v more, owner %s\n", r.Key, ttl, r.Token)
+			fmt.Fprintf(w, "%s  uncertain    holder stopped mid-request: retries get 409 until resolved (release or complete), kept %v more, owner %s\n", r.Key, ttl, owner(r.Token))
+		case r.State == idem.StateInProgress && r.TTL > 0 && lv.renewing(r.TTL):
+			fmt.Fprintf(w, "%s  in-progress  lease held, %v left, renewed or new (above %v): retries get 409, owner %s\n", r.Key, ttl, lv.floor(), owner(r.Token))
 		case r.State == idem.StateInProgress && r.TTL > 0:
-			fmt.Fprintf(w, "%s  in-progress  lease held, %v left: retries get 409 (stuck if its holder no longer runs), owner %s\n", r.Key, ttl, r.Token)
+			fmt.Fprintf(w, "%s  in-progress  lease held, %v left, NOT renewed (at most %v: its holder stopped): retries get 409 until it lapses, owner %s\n", r.Key, ttl, lv.floor(), owner(r.Token))
 		case r.State == idem.StateInProgress:
-			fmt.Fprintf(w, "%s  in-progress  lease lapsed %v ago: its holder stopped renewing, the next request executes, owner %s\n", r.Key, -ttl, r.Token)
+			fmt.Fprintf(w, "%s  in-progress  lease lapsed %v ago: its holder stopped renewing, the next request executes, owner %s\n", r.Key, -ttl, owner(r.Token))
 		default:
 			fmt.Fprintf(w, "%s  %s    expires in %v\n", r.Key, r.State, ttl)
 		}
+	}
+}
+
+// leaseView is what tells a holder that renews its lease from one that
+// stopped: the service's lease and store timeout (-lease, -store-timeout).
+type leaseView struct{ lease, storeTimeout time.Duration }
+
+// floor is the least time a renewing holder's lease has left: the engine
+// writes a full lease every lease/3, and a renewal's round trip and the
+// read's take up to a store timeout each (the rule of the engine's 409
+// Retry-After, core/engine.go conflictRetryAfter).
+func (lv leaseView) floor() time.Duration { return lv.lease - lv.lease/3 - 2*lv.storeTimeout }
+
+// renewing reports whether an in-progress record's lease, with left on it,
+// is above the floor: its holder renews it, or took it less than
+// lease - left ago.
+func (lv leaseView) renewing(left time.Duration) bool { return left > lv.floor() }
+
+// holder says whether the holder of an in-progress lease with left on it
+// still renews it.
+func (lv leaseView) holder(left time.Duration) string {
+	switch {
+	case left > lv.lease:
+		return fmt.Sprintf("%v left is more than -lease %v: pass the service's lease (idem.WithLease) as -lease to tell whether its holder renews", roundTTL(left), lv.lease)
+	case lv.floor() <= 0:
+		return fmt.Sprintf("unknown: -lease %v is too short beside -store-timeout %v to tell", lv.lease, lv.storeTimeout)
+	case lv.renewing(left):
+		return fmt.Sprintf("renews it, or took it less than %v ago: %v left is above %v, the least a renewing holder keeps (-lease %v - lease/3 - 2 × -store-timeout %v); show again after %v to tell",
+			roundTTL(lv.lease-left), roundTTL(left), lv.floor(), lv.lease, lv.storeTimeout, roundTTL(left-lv.floor()))
+	}
+	return fmt.Sprintf("stopped renewing (crashed, or its process stalls): %v left is at most %v, the least a renewing holder keeps (-lease %v - lease/3 - 2 × -store-timeout %v); the lease lapses in %v, then the next request executes",
+		roundTTL(left), lv.floor(), lv.lease, lv.storeTimeout, roundTTL(left))
+}
+
+// owner names the host and process id that hold a lease, read from its
+// token ([idem.TokenOwner]), and the token itself.
+func owner(token string) string {
+	if token == "" {
+		return "unknown (no token stored)"
+	}
+	if host, pid, ok := idem.TokenOwner(token); ok {
+		return fmt.Sprintf("host %s, pid %d (token %s)", host, pid, token)
+	}
+	return token + " (names no host and process: not an engine's host:pid:random.counter token)"
+}
+
+// notFound says on stderr where nothing was found and what idemctl
+// checked there (backend.hints): only what is true.
+func notFound(ctx context.Context, b *backend, stderr io.Writer) {
+	fmt.Fprintf(stderr, "idemctl: nothing found in %s\n", b.layout)
+	printHints(ctx, b, stderr)
+}
+
+// printHints writes what idemctl checked is true of the layout
+// (backend.hints) on stderr, one line each.
+func printHints(ctx context.Context, b *backend, stderr io.Writer) {
+	for _, h := range b.hints(ctx) {
+		fmt.Fprintf(stderr, "idemctl: %s\n", h)
 	}
 }
 
@@ -425,19 +503,20 @@ func dumpBody(info idem.RecordInfo, stdout, stderr io.Writer) int {
 // (and the expiry it gives from now), lease owner, fingerprint, and for
 // completed records the stored status, header lines (sorted by name) and
 // body size, decoded from the record's response ([idem.DecodeResponse]).
-func printRecord(w io.Writer, info idem.RecordInfo, now time.Time) {
+func printRecord(w io.Writer, info idem.RecordInfo, lv leaseView, now time.Time) {
 	fmt.Fprintf(w, "state        %s\n", info.State)
 	ttl := roundTTL(info.TTL)
 	at := now.Add(info.TTL).UTC().Format(time.RFC3339)
 	switch info.State {
 	case idem.StateInProgress:
 		fmt.Fprintf(w, "expires in   %v, at %s (lease: a handler that still runs renews it every lease/3)\n", ttl, at)
-		fmt.Fprintf(w, "lease owner  %s\n", info.Token)
+		fmt.Fprintf(w, "lease owner  %s\n", owner(info.Token))
+		fmt.Fprintf(w, "holder       %s\n", lv.holder(info.TTL))
 	case idem.StateCompleted:
 		fmt.Fprintf(w, "expires in   %v, at %s (retention)\n", ttl, at)
 	case idem.StateUncertain:
 		fmt.Fprintf(w, "expires in   %v, at %s (uncertain: its holder stopped mid-request; retries get 409 operation-uncertain until release or complete)\n", ttl, at)
-		fmt.Fprintf(w, "lease owner  %s\n", info.Token)
+		fmt.Fprintf(w, "lease owner  %s\n", owner(info.Token))
 	case idem.StateExpired:
 		fmt.Fprintf(w, "expires in   %v, at %s (tombstone: the response is gone; retries get 410 key-expired)\n", ttl, at)
 	}
@@ -462,6 +541,19 @@ func printRecord(w io.Writer, info idem.RecordInfo, now time.Time) {
 		}
 	}
 	fmt.Fprintf(w, "body         %d bytes\n", len(r.Body))
+}
+
+// printSteps prints the record's step journal ([idem.Step]), one line a
+// step in the order they started: done (with the result's size), or
+// started and not done, by its starter.
+func printSteps(w io.Writer, steps []idem.StepEntry) {
+	for _, st := range steps {
+		if st.Done {
+			fmt.Fprintf(w, "step         %s: done, result %d bytes (started by %s)\n", st.Name, len(st.Result), owner(st.Token))
+			continue
+		}
+		fmt.Fprintf(w, "step         %s: started, not done: its outcome is unknown if its holder stopped (started by %s)\n", st.Name, owner(st.Token))
+	}
 }
 
 // confirm asks the operator and reports whether the answer is y or yes.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -43,6 +44,9 @@ type testStore struct {
 	args       []string
 	keepsLapse bool
 	scans      bool // pages are whole SCAN batches (Redis), not exactly -limit records
+	// wrongLayout are flags naming a layout the service does not use (a
+	// table, collection or prefix that holds nothing).
+	wrongLayout []string
 }
 
 func redisBackend(t *testing.T) testStore {
@@ -68,7 +72,8 @@ func redisBackend(t *testing.T) testStore {
 			client.Del(ctx, iter.Val())
 		}
 	})
-	return testStore{store: redisstore.New(client, redisstore.WithPrefix(prefix)), args: []string{"-store", u, "-prefix", prefix}, scans: true}
+	return testStore{store: redisstore.New(client, redisstore.WithPrefix(prefix)), args: []string{"-store", u, "-prefix", prefix}, scans: true,
+		wrongLayout: []string{"-prefix", "idemctl-test-none:" + rand.Text() + ":"}}
 }
 
 func mongoBackend(t *testing.T) testStore {
@@ -89,7 +94,8 @@ func mongoBackend(t *testing.T) testStore {
 	})
 	s := mongostore.New(coll)
 	t.Cleanup(func() { _ = s.Close() })
-	return testStore{store: s, args: []string{"-store", u, "-collection", "idemctl_test." + coll.Name()}, keepsLapse: true}
+	return testStore{store: s, args: []string{"-store", u, "-collection", "idemctl_test." + coll.Name()}, keepsLapse: true,
+		wrongLayout: []string{"-collection", "idemctl_test.none" + strings.ToLower(rand.Text())}}
 }
 
 func postgresBackend(t *testing.T) testStore {
@@ -115,7 +121,8 @@ func postgresBackend(t *testing.T) testStore {
 	if err := s.EnsureSchema(ctx); err != nil {
 		t.Fatalf("PostgreSQL at %s (IDEM_POSTGRES_URL): %v", u, err)
 	}
-	return testStore{store: s, args: []string{"-store", u, "-table", table}, keepsLapse: true}
+	return testStore{store: s, args: []string{"-store", u, "-table", table}, keepsLapse: true,
+		wrongLayout: []string{"-table", "idemctl_none_" + strings.ToLower(rand.Text()[:12])}}
 }
 
 func mysqlBackend(t *testing.T) testStore {
@@ -147,11 +154,9 @@ func mysqlBackend(t *testing.T) testStore {
 	if err := s.EnsureSchema(ctx); err != nil {
 		t.Fatalf("MySQL at %s (IDEM_MYSQL_DSN): %v", cfg.Addr, err)
 	}
-	u := "mysql://" + cfg.User
-	if cfg.Passwd != "" {
-		u += ":" + cfg.Passwd
-	}
-	return testStore{store: s, args: []string{"-store", u + "@" + cfg.Addr + "/" + cfg.DBName, "-table", table}, keepsLapse: true}
+	// The service's own address form: go-sql-driver's DSN.
+	return testStore{store: s, args: []string{"-store", dsn, "-table", table}, keepsLapse: true,
+		wrongLayout: []string{"-table", "idemctl_none_" + strings.ToLower(rand.Text()[:12])}}
 }
 
 var backends = map[string]func(*testing.T) testStore{
@@ -184,7 +189,9 @@ func testStuckRecord(t *testing.T, b testStore) {
 	scoped := idem.ScopedKey("acct_1", "POST", "/v1/payments", "pay-7f3a")
 	// The crashed process: it took the lease for an hour and never came back.
 	fp := idem.Fingerprint("POST", "/v1/payments", "", "application/json", body)
-	if _, ok, err := b.store.Acquire(ctx, scoped, "crashed-instance.17", fp, time.Hour); err != nil || !ok {
+	// Its lease (the service's -lease 3m) has a minute left: below the
+	// 116s (3m - 1m - 2 × 2s) a holder that renews keeps.
+	if _, ok, err := b.store.Acquire(ctx, scoped, "web-3:4242:K7QXR2MZLJ2XW5RV.17", fp, time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire for the crashed process = %v, %v", ok, err)
 	}
 	if x, resp := engine.Begin(ctx, request()); x != nil || resp == nil || resp.Status != http.StatusConflict {
@@ -202,13 +209,18 @@ func testStuckRecord(t *testing.T, b testStore) {
 		return code, out.String()
 	}
 	scope := []string{"-principal", "acct_1", "-route", "/v1/payments", "-key", "pay-7f3a"}
-	code, out := idemctl("", append([]string{"show"}, scope...)...)
-	for _, want := range []string{"scoped key   " + scoped, "store key    ", "state        in-progress", "lease owner  crashed-instance.17", "fingerprint  " + fp} {
+	code, out := idemctl("", append([]string{"show", "-lease", "3m"}, scope...)...)
+	for _, want := range []string{"scoped key   " + scoped, "store key    ", "state        in-progress",
+		"lease owner  host web-3, pid 4242 (token web-3:4242:K7QXR2MZLJ2XW5RV.17)", "holder       stopped renewing", "fingerprint  " + fp} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Fatalf("show = %d\n%s\nwant exit 0 and %q", code, out, want)
 		}
 	}
-	if code, byHex := idemctl("", "show", "-scoped-key", strings.ToUpper(scoped)); code != exitOK || withoutTTL(byHex) != withoutTTL(out) {
+	if code, out := idemctl("", append([]string{"list", "-lease", "3m", "-state", "in-progress"}, scope...)...); code != exitOK ||
+		!strings.Contains(out, scoped+"  in-progress  lease held") || !strings.Contains(out, "NOT renewed") || !strings.Contains(out, "host web-3, pid 4242") {
+		t.Fatalf("list of the stopped holder = %d\n%s", code, out)
+	}
+	if code, byHex := idemctl("", "show", "-lease", "3m", "-scoped-key", strings.ToUpper(scoped)); code != exitOK || withoutTTL(byHex) != withoutTTL(out) {
 		t.Fatalf("show -scoped-key = %d\n%s\nwant the same view as by scope", code, byHex)
 	}
 
@@ -225,10 +237,19 @@ func testStuckRecord(t *testing.T, b testStore) {
 		t.Fatalf("evict -yes = %d\n%s", code, out)
 	}
 
-	// The retry executes now.
+	// The retry executes now; while it runs, show names this host and
+	// process, and a lease above the floor (the engine's default 30s lease,
+	// just taken).
 	x, resp := engine.Begin(ctx, request())
 	if x == nil {
 		t.Fatalf("retry after eviction was not executed: %+v", resp)
+	}
+	host, _ := os.Hostname()
+	code, out = idemctl("", append([]string{"show"}, scope...)...)
+	for _, want := range []string{fmt.Sprintf("lease owner  host %s, pid %d (token ", host, os.Getpid()), "holder       renews it, or took it less than"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("show of a running execution = %d\n%s\nwant %q", code, out, want)
+		}
 	}
 	_, _ = x.Write([]byte(`{"id":"pay_1","status":"succeeded"}`))
 	x.Finish(http.StatusCreated, http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}})
@@ -243,8 +264,21 @@ func testStuckRecord(t *testing.T, b testStore) {
 	if code, out := idemctl("yes\n", append([]string{"evict"}, scope...)...); code != exitOK || !strings.Contains(out, "Evict this completed record?") {
 		t.Fatalf("evict completed, answered yes = %d\n%s", code, out)
 	}
-	if code, out := idemctl("", append([]string{"show"}, scope...)...); code != exitFail || !strings.Contains(out, "no live record") {
-		t.Fatalf("show after eviction = %d\n%s", code, out)
+	// After an eviction the table, collection or prefix is the service's:
+	// no hint says otherwise (the store still holds other records).
+	if _, ok, err := b.store.Acquire(ctx, strings.Repeat("f", 64-16)+randomHex(16), "other", fp, time.Hour); err != nil || !ok {
+		t.Fatalf("Acquire of another record = %v, %v", ok, err)
+	}
+	var errOut bytes.Buffer
+	showArgs := append(append([]string{"show"}, b.args...), scope...)
+	if code := run(ctx, showArgs, strings.NewReader(""), &bytes.Buffer{}, &errOut); code != exitFail || strings.Contains(errOut.String(), "pass ") {
+		t.Fatalf("show after eviction = %d, stderr:\n%s\nwant exit 1 and no layout hint", code, errOut.String())
+	}
+	// A layout the service does not use: the hint names the flag.
+	errOut.Reset()
+	if code := run(ctx, append(showArgs, b.wrongLayout...), strings.NewReader(""), &bytes.Buffer{}, &errOut); code != exitFail ||
+		!strings.Contains(errOut.String(), "pass the same "+b.wrongLayout[0]) && !strings.Contains(errOut.String(), "pass "+b.wrongLayout[0]) {
+		t.Fatalf("show %v = %d, stderr:\n%s\nwant the %s hint", b.wrongLayout, code, errOut.String(), b.wrongLayout[0])
 	}
 }
 
@@ -272,6 +306,9 @@ func TestUsage(t *testing.T) {
 		{"list", "-store", "redis://127.0.0.1:1/0", "-limit", "0"},                                                    // empty pages
 		{"list", "-store", "postgres://127.0.0.1:1/test?sslmode=bogus"},                                               // bad URL
 		{"list", "-store", "redis://127.0.0.1:1/0", "key=zz"},                                                         // not hex
+		{"list", "-store", "root@tcp(127.0.0.1:1)/"},                                                                  // a MySQL DSN with no database
+		{"list", "-store", "127.0.0.1:6379"},                                                                          // an address, no form
+		{"show", "-store", "redis://127.0.0.1:1/0", "-lease", "0", "20749a9e2ab7c3dd"},                                // no lease
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(context.Background(), args, strings.NewReader(""), &out, &errOut); code != exitUsage || errOut.Len() == 0 {
@@ -280,23 +317,75 @@ func TestUsage(t *testing.T) {
 	}
 }
 
-// withoutTTL drops the "expires in" line, which changes between two calls.
+// withoutTTL drops the "expires in" and "holder" lines, which change
+// between two calls.
 func withoutTTL(out string) string {
-	lines := strings.Split(out, "\n")
-	for i, l := range lines {
-		if strings.HasPrefix(l, "expires in") {
-			return strings.Join(append(lines[:i:i], lines[i+1:]...), "\n")
+	var kept []string
+	for l := range strings.Lines(out) {
+		if !strings.HasPrefix(l, "expires in") && !strings.HasPrefix(l, "holder") {
+			kept = append(kept, l)
 		}
 	}
-	return out
+	return strings.Join(kept, "")
 }
 
 // A completed record whose response does not decode is shown with its
 // size and the decoding error, never hidden.
 func TestPrintRecordUndecodable(t *testing.T) {
 	var b strings.Builder
-	printRecord(&b, idem.RecordInfo{Record: idem.Record{State: idem.StateCompleted, Fingerprint: "fp", Response: []byte{9, 9, 9}}}, time.Now())
+	printRecord(&b, idem.RecordInfo{Record: idem.Record{State: idem.StateCompleted, Fingerprint: "fp", Response: []byte{9, 9, 9}}}, leaseView{idem.DefaultLease, idem.DefaultStoreTimeout}, time.Now())
 	if out := b.String(); !strings.Contains(out, "response     3 bytes that do not decode") || strings.Contains(out, "status") {
 		t.Fatalf("printRecord of an undecodable response:\n%s", out)
+	}
+}
+
+// TestAddressForms: besides the service's own address (the backends
+// above: go-sql-driver's DSN, pgx's URL, Redis URL, MongoDB URI), idemctl
+// takes a mysql:// URL and pgx's keyword/value DSN for the same store.
+func TestAddressForms(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for name, tc := range map[string]struct {
+		backend func(*testing.T) testStore
+		form    func(t *testing.T, addr string) string
+	}{
+		"mysql URL": {mysqlBackend, func(t *testing.T, dsn string) string {
+			cfg, err := mysql.ParseDSN(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u := "mysql://" + cfg.User
+			if cfg.Passwd != "" {
+				u += ":" + cfg.Passwd
+			}
+			return u + "@" + cfg.Addr + "/" + cfg.DBName
+		}},
+		"postgres keyword/value": {postgresBackend, func(t *testing.T, u string) string {
+			cfg, err := pgxpool.ParseConfig(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := cfg.ConnConfig
+			dsn := fmt.Sprintf("host=%s port=%d user=%s dbname=%s", c.Host, c.Port, c.User, c.Database)
+			if c.Password != "" {
+				dsn += " password=" + c.Password
+			}
+			return dsn
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := tc.backend(t)
+			key := randomHex(64)
+			if _, ok, err := b.store.Acquire(ctx, key, "web-1:7:ABC.1", "fp", time.Hour); err != nil || !ok {
+				t.Fatalf("Acquire = %v, %v", ok, err)
+			}
+			args := append([]string{"show"}, b.args...)
+			args[2] = tc.form(t, args[2]) // "-store" ADDR
+			args = append(args, key)
+			var out, errOut bytes.Buffer
+			if code := run(ctx, args, strings.NewReader(""), &out, &errOut); code != exitOK || !strings.Contains(out.String(), "lease owner  host web-1, pid 7") {
+				t.Fatalf("idemctl %q = %d\n%s%s", args, code, out.String(), errOut.String())
+			}
+		})
 	}
 }

@@ -102,7 +102,9 @@ func (s *suite) testReplayCheck(t *testing.T) {
 // testFingerprints: with a multipart fingerprint a body re-sent with
 // another boundary replays; with a JSON fingerprint a re-ordered body and a
 // changed excluded member replay while a changed member that counts is
-// 422; the handler always reads the body as sent.
+// 422; the handler always reads the body as sent; a record made under a
+// fingerprint function the engine does not know is 422
+// fingerprint-changed.
 func (s *suite) testFingerprints(t *testing.T) {
 	app, base := s.serve(t, nil, idem.WithFingerprint(idem.MultipartFingerprint()))
 	multipartCall := func(amount string) call {
@@ -148,11 +150,30 @@ func (s *suite) testFingerprints(t *testing.T) {
 	}
 	wantProblem(t, s.do(t, base, jsonCall(`{"amount":200,"note":"a"}`)), http.StatusUnprocessableEntity, "key-reused")
 	wantExecutions(t, app, 1)
+
+	// A record made under a function this engine does not know (another
+	// deploy's): 422 fingerprint-changed, nothing executed.
+	store := s.cfg.NewStore(t)
+	app, base = s.serve(t, store, idem.WithFingerprint(idem.JSONFingerprint()))
+	if r := s.do(t, base, jsonCall(`{"amount":100}`)); r.status != 201 {
+		t.Fatalf("first: %d", r.status)
+	}
+	other, otherBase := s.serve(t, store)
+	wantProblem(t, s.do(t, otherBase, jsonCall(`{"amount":100}`)), http.StatusUnprocessableEntity, "fingerprint-changed")
+	wantExecutions(t, app, 1)
+	wantExecutions(t, other, 0)
 }
 
-// keptStore is a store that keeps records ([idem.Keeper]) but neither
-// renews leases nor lives in the process: a held handler's lease lapses
-// as a crashed holder's would.
+// Crashable returns s, which must implement [idem.Keeper], as a store
+// that keeps records but neither renews leases ([idem.Extender]) nor lives
+// in the process ([idem.LocalStore]): an execution held in its handler
+// loses its lease as a crashed holder's would, for tests driving the
+// engine into "operation-uncertain" ([idem.WithUncertainAfterCrash]). It
+// panics when s is not a Keeper.
+func Crashable(s idem.Store) idem.Store {
+	return keptStore{Store: s, Keeper: s.(idem.Keeper)}
+}
+
 type keptStore struct {
 	idem.Store
 	idem.Keeper
@@ -164,11 +185,10 @@ type keptStore struct {
 // slow rather than dead, still completes, and retries then replay.
 func (s *suite) testUncertain(t *testing.T) {
 	store := s.cfg.NewStore(t)
-	k, ok := store.(idem.Keeper)
-	if !ok {
+	if _, ok := store.(idem.Keeper); !ok {
 		t.Fatalf("%T: the suite's store must implement idem.Keeper", store)
 	}
-	app, base := s.serve(t, keptStore{Store: store, Keeper: k},
+	app, base := s.serve(t, Crashable(store),
 		idem.WithStoreTimeout(250*time.Millisecond), idem.WithLease(time.Second), idem.WithUncertainAfterCrash(time.Hour))
 	var wg sync.WaitGroup
 	var first result

@@ -353,3 +353,30 @@ func (p *proc) stop() {
 		p.kill()
 	}
 }
+
+// TestRelayedNATS and TestRelayedAMQP run the command as documented
+// (-publish): payments committed with their payment.created events in an
+// outbox, relayed to the broker, consumed with idem: one receipt each.
+func TestRelayedNATS(t *testing.T) { testRelayed(t, "nats") }
+
+func TestRelayedAMQP(t *testing.T) { testRelayed(t, "amqp") }
+
+func testRelayed(t *testing.T, broker string) {
+	w := newWorld(t, broker)
+	t.Cleanup(func() {
+		for _, table := range []string{w.name + "_events", w.name + "_events_partitions", w.name + "_payments"} {
+			_, _ = w.pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+pgx.Identifier{table}.Sanitize())
+		}
+	})
+	out, err := exec.Command(bin, "-broker", broker, "-name", w.name, "-publish", "5").CombinedOutput()
+	if err != nil {
+		t.Fatalf("consumer -publish 5: %v\n%s", err, out)
+	}
+	if total, distinct := w.count(); total != 5 || distinct != 5 {
+		t.Fatalf("%d receipts for %d payments, want 5 for 5\n%s", total, distinct, out)
+	}
+	var unsent int
+	if err := w.pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{w.name + "_events"}.Sanitize()+` WHERE sent_at IS NULL`).Scan(&unsent); err != nil || unsent != 0 {
+		t.Fatalf("%d events unsent (%v), want 0", unsent, err)
+	}
+}

@@ -1,6 +1,6 @@
 // Command consumer is a payments-event consumer that sends one receipt
 // email per payment, however often the broker delivers the event: each
-// payment.succeeded message writes one row to a PostgreSQL outbox table
+// payment.created message writes one row to a PostgreSQL outbox table
 // (the email sender's queue) through the execution's transaction
 // (pgstore.Tx), so the row commits together with idem's record, exactly
 // once even when the consumer is killed between the write and the ack.
@@ -8,9 +8,11 @@
 //
 //	go run ./examples/consumer -broker nats -publish 5   # or -broker amqp
 //
-// It publishes 5 payments (each twice, with the same message id: JetStream
-// drops the second copy itself within its duplicate window, RabbitMQ
-// delivers both), handles them, prints the outbox, and exits once idle. Without -publish it
+// It plays the payments service first: 5 payments, each committed with its
+// payment.created event in one transaction (outbox.Enqueue into the table
+// <name>_events), published by an outbox relay (message id
+// "payment.created:<payment id>": Nats-Msg-Id, AMQP message-id); then it
+// handles them, prints the receipts, and exits once idle. Without -publish it
 // consumes until SIGINT or SIGTERM. The other flags inject the failures
 // examples/consumer's tests play (slow handlers to be killed in, lost acks)
 // and run it without idem (-idem=false) for comparison.
@@ -33,17 +35,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
 
 	"github.com/idemkit/idem/adapters/idemamqp"
 	"github.com/idemkit/idem/adapters/idemnats"
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/observability/idemotel"
+	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/stores/pgstore"
 )
 
-// Payment is the payment.succeeded event.
+// Payment is the payment.created event.
 type Payment struct {
 	ID     string `json:"id"`
 	Email  string `json:"email"`
@@ -74,7 +80,7 @@ func main() {
 	flag.StringVar(&o.pgURL, "postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL")
 	flag.StringVar(&o.name, "name", "payments", "stream (upper-cased) or queue name; also the prefix of the tables <name>_idem and <name>_outbox")
 	flag.BoolVar(&o.useIdem, "idem", true, "handle messages through idem (false: plain at-least-once handling, for comparison)")
-	flag.IntVar(&o.publish, "publish", 0, "publish this many payments, each twice, before consuming; then exit once idle")
+	flag.IntVar(&o.publish, "publish", 0, "commit this many payments with their payment.created events in an outbox (table <name>_events) and relay them while consuming; then exit once idle")
 	flag.DurationVar(&o.exitIdle, "exit-idle", 0, "exit after this long without a message (default 2s with -publish, else never)")
 	flag.DurationVar(&o.slow, "slow", 0, "handler time after its outbox write (a window to be killed in)")
 	flag.DurationVar(&o.ackDelay, "ack-delay", 0, "pause before each ack (a window to be killed in after the commit)")
@@ -161,6 +167,8 @@ func run(ctx context.Context, o options) error {
 // receipt email. Through idem it is written in the execution's
 // transaction; without idem it commits at once.
 func (c *consumer) sendReceipt(ctx context.Context, body []byte) error {
+	ctx, span := otel.Tracer("examples/consumer").Start(ctx, "payment.created process")
+	defer span.End()
 	var p Payment
 	if err := json.Unmarshal(body, &p); err != nil || p.ID == "" {
 		return idem.Permanent(fmt.Errorf("unreadable payment event %q", body)) // never retried
@@ -237,6 +245,64 @@ func (c *consumer) printOutbox() error {
 	return rows.Err()
 }
 
+// payments plays the payments service (-publish): each payment row commits
+// with its payment.created event in one transaction, and a relay publishes
+// the committed events to subject (the NATS subject, or the AMQP routing
+// key) until ctx is done.
+func (c *consumer) payments(ctx context.Context, subject string, pub outbox.Publisher) error {
+	if c.o.publish == 0 {
+		return nil
+	}
+	db := stdlib.OpenDBFromPool(c.pool)
+	ob, err := outbox.New(outbox.PostgreSQL, outbox.WithTable(c.o.name+"_events"), outbox.WithHeaders(idemotel.InjectTraceContext))
+	if err != nil {
+		return err
+	}
+	if err := ob.EnsureSchema(ctx, db); err != nil {
+		return err
+	}
+	payments := pgx.Identifier{c.o.name + "_payments"}.Sanitize()
+	if _, err := c.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+payments+` (id text PRIMARY KEY, email text NOT NULL, amount integer NOT NULL)`); err != nil {
+		return err
+	}
+	for _, p := range samplePayments(c.o.publish) {
+		b, _ := json.Marshal(p)
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+payments+` (id, email, amount) VALUES ($1, $2, $3)`, p.ID, p.Email, p.Amount); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		err = ob.Enqueue(ctx, tx, outbox.Message{ID: "payment.created:" + p.ID, Key: p.Email, Subject: subject, Payload: b})
+		if err == nil {
+			err = tx.Commit()
+		} else {
+			_ = tx.Rollback()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	relay, err := outbox.NewRelay(db, ob, pub, outbox.WithPollInterval(50*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	go func() { _ = relay.Run(ctx) }()
+	for { // until the relay published them all: then the idle clock starts
+		n, _, err := relay.Pending(ctx)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			c.last.Store(time.Now().UnixNano())
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func samplePayments(n int) []Payment {
 	ps := make([]Payment, n)
 	stamp := time.Now().UnixNano()
@@ -266,16 +332,8 @@ func (c *consumer) runNATS(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	for _, p := range samplePayments(c.o.publish) {
-		b, _ := json.Marshal(p)
-		for range 2 { // a publisher retry: the same message id twice
-			msg := nats.NewMsg(name + ".succeeded")
-			msg.Data = b
-			msg.Header.Set(jetstream.MsgIDHeader, p.ID)
-			if _, err := js.PublishMsg(ctx, msg); err != nil {
-				return err
-			}
-		}
+	if err := c.payments(ctx, name+".payment.created", idemnats.NewPublisher(js)); err != nil {
+		return err
 	}
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable: "receipts", AckPolicy: jetstream.AckExplicitPolicy, AckWait: c.o.ackWait, MaxAckPending: 16,
@@ -283,7 +341,10 @@ func (c *consumer) runNATS(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	handle := func(ctx context.Context, msg jetstream.Msg) error { return c.sendReceipt(ctx, msg.Data()) }
+	handle := func(ctx context.Context, msg jetstream.Msg) error {
+		ctx = idemotel.ExtractTraceContext(ctx, msg.Headers().Get) // the payment handler's trace continues here
+		return c.sendReceipt(ctx, msg.Data())
+	}
 	var h jetstream.MessageHandler
 	if c.o.useIdem {
 		h = idemnats.Handler(c.engine, "send-receipt", handle, idemnats.WithRetryDelay(c.o.retryDelay), idemnats.WithLogger(logger))
@@ -339,17 +400,15 @@ func (c *consumer) runAMQP(ctx context.Context, logger *slog.Logger) error {
 	if _, err := pub.QueueDeclare(c.o.name, true, false, false, false, nil); err != nil {
 		return err
 	}
-	for _, p := range samplePayments(c.o.publish) {
-		b, _ := json.Marshal(p)
-		for range 2 { // a publisher retry: the same message id twice
-			if err := pub.PublishWithContext(ctx, "", c.o.name, false, false, amqp.Publishing{
-				MessageId: p.ID, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b,
-			}); err != nil {
-				return err
-			}
-		}
+	publisher := idemamqp.NewPublisher(func() (*amqp.Connection, error) { return amqp.Dial(c.o.amqpURL) }, "")
+	defer func() { _ = publisher.Close() }()
+	if err := c.payments(ctx, c.o.name, publisher); err != nil { // the default exchange routes to the queue by name
+		return err
 	}
-	handle := func(ctx context.Context, d amqp.Delivery) error { return c.sendReceipt(ctx, d.Body) }
+	handle := func(ctx context.Context, d amqp.Delivery) error {
+		ctx = idemotel.ExtractTraceContext(ctx, func(k string) string { v, _ := d.Headers[k].(string); return v })
+		return c.sendReceipt(ctx, d.Body)
+	}
 	var h func(context.Context, amqp.Delivery)
 	if c.o.useIdem {
 		h = idemamqp.Handler(c.engine, "send-receipt", handle, idemamqp.WithRetryDelay(c.o.retryDelay), idemamqp.WithLogger(logger))

@@ -18,18 +18,19 @@ import (
 	"github.com/idemkit/idem/examples/internal/procs"
 )
 
-// TestExamples builds every example service, runs it as its own process with
-// the memory store, plays the demo's scenarios and checks the HTTP contract.
+// TestExamples runs the payments service on every framework as its own process with
+// the memory store (and a second one with -no-idem, for the sign-up without
+// idem), plays the demo's scenarios and checks the HTTP contract.
 func TestExamples(t *testing.T) {
 	for _, name := range procs.Frameworks {
 		t.Run(name, func(t *testing.T) {
-			bin := exampleBin(t, name)
-			p := start(t, bin, "-store", "memory", "-charge-latency", "150ms")
-			d := &demo{url: p.URL, latency: 150 * time.Millisecond, client: &http.Client{Timeout: 10 * time.Second}}
+			p := start(t, name, "-store", "memory", "-charge-latency", "150ms")
+			plain := start(t, name, "-store", "memory", "-charge-latency", "150ms", "-no-idem")
+			d := &demo{url: p.URL, plainURL: plain.URL, latency: 150 * time.Millisecond, client: &http.Client{Timeout: 10 * time.Second}}
 			t.Run("Scenarios", func(t *testing.T) {
 				for _, r := range d.run() {
 					if !r.ok() {
-						t.Errorf("%s: %d charges (want %d), %d payment ids, statuses %v", r.scenario, r.charges, r.want, r.ids, r.statuses)
+						t.Errorf("%s: executed %d (want %d), %d ids, statuses %v (want %v)", r.scenario, r.executed, r.want, r.ids, r.statuses, r.check)
 					}
 				}
 				if d.err != nil {
@@ -42,7 +43,7 @@ func TestExamples(t *testing.T) {
 	}
 }
 
-// binDir holds the example binaries this test binary builds (TestMain
+// binDir holds the payments binary this test binary builds (TestMain
 // makes and removes it).
 var binDir string
 
@@ -58,38 +59,35 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// builds are the example binaries by name, each built once for every test
+// payments is the payments service's binary, built once for every test
 // that runs it (go build links anew each time it is called).
-var builds sync.Map // name → *build
-
-type build struct {
+var payments struct {
 	once sync.Once
 	path string
 	err  error
 }
 
-// exampleBin returns the binary of examples/<name>, building it the first
-// time.
-func exampleBin(t *testing.T, name string) string {
+// paymentsBin returns the binary of examples/payments, building it the
+// first time.
+func paymentsBin(t *testing.T) string {
 	t.Helper()
-	v, _ := builds.LoadOrStore(name, new(build))
-	b := v.(*build)
-	b.once.Do(func() { b.path, b.err = procs.Build(context.Background(), binDir, name) })
-	if b.err != nil {
-		t.Fatal(b.err)
+	payments.once.Do(func() { payments.path, payments.err = procs.Build(context.Background(), binDir, "payments") })
+	if payments.err != nil {
+		t.Fatal(payments.err)
 	}
-	return b.path
+	return payments.path
 }
 
-// start runs the example bin with args until the test ends; its logs are
-// shown if the test failed.
-func start(t *testing.T, bin string, args ...string) *procs.Proc {
+// start runs the payments service on framework with args until the test
+// ends; its logs are shown if the test failed.
+func start(t *testing.T, framework string, args ...string) *procs.Proc {
 	t.Helper()
+	bin := paymentsBin(t)
 	logs, err := os.Create(filepath.Join(t.TempDir(), "service.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := procs.Start(bin, logs, args...)
+	p, err := procs.Start(bin, logs, append([]string{"-framework", framework}, args...)...)
 	if err != nil {
 		logs.Close()
 		t.Fatal(err)
@@ -217,7 +215,7 @@ func testContract(t *testing.T, d *demo) {
 	}
 }
 
-// TestStoreUnreachableAtStartup starts every example against a Redis, a
+// TestStoreUnreachableAtStartup starts the service on every framework against a Redis, a
 // MongoDB and a MySQL that are not there: each still starts, serves its unprotected
 // routes, and answers 503 on the protected ones without executing anything.
 // The cases run all at once (each mostly waits for its store's dial to
@@ -227,11 +225,10 @@ func TestStoreUnreachableAtStartup(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for _, name := range procs.Frameworks {
-		bin := exampleBin(t, name)
 		for _, store := range []string{"redis", "mongo", "mysql"} {
 			wg.Go(func() {
 				t.Run(name+"/"+store, func(t *testing.T) {
-					p := start(t, bin, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/",
+					p := start(t, name, "-store", store, "-redis-url", "redis://"+dead+"/0", "-mongo-uri", "mongodb://"+dead+"/",
 						"-mysql-dsn", "root@tcp("+dead+")/test")
 					d := &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}}
 					if n := d.executions(); n != 0 {
@@ -250,7 +247,7 @@ func TestStoreUnreachableAtStartup(t *testing.T) {
 	}
 }
 
-// TestRequestIDEveryStore runs testRequestID through every example with the
+// TestRequestIDEveryStore runs testRequestID through every framework with the
 // Redis, MongoDB and MySQL stores (TestExamples covers the memory store): the
 // header selection must hold whatever store keeps the response.
 func TestRequestIDEveryStore(t *testing.T) {
@@ -267,20 +264,19 @@ func TestRequestIDEveryStore(t *testing.T) {
 	}
 	mysqlDSN := mysqlDatabase(t)
 	for _, name := range procs.Frameworks {
-		bin := exampleBin(t, name)
 		t.Run(name+"/mysql", func(t *testing.T) {
-			p := start(t, bin, "-store", "mysql", "-mysql-dsn", mysqlDSN, "-charge-latency", "1ms")
+			p := start(t, name, "-store", "mysql", "-mysql-dsn", mysqlDSN, "-charge-latency", "1ms")
 			testRequestID(t, &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}})
 		})
 		t.Run(name+"/redis", func(t *testing.T) {
-			p := start(t, bin, "-store", "redis", "-redis-url", redisURL(), "-redis-prefix", prefix, "-charge-latency", "1ms")
+			p := start(t, name, "-store", "redis", "-redis-url", redisURL(), "-redis-prefix", prefix, "-charge-latency", "1ms")
 			testRequestID(t, &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}})
 		})
 		t.Run(name+"/mongo", func(t *testing.T) {
 			if !mongoUp {
 				t.Skipf("MongoDB unreachable at %s (IDEM_MONGO_URI); set CI=true to fail instead", mongoURI)
 			}
-			p := start(t, bin, "-store", "mongo", "-mongo-uri", mongoURI, "-charge-latency", "1ms")
+			p := start(t, name, "-store", "mongo", "-mongo-uri", mongoURI, "-charge-latency", "1ms")
 			testRequestID(t, &demo{url: p.URL, client: &http.Client{Timeout: 10 * time.Second}})
 		})
 	}

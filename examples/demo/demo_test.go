@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,28 @@ func TestDemoOutput(t *testing.T) {
 		if !strings.HasPrefix(l, want[i]) || want[i] == "" && l != "" {
 			t.Errorf("line %d = %q, want it to start with %q", i+1, l, want[i])
 		}
+	}
+	// Every kind of operation, each row's answers and verdict: the retried
+	// order, stock decrement, email and sign-up are replayed, and the
+	// sign-up without idem gets the unique constraint's 409.
+	for name, answers := range map[string]string{
+		"order: answer lost, retried twice":            "201 ×1, 201 replay ×2",
+		"stock: decrement by 1, retried twice":         "200 ×1, 200 replay ×2",
+		"email: answer lost, retried":                  "202 ×1, 202 replay ×1",
+		"sign-up, unique email: retried, with idem":    "201 ×1, 201 replay ×1",
+		"sign-up, unique email: retried, without idem": "201 ×1, 409 ×1",
+	} {
+		i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, name) })
+		if i < 0 {
+			t.Errorf("no row %q", name)
+			continue
+		}
+		if l := lines[i]; !strings.Contains(l, " "+answers+" ") || !strings.Contains(l, " ok") {
+			t.Errorf("row %q, want answers %q and ok", l, answers)
+		}
+	}
+	if i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "stock:") }); i >= 0 && !strings.Contains(lines[i], "stock 100 → 99") {
+		t.Errorf("stock row %q: want the stock to go from 100 to 99 once", lines[i])
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

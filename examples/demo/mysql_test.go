@@ -47,14 +47,19 @@ func TestDemoMySQL(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var rows, records int
-	if err := db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM idem_records WHERE state = 2)`).Scan(&rows, &records); err != nil {
+	var rows, records, signups int
+	if err := db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM idem_records WHERE state = 2), (SELECT count(*) FROM signups)`).Scan(&rows, &records, &signups); err != nil {
 		t.Fatal(err)
 	}
 	if rows == 0 || records == 0 {
 		t.Fatalf("%d payment rows and %d completed records in %s; want both written by the demo", rows, records, cfg.DBName)
 	}
-	t.Logf("%d payment rows, %d completed records\n%s", rows, records, out)
+	// Two sign-ups, with idem and without, each sent twice: one row each,
+	// the second refused by the unique constraint (its 409 in the output).
+	if signups != 2 || !strings.Contains(out, "201 ×1, 409 ×1") {
+		t.Fatalf("%d rows in signups, want 2 (one per sign-up, each retried once)\n%s", signups, out)
+	}
+	t.Logf("%d payment rows, %d completed records, %d signups\n%s", rows, records, signups, out)
 }
 
 // mysqlDatabase returns the DSN of IDEM_MYSQL_DSN's server (default

@@ -1,215 +1,72 @@
-// Command echov5 is the payments API on Echo v5 with idem on its mutating
-// routes. run below wires everything, top to bottom: the store, the engine,
-// the authentication that sets the principal, the idem middleware, the
-// routes. Handlers return errors, which Echo's error handler renders as
-// problems. Run it with
+// Command echov5 is idem on Echo v5 in one file: one store, one handler, graceful
+// shutdown. POST /v1/orders places an order at most once per
+// Idempotency-Key; a retry with the same key gets the stored answer with
+// Idempotent-Replayed: true. Copy this folder to start a service; the full
+// payments service on every framework and store is examples/payments.
 //
-//	go run ./examples/echov5 -store memory
-//
-// and see README.md for the HTTP contract every example serves.
-//
-// This folder is a complete program, copyable on its own (README.md,
-// "Running an example as your own module"): main.go is this framework's
-// wiring; store.go (the command line, the store and its purger, the
-// payments ledger), telemetry.go (/metrics, traces) and payments.go (the
-// fake domain) are the same in every example folder, duplicated so that
-// each folder stands alone.
+//	go run ./examples/echov5
+//	curl -i -X POST localhost:8080/v1/orders -H 'X-User-ID: alice' \
+//	  -H 'Idempotency-Key: order-1' -d '{"sku":"book","quantity":1}'
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
-	"log/slog"
+	"log"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/labstack/echo/v5"
 	"github.com/labstack/echo/v5/middleware"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemechov5"
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/observability/idemotel"
+	"github.com/idemkit/idem/stores/memstore"
 )
 
 func main() {
-	if err := run(parseFlags()); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	addr := flag.String("addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
+	flag.Parse()
+	if err := run(*addr); err != nil {
+		log.Fatal(err)
 	}
 }
 
-func run(flags config) error {
-	// The store -store names (store.go): memory for one process; Redis,
-	// MongoDB, PostgreSQL or MySQL shared by several instances. The SQL
-	// stores run a purger that deletes expired records; closeStore stops it.
-	store, closeStore, err := openStore(flags)
+func run(addr string) error {
+	// One process: memstore. Several instances share redisstore,
+	// mongostore, pgstore or mysqlstore instead.
+	store := memstore.New()
+	defer store.Close()
+	engine, err := idem.New(store) // POST and PATCH need a key; 24h retention, 30s lease
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-
-	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics
-	// (Prometheus text), spans to -trace-file. idemotel turns the engine's
-	// events into metrics and span attributes.
-	metrics, stopTelemetry, err := telemetry(flags)
-	if err != nil {
-		return err
-	}
-	defer stopTelemetry()
-	hook, err := idemotel.NewEventHook()
-	if err != nil {
-		return err
-	}
-
-	// The engine: the rules every protected route shares.
-	engine, err := idem.New(store,
-		idem.WithRetention(flags.TTL),
-		idem.WithLease(flags.Lease),
-		idem.WithStoreTimeout(flags.StoreTimeout),
-		idem.WithUncertainAfterCrash(flags.UncertainAfterCrash),
-		idem.WithEventHook(hook),
-	)
-	if err != nil {
-		return err
-	}
-
-	// The middleware: keys are scoped by the principal authenticate sets.
-	idempotent := idemechov5.New(engine, idemechov5.WithScope(func(c *echo.Context) string {
-		s, _ := echo.ContextGet[string](c, "user_id")
-		return s
-	}))
-	if flags.NoIdem { // the benchmarks' baseline: the same service, unprotected
-		idempotent = func(next echo.HandlerFunc) echo.HandlerFunc { return next }
-	}
-
-	// The routes: recovery and request ids outside everything (idem never
-	// stores or replays what they set: a replay carries this exchange's
-	// X-Request-Id), then authentication, then idem, then the handler (Echo runs route middleware in the order given).
 	e := echo.New()
-	e.HTTPErrorHandler = problem
-	e.Use(middleware.Recover(), middleware.RequestID())
-	// The payments ledger (store.go): with -store postgres or mysql each
-	// payment is a row written through the execution's transaction
-	// (pgstore.Tx, mysqlstore.Tx), committed with the stored response.
-	ledger, closeLedger, err := openLedger(flags)
-	if err != nil {
-		return err
-	}
-	defer closeLedger()
-	api := handlers{svc: newService(flags.ChargeLatency, ledger)}
-	e.POST("/v1/payments", api.createPayment, authenticate, idempotent)
-	e.POST("/v1/refunds", api.createRefund, authenticate, idempotent)
-	e.POST("/v1/exports", api.createExport, authenticate, idempotent)
-	e.GET("/v1/payments/:id", api.getPayment)
-	e.GET("/v1/stats", api.stats)
-	e.GET("/metrics", echo.WrapHandler(metrics))
+	e.Use(middleware.Recover()) // outside idem: a panic releases the key, then recovery answers 500
+	e.POST("/v1/orders", createOrder, authenticate, idemechov5.New(engine, idemechov5.WithScope(func(c *echo.Context) string {
+		s, _ := echo.ContextGet[string](c, "user_id") // keys are scoped per caller
+		return s
+	})))
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
 
-	// Tracing outermost, so that idem finds the request's span in its context.
-	return serve(flags.Addr, &http.Server{Handler: otelhttp.NewHandler(e, "payments"), ReadHeaderTimeout: 10 * time.Second}, engine, api.svc)
-}
-
-// authenticate stands in for real authentication: it trusts X-User-ID.
-func authenticate(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c *echo.Context) error {
-		user := c.Request().Header.Get("X-User-ID")
-		if user == "" {
-			return Unauthenticated
-		}
-		c.Set("user_id", user)
-		return next(c)
-	}
-}
-
-// handlers are the payment endpoints; they know nothing about idem.
-type handlers struct{ svc *Service }
-
-func (h handlers) createPayment(c *echo.Context) error {
-	var req ChargeRequest
-	if err := c.Bind(&req); err != nil {
-		return Invalid("body must be JSON: " + err.Error())
-	}
-	p, err := h.svc.Charge(c.Request().Context(), c.Get("user_id").(string), req)
-	if err != nil {
-		return err
-	}
-	c.Response().Header().Set("Location", "/v1/payments/"+p.ID)
-	return c.JSON(http.StatusCreated, p)
-}
-
-func (h handlers) createRefund(c *echo.Context) error {
-	var req RefundRequest
-	if err := c.Bind(&req); err != nil {
-		return Invalid("body must be JSON: " + err.Error())
-	}
-	rf, err := h.svc.Refund(c.Request().Context(), c.Get("user_id").(string), req)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusCreated, rf)
-}
-
-func (h handlers) createExport(c *echo.Context) error {
-	var req ExportRequest
-	if err := c.Bind(&req); err != nil {
-		return Invalid("body must be JSON: " + err.Error())
-	}
-	b, err := h.svc.Export(c.Request().Context(), req)
-	if err != nil {
-		return err
-	}
-	return c.Blob(http.StatusOK, "application/octet-stream", b)
-}
-
-func (h handlers) getPayment(c *echo.Context) error {
-	if p, ok := h.svc.Payment(c.Param("id")); ok {
-		return c.JSON(http.StatusOK, p)
-	}
-	return &Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")}
-}
-
-func (h handlers) stats(c *echo.Context) error { return c.JSON(http.StatusOK, h.svc.Stats()) }
-
-// problem is Echo's error handler: every error becomes an RFC 9457 problem.
-// In v5 the committed flag is on the *echo.Response beneath c.Response(),
-// and echo.StatusCode reads the status of echo.ErrNotFound and the other
-// predefined errors, which are no longer *echo.HTTPError.
-func problem(c *echo.Context, err error) {
-	if r, _ := echo.UnwrapResponse(c.Response()); r != nil && r.Committed {
-		return
-	}
-	var pe *Error
-	switch code := echo.StatusCode(err); {
-	case errors.As(err, &pe):
-	case code != 0:
-		pe = &Error{Status: code, Title: http.StatusText(code), Detail: err.Error()}
-	default:
-		pe = &Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"}
-	}
-	_ = c.Blob(pe.Status, ProblemContentType, pe.Problem())
-}
-
-// serve listens on addr, prints "listening on http://ADDR" once it accepts
-// connections, and serves srv until SIGINT or SIGTERM. Then it shuts down
-// gracefully: srv stops accepting and lets in-flight requests finish, then
-// engine.Close waits for the completions the engine is still retrying after
-// a store error, all within 10s (more than the 5s net/http waits for a
-// connection that has not sent a request yet). Last it prints
-// "executions N", the provider executions (tests/chaos reads both lines).
-func serve(addr string, srv *http.Server, engine *idem.Engine, svc *Service) error {
+	// Serve until SIGINT or SIGTERM, then shut down gracefully: stop
+	// accepting, let in-flight orders finish, and let engine.Close wait for
+	// the completions it still retries after a store error.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	errc := make(chan error, 1)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
-	errc := make(chan error, 1)
+	fmt.Printf("listening on http://%s\n", ln.Addr())
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
@@ -218,15 +75,40 @@ func serve(addr string, srv *http.Server, engine *idem.Engine, svc *Service) err
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil {
+	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
+	return engine.Close(shutdown)
+}
+
+// authenticate stands in for your authentication: it sets the principal.
+func authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c *echo.Context) error {
+		user := c.Request().Header.Get("X-User-ID")
+		if user == "" {
+			return echo.NewHTTPError(http.StatusUnauthorized, "send X-User-ID")
+		}
+		c.Set("user_id", user)
+		return next(c)
 	}
-	if err := engine.Close(shutdown); err != nil {
-		slog.Warn("idem: completions still retrying were abandoned", "err", err)
+}
+
+// order is the body of POST /v1/orders and of its answer.
+type order struct {
+	ID       string `json:"id"`
+	SKU      string `json:"sku"`
+	Quantity int    `json:"quantity"`
+}
+
+var placed atomic.Int64
+
+// createOrder is the handler; it knows nothing about idem. Its error is
+// rendered by Echo's error handler inside idem: a 4xx is stored too.
+func createOrder(c *echo.Context) error {
+	var o order
+	if err := c.Bind(&o); err != nil || o.SKU == "" || o.Quantity <= 0 {
+		return echo.NewHTTPError(http.StatusBadRequest, `send {"sku": "...", "quantity": N > 0}`)
 	}
-	fmt.Printf("executions %d\n", svc.Stats().Executions)
-	return nil
+	o.ID = fmt.Sprintf("ord_%d", placed.Add(1)) // place the order here: it runs once per key
+	return c.JSON(http.StatusCreated, o)
 }

@@ -1,225 +1,71 @@
-// Command gin is the payments API on Gin with idem on its mutating routes.
-// run below wires everything, top to bottom: the store, the engine, the
-// authentication that sets the principal, the idem middleware, the routes.
-// Run it with
+// Command gin is idem on Gin in one file: one store, one handler, graceful
+// shutdown. POST /v1/orders places an order at most once per
+// Idempotency-Key; a retry with the same key gets the stored answer with
+// Idempotent-Replayed: true. Copy this folder to start a service; the full
+// payments service on every framework and store is examples/payments.
 //
-//	go run ./examples/gin -store memory
-//
-// and see README.md for the HTTP contract every example serves.
-//
-// This folder is a complete program, copyable on its own (README.md,
-// "Running an example as your own module"): main.go is this framework's
-// wiring; store.go (the command line, the store and its purger, the
-// payments ledger), telemetry.go (/metrics, traces) and payments.go (the
-// fake domain) are the same in every example folder, duplicated so that
-// each folder stands alone.
+//	go run ./examples/gin
+//	curl -i -X POST localhost:8080/v1/orders -H 'X-User-ID: alice' \
+//	  -H 'Idempotency-Key: order-1' -d '{"sku":"book","quantity":1}'
 package main
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
+	"flag"
 	"fmt"
-	"log/slog"
+	"log"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemgin"
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/observability/idemotel"
+	"github.com/idemkit/idem/stores/memstore"
 )
 
 func main() {
-	if err := run(parseFlags()); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	addr := flag.String("addr", "127.0.0.1:8080", "listen address (port 0 picks a free one)")
+	flag.Parse()
+	if err := run(*addr); err != nil {
+		log.Fatal(err)
 	}
 }
 
-func run(flags config) error {
-	// The store -store names (store.go): memory for one process; Redis,
-	// MongoDB, PostgreSQL or MySQL shared by several instances. The SQL
-	// stores run a purger that deletes expired records; closeStore stops it.
-	store, closeStore, err := openStore(flags)
+func run(addr string) error {
+	// One process: memstore. Several instances share redisstore,
+	// mongostore, pgstore or mysqlstore instead.
+	store := memstore.New()
+	defer store.Close()
+	engine, err := idem.New(store) // POST and PATCH need a key; 24h retention, 30s lease
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-
-	// Telemetry (telemetry.go): OpenTelemetry metrics served on GET /metrics
-	// (Prometheus text), spans to -trace-file. idemotel turns the engine's
-	// events into metrics and span attributes.
-	metrics, stopTelemetry, err := telemetry(flags)
-	if err != nil {
-		return err
-	}
-	defer stopTelemetry()
-	hook, err := idemotel.NewEventHook()
-	if err != nil {
-		return err
-	}
-
-	// The engine: the rules every protected route shares.
-	engine, err := idem.New(store,
-		idem.WithRetention(flags.TTL),
-		idem.WithLease(flags.Lease),
-		idem.WithStoreTimeout(flags.StoreTimeout),
-		idem.WithUncertainAfterCrash(flags.UncertainAfterCrash),
-		idem.WithEventHook(hook),
-	)
-	if err != nil {
-		return err
-	}
-
-	// The middleware: keys are scoped by the principal authenticate sets.
-	idempotent := idemgin.New(engine, idemgin.WithScope(func(c *gin.Context) string {
-		return c.GetString("user_id")
-	}))
-	if flags.NoIdem { // the benchmarks' baseline: the same service, unprotected
-		idempotent = func(c *gin.Context) { c.Next() }
-	}
-
-	// The routes: recovery and request ids outside everything (idem never
-	// stores or replays what they set: a replay carries this exchange's
-	// X-Request-Id), then authentication, then idem, then the handler.
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
-	r.Use(gin.CustomRecovery(recovered), requestID)
-	// The payments ledger (store.go): with -store postgres or mysql each
-	// payment is a row written through the execution's transaction
-	// (pgstore.Tx, mysqlstore.Tx), committed with the stored response.
-	ledger, closeLedger, err := openLedger(flags)
-	if err != nil {
-		return err
-	}
-	defer closeLedger()
-	api := handlers{svc: newService(flags.ChargeLatency, ledger)}
-	r.POST("/v1/payments", authenticate, idempotent, api.createPayment)
-	r.POST("/v1/refunds", authenticate, idempotent, api.createRefund)
-	r.POST("/v1/exports", authenticate, idempotent, api.createExport)
-	r.GET("/v1/payments/:id", api.getPayment)
-	r.GET("/v1/stats", api.stats)
-	r.GET("/metrics", gin.WrapH(metrics))
+	r.Use(gin.Recovery()) // outside idem: a panic releases the key, then recovery answers 500
+	r.POST("/v1/orders", authenticate, idemgin.New(engine, idemgin.WithScope(func(c *gin.Context) string {
+		return c.GetString("user_id") // keys are scoped per caller
+	})), createOrder)
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 
-	// Tracing outermost, so that idem finds the request's span in its context.
-	return serve(flags.Addr, &http.Server{Handler: otelhttp.NewHandler(r, "payments"), ReadHeaderTimeout: 10 * time.Second}, engine, api.svc)
-}
-
-// authenticate stands in for real authentication: it trusts X-User-ID.
-func authenticate(c *gin.Context) {
-	user := c.GetHeader("X-User-ID")
-	if user == "" {
-		problem(c, Unauthenticated)
-		return
-	}
-	c.Set("user_id", user)
-}
-
-// requestID echoes the client's X-Request-Id, or a new one, on the response
-// (gin has no built-in; gin-contrib/requestid does the same).
-func requestID(c *gin.Context) {
-	id := c.GetHeader("X-Request-Id")
-	if id == "" {
-		id = rand.Text()
-	}
-	c.Header("X-Request-Id", id)
-}
-
-// recovered answers a panic with a 500 problem; idem has released the key.
-func recovered(c *gin.Context, p any) {
-	slog.Error("panic", "value", p, "path", c.Request.URL.Path)
-	problem(c, &Error{Status: 500, Title: "Internal error", Detail: "the server failed; retry with the same Idempotency-Key"})
-}
-
-// handlers are the payment endpoints; they know nothing about idem.
-type handlers struct{ svc *Service }
-
-func (h handlers) createPayment(c *gin.Context) {
-	var req ChargeRequest
-	if err := c.ShouldBindJSON(&req); err != nil {
-		problem(c, Invalid("body must be JSON: "+err.Error()))
-		return
-	}
-	p, err := h.svc.Charge(c.Request.Context(), c.GetString("user_id"), req)
-	if err != nil {
-		problem(c, err)
-		return
-	}
-	c.Header("Location", "/v1/payments/"+p.ID)
-	c.JSON(http.StatusCreated, p)
-}
-
-func (h handlers) createRefund(c *gin.Context) {
-	var req RefundRequest
-	if err := c.ShouldBindJSON(&req); err != nil {
-		problem(c, Invalid("body must be JSON: "+err.Error()))
-		return
-	}
-	rf, err := h.svc.Refund(c.Request.Context(), c.GetString("user_id"), req)
-	if err != nil {
-		problem(c, err)
-		return
-	}
-	c.JSON(http.StatusCreated, rf)
-}
-
-func (h handlers) createExport(c *gin.Context) {
-	var req ExportRequest
-	if err := c.ShouldBindJSON(&req); err != nil {
-		problem(c, Invalid("body must be JSON: "+err.Error()))
-		return
-	}
-	b, err := h.svc.Export(c.Request.Context(), req)
-	if err != nil {
-		problem(c, err)
-		return
-	}
-	c.Data(http.StatusOK, "application/octet-stream", b)
-}
-
-func (h handlers) getPayment(c *gin.Context) {
-	if p, ok := h.svc.Payment(c.Param("id")); ok {
-		c.JSON(http.StatusOK, p)
-		return
-	}
-	problem(c, &Error{Status: 404, Title: "Payment not found", Detail: "no payment " + c.Param("id")})
-}
-
-func (h handlers) stats(c *gin.Context) { c.JSON(http.StatusOK, h.svc.Stats()) }
-
-// problem writes err as an RFC 9457 problem and stops the handler chain.
-func problem(c *gin.Context, err error) {
-	var pe *Error
-	if !errors.As(err, &pe) {
-		pe = &Error{Status: 500, Title: "Internal error", Detail: err.Error()}
-	}
-	c.Data(pe.Status, ProblemContentType, pe.Problem())
-	c.Abort()
-}
-
-// serve listens on addr, prints "listening on http://ADDR" once it accepts
-// connections, and serves srv until SIGINT or SIGTERM. Then it shuts down
-// gracefully: srv stops accepting and lets in-flight requests finish, then
-// engine.Close waits for the completions the engine is still retrying after
-// a store error, all within 10s (more than the 5s net/http waits for a
-// connection that has not sent a request yet). Last it prints
-// "executions N", the provider executions (tests/chaos reads both lines).
-func serve(addr string, srv *http.Server, engine *idem.Engine, svc *Service) error {
+	// Serve until SIGINT or SIGTERM, then shut down gracefully: stop
+	// accepting, let in-flight orders finish, and let engine.Close wait for
+	// the completions it still retries after a store error.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	errc := make(chan error, 1)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
-	errc := make(chan error, 1)
+	fmt.Printf("listening on http://%s\n", ln.Addr())
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
@@ -228,15 +74,38 @@ func serve(addr string, srv *http.Server, engine *idem.Engine, svc *Service) err
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil {
+	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
+	return engine.Close(shutdown)
+}
+
+// authenticate stands in for your authentication: it sets the principal.
+func authenticate(c *gin.Context) {
+	user := c.GetHeader("X-User-ID")
+	if user == "" {
+		c.AbortWithStatusJSON(http.StatusUnauthorized, gin.H{"error": "send X-User-ID"})
+		return
 	}
-	if err := engine.Close(shutdown); err != nil {
-		slog.Warn("idem: completions still retrying were abandoned", "err", err)
+	c.Set("user_id", user)
+}
+
+// order is the body of POST /v1/orders and of its answer.
+type order struct {
+	ID       string `json:"id"`
+	SKU      string `json:"sku"`
+	Quantity int    `json:"quantity"`
+}
+
+var placed atomic.Int64
+
+// createOrder is the handler; it knows nothing about idem.
+func createOrder(c *gin.Context) {
+	var o order
+	if err := c.ShouldBindJSON(&o); err != nil || o.SKU == "" || o.Quantity <= 0 {
+		c.JSON(http.StatusBadRequest, gin.H{"error": `send {"sku": "...", "quantity": N > 0}`}) // a 4xx is stored too
+		return
 	}
-	fmt.Printf("executions %d\n", svc.Stats().Executions)
-	return nil
+	o.ID = fmt.Sprintf("ord_%d", placed.Add(1)) // place the order here: it runs once per key
+	c.JSON(http.StatusCreated, o)
 }

@@ -14,10 +14,11 @@
 //     (the [idem.EventKind] values: acquired, replayed, conflict,
 //     mismatch, rejected, completed, released, lease-lost, store-error,
 //     unprotected, replay-forbidden, fingerprint-changed, uncertain,
-//     key-expired), http.request.method
+//     key-expired, takeover: alert on takeover, the count of lapsed leases
+//     taken over after their holder crashed or stalled), http.request.method
 //     and http.route;
 //   - idem.store.operation.duration (Histogram, s): store calls by
-//     idem.store.operation (acquire, complete, release, extend), with
+//     idem.store.operation (acquire, complete, release, extend, suspend), with
 //     error.type when the store failed;
 //   - idem.handler.duration (Histogram, s): how long handlers ran, by method,
 //     route and the outcome that ended the execution;
@@ -30,5 +31,16 @@
 // last one reported while the span is open: an executed request ends with
 // completed or released) and idem.scoped_key, the hashed scoped key that
 // stores and idemctl show; lease loss and store errors add the span events
-// idem.lease_lost and idem.store_error.
+// idem.lease_lost and idem.store_error, and a takeover the span event
+// idem.takeover (with idem.previous_owner and idem.lapsed).
+//
+// # The outbox relay
+//
+// [NewOutboxObserver] returns an outbox.Observer (outbox.WithObserver)
+// recording idem.outbox.lag (Histogram, s: enqueue to broker confirm),
+// idem.outbox.published (Counter, {message}), idem.outbox.publish.errors
+// (Counter, {error}, by error.type), idem.outbox.pending (Gauge, {message})
+// and idem.outbox.pending.age (Gauge, s). [InjectTraceContext]
+// (outbox.WithHeaders) carries the handler's trace context in each
+// message's headers; [ExtractTraceContext] continues it in the consumer.
 package idemotel

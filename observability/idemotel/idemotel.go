@@ -2,6 +2,7 @@ package idemotel
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -34,14 +35,24 @@ const (
 	// ScopedKeyKey is the hashed scoped key, 64 hex characters
 	// ([idem.ScopedKey]); spans only, never metrics (unbounded).
 	ScopedKeyKey = attribute.Key("idem.scoped_key")
-	// StoreOperationKey is the store call: acquire, complete, release or extend.
+	// StoreOperationKey is the store call: acquire, complete, release,
+	// extend or suspend.
 	StoreOperationKey = attribute.Key("idem.store.operation")
+	// PreviousOwnerKey is, on the idem.takeover span event, the host and
+	// process id ("host:pid") whose lapsed lease was taken over.
+	PreviousOwnerKey = attribute.Key("idem.previous_owner")
+	// LapsedKey is, on the idem.takeover span event, how long the previous
+	// lease had lapsed, in seconds.
+	LapsedKey = attribute.Key("idem.lapsed")
 )
 
 // Span event names.
 const (
 	LeaseLostEvent  = "idem.lease_lost"
 	StoreErrorEvent = "idem.store_error"
+	// TakeoverEvent: this request took a lapsed lease over (its holder
+	// crashed or stalled) and resumes its execution.
+	TakeoverEvent = "idem.takeover"
 )
 
 // Bucket boundaries, in seconds: the semantic conventions' advice for
@@ -75,8 +86,8 @@ type instruments struct {
 	handler   metric.Float64Histogram
 	active    metric.Int64UpDownCounter
 
-	storeOps [5]metric.MeasurementOption // by idem.StoreOp, for calls that did not fail
-	sets     sync.Map                    // scopeKey → *scopeSets, at most maxCachedScopes
+	storeOps [idem.OpSuspend + 1]metric.MeasurementOption // by idem.StoreOp, for calls that did not fail
+	sets     sync.Map                                     // scopeKey → *scopeSets, at most maxCachedScopes
 	cached   atomic.Int64
 }
 
@@ -128,7 +139,7 @@ func NewEventHook(opts ...Option) (func(context.Context, idem.Event), error) {
 		metric.WithDescription("Executions holding an idempotency lease in this process.")); err != nil {
 		return nil, err
 	}
-	for op := idem.OpAcquire; op <= idem.OpExtend; op++ {
+	for op := idem.OpAcquire; op <= idem.OpSuspend; op++ {
 		in.storeOps[op] = metric.WithAttributeSet(attribute.NewSet(StoreOperationKey.String(op.String())))
 	}
 	return in.record, nil
@@ -186,6 +197,12 @@ func (in *instruments) record(ctx context.Context, ev idem.Event) {
 		span.SetAttributes(outcome)
 	}
 	switch ev.Kind {
+	case idem.EventTakeover:
+		owner := "unknown"
+		if host, pid, ok := idem.TokenOwner(ev.PreviousOwner); ok {
+			owner = host + ":" + strconv.Itoa(pid)
+		}
+		span.AddEvent(TakeoverEvent, trace.WithAttributes(PreviousOwnerKey.String(owner), LapsedKey.Float64(ev.Lapsed.Seconds())))
 	case idem.EventLeaseLost:
 		span.AddEvent(LeaseLostEvent, trace.WithAttributes(op))
 	case idem.EventStoreError:

@@ -44,6 +44,7 @@ var _ idem.Store = (*Store)(nil)
 var _ idem.Extender = (*Store)(nil)
 var _ idem.LocalStore = (*Store)(nil)
 var _ idem.Keeper = (*Store)(nil)
+var _ idem.Journal = (*Store)(nil)
 
 // Store is an in-memory idem.Store, safe for concurrent use.
 type Store struct {
@@ -72,21 +73,36 @@ type entry struct {
 	fp      string
 	resp    []byte    // completed: the response (a copy; few pointers for the GC to scan); nil once until passed
 	until   time.Time // end of the lease (in-progress) or of retention (completed)
-	expires time.Time // until plus the record's keep: when the record is gone
+	expires time.Time // until plus the record's keep (or retain): when the record is gone
 	keep    idem.Keep
+	retain  time.Duration    // how long a lapsed in-progress record with a journal is kept (idem.Journal.StartStep)
+	steps   []idem.StepEntry // the step journal; replaced, never edited in place
 }
 
 // stateAt returns the entry's state at now, for a live entry: past until,
-// an in-progress record is uncertain and a completed one expired (kept only
-// under a Keep, else expires == until).
+// an in-progress record is uncertain (under Keep.Uncertain) or lapsed and
+// kept for its journal (still in progress, to be taken over), and a
+// completed one expired (kept only under a Keep, else expires == until).
 func (e *entry) stateAt(now time.Time) idem.State {
 	if now.Before(e.until) {
 		return e.state
 	}
 	if e.state == idem.StateInProgress {
-		return idem.StateUncertain
+		if e.keep.Uncertain > 0 {
+			return idem.StateUncertain
+		}
+		return idem.StateInProgress
 	}
 	return idem.StateExpired
+}
+
+// lapse returns how long an in-progress e outlives its lease end: its
+// Keep.Uncertain, else its journal's retain.
+func (e *entry) lapse() time.Duration {
+	if e.keep.Uncertain > 0 {
+		return e.keep.Uncertain
+	}
+	return e.retain
 }
 
 // Option configures a Store.
@@ -162,8 +178,14 @@ func (s *Store) Acquire(ctx context.Context, key, token, fingerprint string, lea
 // Response rule.
 func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (idem.Record, bool, error) {
 	live, state, now, acquired, err := s.acquire(ctx, key, token, fingerprint, lease, keep)
-	if err != nil || acquired {
-		return idem.Record{}, acquired, err
+	if err != nil {
+		return idem.Record{}, false, err
+	}
+	if acquired {
+		if live.token == "" { // a new record
+			return idem.Record{}, true, nil
+		}
+		return idem.Record{State: idem.StateInProgress, Token: live.token, LeaseLeft: min(live.until.Sub(now), -1)}, true, nil
 	}
 	rec := idem.Record{State: state, Fingerprint: live.fp, Token: live.token}
 	switch state {
@@ -178,7 +200,9 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 }
 
 // acquire takes the lease, or returns a copy of the live entry with its
-// state at the time of the read.
+// state at the time of the read. Acquired, it returns the in-progress
+// entry whose lapsed lease it took over (its token and lease end), or a
+// zero entry.
 func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (entry, idem.State, time.Time, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return entry{}, 0, time.Time{}, false, err
@@ -190,7 +214,8 @@ func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lea
 	sh.mu.Lock()
 	now := s.now()
 	e, ok := sh.m[key]
-	if ok && now.Before(e.expires) {
+	held := ok && now.Before(e.expires) && e.state == idem.StateInProgress && !now.Before(e.until) && e.keep.Uncertain == 0
+	if ok && now.Before(e.expires) && (!held || e.fp != fingerprint && len(e.steps) > 0) {
 		state := e.stateAt(now)
 		if state == idem.StateExpired {
 			e.resp = nil // free the response now that only the tombstone is kept
@@ -211,16 +236,24 @@ func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lea
 			sh.peak = len(sh.m)
 		}
 	}
-	until := now.Add(lease)
-	*e = entry{state: idem.StateInProgress, token: token, fp: fingerprint, until: until, expires: until.Add(keep.Uncertain), keep: keep}
-	return entry{}, 0, time.Time{}, true, nil
+	var prev entry
+	if ok && e.state == idem.StateInProgress {
+		prev = entry{token: e.token, until: e.until}
+	}
+	n := entry{state: idem.StateInProgress, token: token, fp: fingerprint, until: now.Add(lease), keep: keep}
+	if held && e.fp == fingerprint { // resume: the journal and its retain go on
+		n.steps, n.retain = e.steps, e.retain
+	}
+	n.expires = n.until.Add(n.lapse())
+	*e = n
+	return prev, 0, now, true, nil
 }
 
 // owned returns the entry if token holds its live lease, or owns it while
 // it is uncertain ([idem.Keep.Uncertain]); sh.mu must be held.
 func (sh *shard) owned(key, token string, now time.Time) *entry {
 	e := sh.live(key, now)
-	if e == nil || e.state != idem.StateInProgress || e.token != token {
+	if e == nil || e.state != idem.StateInProgress || e.token != token || e.keep.Uncertain == 0 && !now.Before(e.until) {
 		return nil
 	}
 	return e
@@ -314,7 +347,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 		return idem.ErrNotOwner
 	}
 	e.until = now.Add(lease)
-	e.expires = e.until.Add(e.keep.Uncertain)
+	e.expires = e.until.Add(e.lapse())
 	return nil
 }
 
@@ -385,4 +418,115 @@ func (s *Store) janitor() {
 			s.Cleanup()
 		}
 	}
+}
+
+// leased returns the entry if token holds its live lease; sh.mu must be held.
+func (sh *shard) leased(key, token string, now time.Time) *entry {
+	e := sh.owned(key, token, now)
+	if e == nil || !now.Before(e.until) {
+		return nil
+	}
+	return e
+}
+
+// StartStep implements [idem.Journal.StartStep].
+func (s *Store) StartStep(ctx context.Context, key, token, name string, retain time.Duration) (idem.StepEntry, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.StepEntry{}, err
+	}
+	if retain <= 0 {
+		return idem.StepEntry{}, idem.ErrInvalidDuration
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.leased(key, token, s.now())
+	if e == nil {
+		return idem.StepEntry{}, idem.ErrNotOwner
+	}
+	for _, st := range e.steps {
+		if st.Name == name {
+			st.Result = slices.Clone(st.Result)
+			return st, nil
+		}
+	}
+	if len(e.steps) >= idem.MaxSteps {
+		return idem.StepEntry{}, idem.ErrTooManySteps
+	}
+	st := idem.StepEntry{Name: name, Token: token}
+	e.steps = append(slices.Clip(e.steps), st) // a new array: copies handed out stay as they were
+	e.retain = max(e.retain, retain)
+	e.expires = e.until.Add(e.lapse())
+	return st, nil
+}
+
+// FinishStep implements [idem.Journal.FinishStep].
+func (s *Store) FinishStep(ctx context.Context, key, token, name string, result []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(result) > idem.MaxStepBytes {
+		return idem.ErrTooLarge
+	}
+	stored := append([]byte{}, result...) // a copy, never nil
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.leased(key, token, s.now())
+	if e == nil {
+		return idem.ErrNotOwner
+	}
+	for i, st := range e.steps {
+		if st.Name == name {
+			if !st.Done {
+				steps := slices.Clone(e.steps)
+				steps[i].Done, steps[i].Result = true, stored
+				e.steps = steps
+			}
+			return nil
+		}
+	}
+	return idem.ErrNotOwner
+}
+
+// Suspend implements [idem.Journal.Suspend].
+func (s *Store) Suspend(ctx context.Context, key, token string, keep time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if keep <= 0 {
+		return idem.ErrInvalidDuration
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	e := sh.leased(key, token, now)
+	if e == nil {
+		return idem.ErrNotOwner
+	}
+	e.until, e.keep.Uncertain = now, keep
+	e.expires = now.Add(keep)
+	return nil
+}
+
+// Steps implements [idem.Journal.Steps].
+func (s *Store) Steps(ctx context.Context, key string) ([]idem.StepEntry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	now := s.now()
+	e := sh.live(key, now)
+	if e == nil || e.stateAt(now) == idem.StateExpired || len(e.steps) == 0 {
+		sh.mu.Unlock()
+		return nil, nil
+	}
+	steps := slices.Clone(e.steps)
+	sh.mu.Unlock()
+	for i := range steps {
+		steps[i].Result = slices.Clone(steps[i].Result)
+	}
+	return steps, nil
 }

@@ -19,3 +19,11 @@ func TestConformance(t *testing.T) {
 		return s
 	})
 }
+
+func TestJournal(t *testing.T) {
+	storetest.RunJournal(t, func(t *testing.T) idem.Store {
+		s := memstore.New()
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

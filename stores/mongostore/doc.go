@@ -42,6 +42,27 @@
 // engine gave Complete ([idem.Record]), exactly: BSON strings must be valid
 // UTF-8, header values need not be.
 //
+// # Step journal
+//
+// The store is an [idem.Journal], for [idem.Step]. A record's journal is
+// part of its document, so it lives and dies with it:
+//
+//	{ ..., until: <lease end>, retain: <ms>, nsteps: <n>,
+//	  steps: { <hex of the name>: { i: <index>, t: <token>, d: <done>, r: <result, binary> } } }
+//
+// Its first step sets until and moves expiresAt to until + retain (or +
+// keepU under Keep.Uncertain): past until the record is kept in progress,
+// its old token fenced out (every owner filter then requires until > now),
+// and an Acquire with its fingerprint takes it over through the same claim
+// as an expired record, keeping the journal and reporting the previous
+// token; another fingerprint gets the record answered. Complete keeps the
+// journal until the retention ends (a tombstone's is freed with its
+// response); Release, Resolve with no response, Evict and expiry delete
+// it with the document. StartStep is one update (find + update for the
+// first step of a record, or a step already journaled: one find);
+// FinishStep one update; Suspend a find and an update; Steps one find.
+// Records without steps keep their layout and round trips.
+//
 // # Time
 //
 // Leases and retention are decided against the server's clock, which every

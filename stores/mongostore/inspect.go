@@ -69,8 +69,8 @@ func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	filter := append(live(key, now),
 		bson.E{Key: fieldState, Value: state},
 		bson.E{Key: fieldToken, Value: seen.Token},
-		bson.E{Key: fieldFingerprint, Value: seen.Fingerprint},
-		untilState(seen.State, now))
+		bson.E{Key: fieldFingerprint, Value: seen.Fingerprint})
+	filter = append(filter, untilState(seen.State, now)...)
 	res, err := s.coll.DeleteOne(ctx, filter)
 	if err != nil {
 		return fmt.Errorf("mongostore: evict: %w", err)
@@ -90,14 +90,24 @@ func live(key string, now time.Time) bson.D {
 }
 
 // untilState matches, among records of the stored state of st, those in
-// st at now: past their until for [idem.StateUncertain] and
-// [idem.StateExpired], before it (or without one) for the others.
-func untilState(st idem.State, now time.Time) bson.E {
-	if st == idem.StateUncertain || st == idem.StateExpired {
-		return bson.E{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: date(now)}}}
+// st at now: past their until for [idem.StateUncertain] (under
+// Keep.Uncertain) and [idem.StateExpired], before it (or without one) for
+// the others, and, for [idem.StateInProgress], past it without
+// Keep.Uncertain (kept for a step journal).
+func untilState(st idem.State, now time.Time) bson.D {
+	lapsed := bson.E{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: date(now)}}}
+	switch st {
+	case idem.StateUncertain:
+		return bson.D{lapsed, {Key: fieldKeepU, Value: bson.D{{Key: "$gt", Value: 0}}}}
+	case idem.StateExpired:
+		return bson.D{lapsed}
 	}
-	return bson.E{Key: "$or", Value: bson.A{
+	or := bson.A{
 		bson.D{{Key: fieldUntil, Value: absent}},
 		bson.D{{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: date(now)}}}},
-	}}
+	}
+	if st == idem.StateInProgress {
+		or = append(or, bson.D{{Key: fieldKeepU, Value: absent}})
+	}
+	return bson.D{{Key: "$or", Value: or}}
 }

@@ -14,8 +14,18 @@ import (
 	idem "github.com/idemkit/idem/core"
 )
 
-// keepMs is an [idem.Keep] as stored: milliseconds, 0 for none.
-type keepMs struct{ u, t int64 }
+// keepMs is an [idem.Keep] as stored: milliseconds, 0 for none; and r,
+// the retain of the record's step journal (see journal.go), 0 for none.
+type keepMs struct{ u, t, r int64 }
+
+// lapse returns how long an in-progress record under k outlives its
+// lease, in milliseconds: Keep.Uncertain, else its journal's retain.
+func (k keepMs) lapse() int64 {
+	if k.u > 0 {
+		return k.u
+	}
+	return k.r
+}
 
 // millis returns d in whole milliseconds, rounded up (a keep > 0 stays > 0).
 func millis(d time.Duration) int64 {
@@ -41,21 +51,37 @@ func withKeep(fresh bson.D, until time.Time, u, t int64) bson.D {
 	return fresh
 }
 
-// unsetAbsent returns the $unset of the fields a takeover's rewrite must
-// drop from the version it replaces: the response, and the keep fields
-// fresh does not set.
-func unsetAbsent(fresh bson.D) bson.D {
-	unset := bson.D{{Key: fieldResponse, Value: ""}}
-	for _, f := range []string{fieldUntil, fieldKeepU, fieldKeepT} {
-		set := false
-		for _, e := range fresh {
-			set = set || e.Key == f
+// takeover returns the update of a takeover's rewrite of the version old:
+// $set fresh, the new in-progress record (its lease ending at until, under
+// the keep u, t), and $unset the fields fresh does not set (the response,
+// keep fields, a journal). When resume, old's journal and retain go on:
+// the record holds until, and expiresAt is until plus Keep.Uncertain, else
+// the retain.
+func takeover(fresh bson.D, until time.Time, u, t int64, old *record, resume bool) bson.D {
+	set := fresh
+	if resume {
+		set = append(make(bson.D, 0, len(fresh)+5), fresh...) // fresh is reused by later attempts
+		if u == 0 && t == 0 {
+			set = withKeep(set, until, 0, 0)
 		}
-		if !set {
+		for i := range set {
+			if set[i].Key == fieldExpiresAt {
+				set[i].Value = date(until.Add(time.Duration(keepMs{u, t, old.Retain}.lapse()) * time.Millisecond))
+			}
+		}
+		set = append(set, bson.E{Key: fieldRetain, Value: old.Retain})
+	}
+	unset := bson.D{{Key: fieldResponse, Value: ""}}
+	for _, f := range []string{fieldUntil, fieldKeepU, fieldKeepT, fieldRetain, fieldSteps, fieldNSteps} {
+		found := resume && (f == fieldSteps || f == fieldNSteps)
+		for _, e := range set {
+			found = found || e.Key == f
+		}
+		if !found {
 			unset = append(unset, bson.E{Key: f, Value: ""})
 		}
 	}
-	return unset
+	return bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: unset}}
 }
 
 var (
@@ -78,7 +104,18 @@ func keepIs(k keepMs) bson.D {
 	if k == (keepMs{}) {
 		return noKeep
 	}
-	return bson.D{{Key: fieldKeepU, Value: msIs(k.u)}, {Key: fieldKeepT, Value: msIs(k.t)}}
+	return bson.D{{Key: fieldKeepU, Value: msIs(k.u)}, {Key: fieldKeepT, Value: msIs(k.t)}, {Key: fieldRetain, Value: msIs(k.r)}}
+}
+
+// ownedKept matches the in-progress record of key that token owns
+// ([owned]) under k; a record kept past its lease for its journal (k.r > 0
+// and no Keep.Uncertain) only while its lease (until) runs.
+func ownedKept(key, token string, now time.Time, k keepMs) bson.D {
+	f := append(owned(key, token, now), keepIs(k)...)
+	if k.r > 0 && k.u == 0 {
+		f = append(f, bson.E{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: date(now)}}})
+	}
+	return f
 }
 
 // completion is the update completing an in-progress record acquired under
@@ -102,7 +139,7 @@ func completion(now time.Time, response []byte, retention time.Duration, k keepM
 }
 
 // keepOpts reads a record's keep fields only.
-var keepOpts = options.FindOne().SetProjection(bson.D{{Key: fieldKeepU, Value: 1}, {Key: fieldKeepT, Value: 1}, {Key: fieldGen, Value: 1}})
+var keepOpts = options.FindOne().SetProjection(bson.D{{Key: fieldKeepU, Value: 1}, {Key: fieldKeepT, Value: 1}, {Key: fieldRetain, Value: 1}, {Key: fieldGen, Value: 1}})
 
 // readKeep returns the keep of the record token owns, or [idem.ErrNotOwner].
 func (s *Store) readKeep(ctx context.Context, key, token string, now time.Time) (keepMs, error) {
@@ -114,7 +151,7 @@ func (s *Store) readKeep(ctx context.Context, key, token string, now time.Time) 
 	case err != nil:
 		return keepMs{}, err
 	}
-	return keepMs{d.KeepU, d.KeepT}, nil
+	return keepMs{d.KeepU, d.KeepT, d.Retain}, nil
 }
 
 // keeps remembers the Keep of the leases this Store granted under a
@@ -125,6 +162,7 @@ func (s *Store) readKeep(ctx context.Context, key, token string, now time.Time) 
 type keeps struct {
 	mu sync.Mutex
 	m  map[ownerID]keepMs
+	n  map[ownerID]int32 // the number of steps in the journal of an owner's record, when this Store knows it
 }
 
 type ownerID struct{ key, token string }
@@ -133,15 +171,15 @@ type ownerID struct{ key, token string }
 // that neither completes nor releases leaves its entry behind).
 const maxKeeps = 1 << 14
 
-func (k *keeps) put(key, token string, u, t int64) {
-	if u == 0 && t == 0 {
+func (k *keeps) put(key, token string, v keepMs) {
+	if v == (keepMs{}) {
 		return
 	}
 	k.mu.Lock()
 	if k.m == nil || len(k.m) >= maxKeeps {
 		k.m = map[ownerID]keepMs{}
 	}
-	k.m[ownerID{key, token}] = keepMs{u, t}
+	k.m[ownerID{key, token}] = v
 	k.mu.Unlock()
 }
 
@@ -156,8 +194,30 @@ func (k *keeps) drop(key, token string) {
 	k.mu.Lock()
 	if k.m != nil {
 		delete(k.m, ownerID{key, token})
+		delete(k.n, ownerID{key, token})
 	}
 	k.mu.Unlock()
+}
+
+// putSteps remembers the keep v and the n steps of the journal of the
+// record token owns.
+func (k *keeps) putSteps(key, token string, v keepMs, n int32) {
+	k.put(key, token, v)
+	k.mu.Lock()
+	if k.n == nil || len(k.n) >= maxKeeps {
+		k.n = map[ownerID]int32{}
+	}
+	k.n[ownerID{key, token}] = n
+	k.mu.Unlock()
+}
+
+// steps returns the keep and the number of steps putSteps remembered.
+func (k *keeps) steps(key, token string) (keepMs, int32, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	v, ok1 := k.m[ownerID{key, token}]
+	n, ok2 := k.n[ownerID{key, token}]
+	return v, n, ok1 && ok2
 }
 
 // freeResponse drops the response of the tombstone d, read at now, in one
@@ -182,14 +242,16 @@ func (s *Store) freeResponse(ctx context.Context, d *record, now time.Time) {
 	}
 }
 
-var unsetResponse = bson.D{{Key: "$unset", Value: bson.D{{Key: fieldResponse, Value: ""}}}}
+// unsetResponse frees a tombstone's response and journal.
+var unsetResponse = bson.D{{Key: "$unset", Value: bson.D{{Key: fieldResponse, Value: ""}, {Key: fieldSteps, Value: ""}, {Key: fieldNSteps, Value: ""}}}}
 
 // uncertain matches key's record when it is uncertain at now: in
-// progress, its lease lapsed, its keep running.
+// progress, its lease lapsed, its Keep.Uncertain running.
 func uncertain(key string, now time.Time) bson.D {
 	return bson.D{
 		{Key: "_id", Value: key},
 		{Key: fieldState, Value: stateInProgress},
+		{Key: fieldKeepU, Value: bson.D{{Key: "$gt", Value: 0}}},
 		{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: date(now)}}},
 		{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: date(now)}}},
 	}
@@ -235,7 +297,7 @@ func (s *Store) Resolve(ctx context.Context, key string, response []byte, retent
 	case err != nil:
 		return fmt.Errorf("mongostore: resolve: %w", err)
 	}
-	k := keepMs{d.KeepU, d.KeepT}
+	k := keepMs{d.KeepU, d.KeepT, d.Retain}
 	filter := append(uncertain(key, now), bson.E{Key: fieldGen, Value: genIs(d.Gen)})
 	filter = append(filter, keepIs(k)...)
 	res, err := s.coll.UpdateOne(ctx, filter, completion(now, response, retention, k))

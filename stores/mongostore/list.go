@@ -17,10 +17,11 @@ var _ idem.Lister = (*Store)(nil)
 
 // List implements [idem.Lister]: one find sorted by (expiresAt, _id), with
 // a range on _id for a key prefix (_id >= prefix and < prefix + "g":
-// scoped keys are hex), without the responses. In-progress records whose
-// lease lapsed are listed (TTL <= 0) until the TTL index or a takeover
-// removes them, except under [idem.Keep.Uncertain]: those are listed as
-// uncertain while their keep runs (TTL: until it ends). Expired completed
+// scoped keys are hex), without the responses and step journals.
+// In-progress records whose lease lapsed are listed (TTL <= 0) until the
+// TTL index or a takeover removes them (a record with a step journal:
+// until its retain ends), except under [idem.Keep.Uncertain]: those are
+// listed as uncertain while their keep runs (TTL: until it ends). Expired completed
 // records, tombstones and takeover claims are not listed. The cursor is
 // the last record's expiry (Unix milliseconds) and key.
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
@@ -42,9 +43,11 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 			bson.D{{Key: fieldUntil, Value: absent}},
 			bson.D{{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: n}}}},
 			bson.D{{Key: fieldExpiresAt, Value: bson.D{{Key: "$lte", Value: n}}}},
+			bson.D{{Key: fieldKeepU, Value: absent}}, // kept past its lease for its journal
 		}}},
 		idem.StateUncertain: {
 			{Key: fieldState, Value: stateInProgress},
+			{Key: fieldKeepU, Value: bson.D{{Key: "$gt", Value: 0}}},
 			{Key: fieldUntil, Value: bson.D{{Key: "$lte", Value: n}}},
 			{Key: fieldExpiresAt, Value: bson.D{{Key: "$gt", Value: n}}},
 		},
@@ -79,7 +82,7 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 	}
 	filter = append(filter, bson.E{Key: "$and", Value: and})
 	opts := options.Find().SetSort(bson.D{{Key: fieldExpiresAt, Value: 1}, {Key: "_id", Value: 1}}).
-		SetLimit(int64(q.Limit)).SetProjection(bson.D{{Key: fieldResponse, Value: 0}})
+		SetLimit(int64(q.Limit)).SetProjection(bson.D{{Key: fieldResponse, Value: 0}, {Key: fieldSteps, Value: 0}})
 	cur, err := s.coll.Find(ctx, filter, opts)
 	if err != nil {
 		return idem.ListPage{}, fmt.Errorf("mongostore: list: %w", err)
@@ -94,7 +97,7 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 		switch {
 		case d.State == stateCompleted:
 			state = idem.StateCompleted
-		case end <= n && d.ExpiresAt > n:
+		case end <= n && d.ExpiresAt > n && d.KeepU > 0:
 			state, end = idem.StateUncertain, d.ExpiresAt
 		}
 		page.Records = append(page.Records, idem.ListedRecord{Key: d.ID, RecordInfo: idem.RecordInfo{

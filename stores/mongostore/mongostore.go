@@ -43,6 +43,9 @@ const (
 	fieldUntil       = "until"
 	fieldKeepU       = "keepU"
 	fieldKeepT       = "keepT"
+	fieldRetain      = "retain"
+	fieldSteps       = "steps"
+	fieldNSteps      = "nsteps"
 )
 
 // Values of the state field. Records hold 1 or 2; claims (see claim) 3 or 4.
@@ -82,6 +85,7 @@ var (
 	_ idem.Store    = (*Store)(nil)
 	_ idem.Extender = (*Store)(nil)
 	_ idem.Keeper   = (*Store)(nil)
+	_ idem.Journal  = (*Store)(nil)
 )
 
 // Store is an [idem.Store], [idem.Extender] and [idem.Keeper] on a MongoDB
@@ -199,9 +203,24 @@ type record struct {
 	Fingerprint string        `bson:"fingerprint"`
 	ExpiresAt   bson.DateTime `bson:"expiresAt"`
 	Response    []byte        `bson:"response,omitempty"`
-	Until       bson.DateTime `bson:"until,omitempty"` // keep only: end of the lease or retention; absent: expiresAt
-	KeepU       int64         `bson:"keepU,omitempty"` // Keep.Uncertain, milliseconds
-	KeepT       int64         `bson:"keepT,omitempty"` // Keep.Tombstone, milliseconds
+	Until       bson.DateTime `bson:"until,omitempty"`  // keep only: end of the lease or retention; absent: expiresAt
+	KeepU       int64         `bson:"keepU,omitempty"`  // Keep.Uncertain, milliseconds
+	KeepT       int64         `bson:"keepT,omitempty"`  // Keep.Tombstone, milliseconds
+	Retain      int64         `bson:"retain,omitempty"` // journal only: its retain, milliseconds
+	NSteps      int32         `bson:"nsteps,omitempty"` // journal only: its number of steps
+	Steps       bson.Raw      `bson:"steps,omitempty"`  // journal only: hex(name) -> step (see journal.go)
+}
+
+// leased reports whether token holds the live lease of d at now.
+func (d *record) leased(token string, now bson.DateTime) bool {
+	return d.State == stateInProgress && d.Token == token && d.ExpiresAt > now && d.until() > now
+}
+
+// lapsedJournal reports whether d, live at now, is an in-progress record
+// kept past its lease for its journal (no Keep.Uncertain): a takeover of
+// its fingerprint resumes it.
+func (d *record) lapsedJournal(now bson.DateTime) bool {
+	return d.State == stateInProgress && d.KeepU == 0 && d.until() <= now
 }
 
 // until returns the end of the record's lease or retention.
@@ -234,13 +253,15 @@ func newGen() string { return rand.Text() }
 
 // toRecord converts a stored document that has not expired to the record
 // the engine sees at now: past its until, an in-progress record is
-// uncertain and a completed one a tombstone (expired, no response).
+// uncertain (under Keep.Uncertain; otherwise it is kept for its journal,
+// still in progress) and a completed one a tombstone (expired, no
+// response).
 func (d *record) toRecord(now bson.DateTime) (idem.Record, error) {
 	rec := idem.Record{Fingerprint: d.Fingerprint, Token: d.Token}
 	switch d.State {
 	case stateInProgress:
 		rec.State = idem.StateInProgress
-		if d.until() <= now {
+		if d.until() <= now && d.KeepU > 0 {
 			rec.State = idem.StateUncertain
 		}
 	case stateCompleted:
@@ -371,14 +392,18 @@ attempts:
 			bson.D{{Key: "$setOnInsert", Value: fresh}}, acquireOpts), &old)
 		switch {
 		case errors.Is(err, mongo.ErrNoDocuments):
-			s.keeps.put(key, token, keepU, keepT)
+			s.keeps.put(key, token, keepMs{keepU, keepT, 0})
 			return idem.Record{}, true, nil // inserted: acquired
 		case mongo.IsDuplicateKeyError(err):
 			continue // a racing upsert inserted first (FerretDB); read it again
 		case err != nil:
 			return idem.Record{}, false, fmt.Errorf("mongostore: acquire: %w", err)
 		}
-		if old.ExpiresAt > date(now) {
+		resume := old.ExpiresAt > date(now) && old.lapsedJournal(date(now))
+		if resume && old.Fingerprint != fingerprint { // the key's first request left effects
+			return idem.Record{State: idem.StateInProgress, Token: old.Token, Fingerprint: old.Fingerprint}, false, nil
+		}
+		if old.ExpiresAt > date(now) && !resume {
 			rec, err := old.toRecord(date(now))
 			switch rec.State {
 			case idem.StateInProgress:
@@ -388,7 +413,8 @@ attempts:
 			}
 			return rec, false, err
 		}
-		// Expired: claim the version read, then rewrite exactly that version.
+		// Expired, or lapsed with a journal: claim the version read, then
+		// rewrite exactly that version (a resumed one keeps its journal).
 		// A claim already taken names its successor: answer from it while
 		// its lease runs, else claim the successor's version in turn (its
 		// winner never rewrote the record, or did and lapsed meanwhile).
@@ -411,16 +437,21 @@ attempts:
 						{Key: fieldExpiresAt, Value: old.ExpiresAt},
 						{Key: fieldGen, Value: genIs(old.Gen)},
 					},
-					bson.D{
-						{Key: "$set", Value: fresh},
-						{Key: "$unset", Value: unsetAbsent(fresh)},
-					})
+					takeover(fresh, now.Add(lease), keepU, keepT, &old, resume))
 				if err != nil {
 					return idem.Record{}, false, fmt.Errorf("mongostore: take over expired record: %w", err)
 				}
 				if res.MatchedCount == 1 {
-					s.keeps.put(key, token, keepU, keepT)
-					return idem.Record{}, true, nil
+					if resume {
+						s.keeps.put(key, token, keepMs{keepU, keepT, old.Retain})
+					} else {
+						s.keeps.put(key, token, keepMs{keepU, keepT, 0})
+					}
+					if old.State != stateInProgress || old.KeepU > 0 {
+						return idem.Record{}, true, nil
+					}
+					lapsed := old.until().Time().Sub(now)
+					return idem.Record{State: idem.StateInProgress, Token: old.Token, LeaseLeft: min(lapsed, -time.Millisecond)}, true, nil
 				}
 				continue attempts // deleted or rewritten meanwhile: look again
 			case w == nil, w.State == stateDeleting && w.Lease > date(now):
@@ -494,7 +525,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return idem.ErrNotOwner
 	case err != nil:
 		return fmt.Errorf("mongostore: release: %w", err)
-	case d.Token != token || d.State != stateInProgress || d.ExpiresAt <= date(now):
+	case d.Token != token || d.State != stateInProgress || d.ExpiresAt <= date(now) || d.lapsedJournal(date(now)):
 		s.keeps.drop(key, token)
 		return idem.ErrNotOwner
 	}
@@ -513,7 +544,11 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return idem.ErrNotOwner // taken over
 	}
 	// Won, or an earlier Release of token claimed and its delete failed.
-	res, err := s.coll.DeleteOne(ctx, append(owned(key, token, now), bson.E{Key: fieldGen, Value: genIs(d.Gen)}))
+	filter := append(owned(key, token, now), bson.E{Key: fieldGen, Value: genIs(d.Gen)})
+	if d.Retain > 0 && d.KeepU == 0 { // a lease kept past for a journal: live only before until
+		filter = append(filter, bson.E{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: date(now)}}})
+	}
+	res, err := s.coll.DeleteOne(ctx, filter)
 	if err != nil {
 		return fmt.Errorf("mongostore: release: %w", err)
 	}
@@ -531,6 +566,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 // releaseOpts leaves the response out of Release's read.
 var releaseOpts = options.FindOne().SetProjection(bson.D{
 	{Key: fieldState, Value: 1}, {Key: fieldToken, Value: 1}, {Key: fieldGen, Value: 1}, {Key: fieldExpiresAt, Value: 1},
+	{Key: fieldUntil, Value: 1}, {Key: fieldKeepU, Value: 1}, {Key: fieldRetain, Value: 1},
 })
 
 // Extend implements [idem.Extender] in one round trip: a $set of expiresAt
@@ -554,7 +590,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 		return err
 	}
 	return s.updateKept(ctx, "extend", key, token, now, func(k keepMs) bson.D {
-		set := bson.D{{Key: fieldExpiresAt, Value: date(now.Add(lease + time.Duration(k.u)*time.Millisecond))}}
+		set := bson.D{{Key: fieldExpiresAt, Value: date(now.Add(lease + time.Duration(k.lapse())*time.Millisecond))}}
 		if k != (keepMs{}) {
 			set = append(set, bson.E{Key: fieldUntil, Value: date(now.Add(lease))})
 		}
@@ -571,7 +607,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 func (s *Store) updateKept(ctx context.Context, op, key, token string, now time.Time, update func(keepMs) bson.D) error {
 	k, _ := s.keeps.get(key, token)
 	for try := 0; ; try++ {
-		res, err := s.coll.UpdateOne(ctx, append(owned(key, token, now), keepIs(k)...), update(k))
+		res, err := s.coll.UpdateOne(ctx, ownedKept(key, token, now, k), update(k))
 		if err != nil {
 			return fmt.Errorf("mongostore: %s: %w", op, err)
 		}

@@ -36,6 +36,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestJournal(t *testing.T) {
+	c, _ := shared(t)
+	storetest.RunJournal(t, func(t *testing.T) idem.Store {
+		s := mongostore.New(collection(t, c))
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
 func payment(key, body string) *idem.Request {
 	return &idem.Request{
 		Method: http.MethodPost, Path: "/v1/payments", ContentType: "application/json",

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -160,6 +161,7 @@ func New(db *sql.DB, opts ...Option) *Store {
 type queries struct {
 	acquire, acquireKeep, complete, release, extend, get, completedBy, inspect, evict, list string
 	resolveRelease, resolveComplete                                                         string
+	startStep, stepOf, finishStep, suspend, steps                                           string
 	purgeSelect, purgeDelete, purgeFree                                                     string
 }
 
@@ -177,7 +179,7 @@ const (
 	// is uncertain (3) until its keep ends; a completed row past its
 	// response's end is a tombstone (4). A gone in-progress row shows 1
 	// (List lists it, as a lapsed lease).
-	shown = `IF(state = 1, IF(ends_at <= ` + now + ` AND expires_at > ` + now + `, 3, 1), IF(state = 2 AND expires_at <= ` + now + `, 4, state))`
+	shown = `IF(state = 1, IF(ends_at <= ` + now + ` AND expires_at > ` + now + ` AND keep_uncertain IS NOT NULL, 3, 1), IF(state = 2 AND expires_at <= ` + now + `, 4, state))`
 	// ttlAt is when the live row changes state or goes: the lease's end
 	// (in progress), the response's end (completed), the keep's end
 	// (uncertain, tombstone).
@@ -185,19 +187,22 @@ const (
 		` AND keep_tombstone IS NOT NULL, expires_at + INTERVAL keep_tombstone MICROSECOND, expires_at))`
 	// uncertain: an in-progress row whose lease lapsed under a keep that
 	// has not ended.
-	uncertain = `state = 1 AND ends_at <= ` + now + ` AND expires_at > ` + now
+	uncertain = `state = 1 AND ends_at <= ` + now + ` AND expires_at > ` + now + ` AND keep_uncertain IS NOT NULL`
 	// freeTombstone turns a completed row past its response's end, kept as a
 	// tombstone, into one: state 4, response and token dropped, expires_at
 	// moved to the keep's end (assigned before keep_tombstone is cleared).
-	freeTombstone = `SET state = 4, response = NULL, token = '', expires_at = expires_at + INTERVAL keep_tombstone MICROSECOND, keep_tombstone = NULL`
+	freeTombstone = `SET state = 4, response = NULL, token = '', steps = NULL, retain = NULL, expires_at = expires_at + INTERVAL keep_tombstone MICROSECOND, keep_tombstone = NULL`
 	// tombstoneDue: a completed row kept as a tombstone whose response's end passed.
 	tombstoneDue = `state = 2 AND keep_tombstone IS NOT NULL AND expires_at <= ` + now
 )
 
 func newQueries(t, proc string) queries {
 	// The owner's in-progress row, its lease live or, under a keep,
-	// uncertain: expires_at is the keep's end for in-progress rows.
-	owned := "`key` = ? AND token = ? AND state = 1 AND expires_at > " + now
+	// uncertain: expires_at is the keep's end for in-progress rows (or the
+	// journal's retain, past the lease's end, ends_at).
+	owned := "`key` = ? AND token = ? AND state = 1 AND expires_at > " + now + " AND (keep_uncertain IS NOT NULL OR IFNULL(ends_at, expires_at) > " + now + ")"
+	// The token's in-progress row whose lease is live (not uncertain).
+	leased := "`key` = ? AND token = ? AND state = 1 AND IFNULL(ends_at, expires_at) > " + now
 	keys := "`key` IN (?" + strings.Repeat(", ?", PurgeBatch-1) + ")"
 	return queries{
 		// The zero Keep's CALL passes no more parameters than before keeps
@@ -211,8 +216,8 @@ func newQueries(t, proc string) queries {
 		release: `DELETE FROM ` + t + ` WHERE ` + owned,
 		// The lease twice: for ends_at (kept only under an uncertain keep)
 		// and for expires_at (the lease's end plus that keep).
-		extend: `UPDATE ` + t + ` SET ends_at = IF(keep_uncertain IS NULL, NULL, ` + now + ` + INTERVAL ? MICROSECOND), ` +
-			`expires_at = ` + now + ` + INTERVAL ? + IFNULL(keep_uncertain, 0) MICROSECOND WHERE ` + owned,
+		extend: `UPDATE ` + t + ` SET ends_at = IF(keep_uncertain IS NULL AND retain IS NULL, NULL, ` + now + ` + INTERVAL ? MICROSECOND), ` +
+			`expires_at = ` + now + ` + INTERVAL ? + IFNULL(keep_uncertain, IFNULL(retain, 0)) MICROSECOND WHERE ` + owned,
 		get: `SELECT ` + shown + `, token, fingerprint, response FROM ` + t + " WHERE `key` = ? AND " + live,
 		completedBy: `SELECT EXISTS (SELECT 1 FROM ` + t +
 			" WHERE `key` = ? AND token = ? AND state = 2 AND " + live + `)`,
@@ -229,6 +234,24 @@ func newQueries(t, proc string) queries {
 			" WHERE `key` LIKE ? AND (? = 0 OR " + shown + " = ?) AND (state = 1 OR (state = 2 AND expires_at > " + now + "))" +
 			" AND (expires_at > ? OR (expires_at = ? AND `key` > ?)) ORDER BY expires_at, `key` LIMIT ?",
 		resolveRelease: `DELETE FROM ` + t + " WHERE `key` = ? AND " + uncertain,
+		// The journal's statements take the step's JSON path ($."name";
+		// names are [A-Za-z0-9_:/-]) as their first parameter(s).
+		// startStep sets ends_at (the lease's end) before expires_at moves
+		// to it plus retain (MySQL assigns left to right), and adds the
+		// entry unless it is there or the journal is full.
+		startStep: `UPDATE ` + t + ` SET ends_at = IFNULL(ends_at, expires_at), retain = GREATEST(IFNULL(retain, 0), ?),
+  expires_at = IF(keep_uncertain IS NOT NULL, expires_at, ends_at + INTERVAL retain MICROSECOND),
+  steps = IF(JSON_CONTAINS_PATH(IFNULL(steps, '{}'), 'one', ?), steps,
+    JSON_SET(IFNULL(steps, '{}'), ?, JSON_OBJECT('i', JSON_LENGTH(IFNULL(steps, '{}')), 't', CAST(? AS CHAR))))
+WHERE ` + leased + ` AND (JSON_CONTAINS_PATH(IFNULL(steps, '{}'), 'one', ?) OR JSON_LENGTH(IFNULL(steps, '{}')) < ` + strconv.Itoa(idem.MaxSteps) + `)`,
+		// stepOf reads, after startStep or finishStep, whether the token
+		// still holds the lease, and the step's entry.
+		stepOf: `SELECT IFNULL(` + leased + `, 0), JSON_UNQUOTE(JSON_EXTRACT(steps, CONCAT(?, '.t'))), JSON_UNQUOTE(JSON_EXTRACT(steps, CONCAT(?, '.r')))
+FROM ` + t + " WHERE `key` = ?",
+		finishStep: `UPDATE ` + t + ` SET steps = JSON_SET(steps, CONCAT(?, '.r'), TO_BASE64(?))
+WHERE ` + leased + ` AND JSON_CONTAINS_PATH(IFNULL(steps, '{}'), 'one', ?) AND NOT JSON_CONTAINS_PATH(steps, 'one', CONCAT(?, '.r'))`,
+		suspend: `UPDATE ` + t + ` SET ends_at = ` + now + `, keep_uncertain = ?, expires_at = ` + now + ` + INTERVAL keep_uncertain MICROSECOND WHERE ` + leased,
+		steps:   `SELECT steps FROM ` + t + " WHERE `key` = ? AND " + live + ` AND state <> 4 AND NOT (state = 2 AND expires_at <= ` + now + `)`,
 		// The token is dropped: the old owner's completion check must not
 		// take the operator's response for its own commit.
 		resolveComplete: `UPDATE ` + t + ` SET state = 2, response = ?, token = '', ends_at = NULL, keep_uncertain = NULL, expires_at = ` +
@@ -353,8 +376,10 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 			tok, fp string
 			raw     []byte
 			leftUS  int64 // the time left until the record's state changes, by the server's clock
+			prev    string
+			prevUS  int64 // the time left on the lease taken over (<= 0)
 		)
-		err := st.QueryRowContext(ctx, args...).Scan(&state, &tok, &fp, &raw, &leftUS)
+		err := st.QueryRowContext(ctx, args...).Scan(&state, &tok, &fp, &raw, &leftUS, &prev, &prevUS)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			continue // the record it saw was deleted or expired before its answer
@@ -362,6 +387,9 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 			continue // rolled back as a deadlock victim: nothing was written
 		case err != nil:
 			return idem.Record{}, false, fmt.Errorf("mysqlstore: acquire: %w", err)
+		case tok == token && (state == stateInProgress || state == stateUncertain) && prev != "":
+			// took a lapsed lease over
+			return idem.Record{State: idem.StateInProgress, Token: prev, LeaseLeft: min(time.Duration(prevUS)*time.Microsecond, -1)}, true, nil
 		case tok == token && (state == stateInProgress || state == stateUncertain):
 			return idem.Record{}, true, nil // its own row (a very short lease may have lapsed already)
 		}

@@ -37,6 +37,12 @@ func TestConformance(t *testing.T) {
 				s, _ := newStore(t, db)
 				return s
 			})
+			t.Run("Journal", func(t *testing.T) {
+				storetest.RunJournal(t, func(t *testing.T) idem.Store {
+					s, _ := newStore(t, db)
+					return s
+				})
+			})
 		})
 	}
 }

@@ -20,15 +20,16 @@ const PurgeBatch = 1000
 // suffix, in the table's database). The suffix carries the procedure's
 // version, so that a version whose procedure takes other arguments creates
 // a procedure of its own and leaves the earlier one to the instances still
-// running it during a rolling deploy: v3 takes the record's keep
-// ([idem.Keep]) and knows uncertain records and tombstones; v1 and v2 were
-// named table + "_acquire".
-const ProcSuffix = "_acquire_v3"
+// running it during a rolling deploy: v4 keeps the step journal of a
+// lapsed record it takes over ([idem.Journal]) and reports the previous
+// holder; v3 took the record's keep ([idem.Keep]) and knew uncertain
+// records and tombstones; v1 and v2 were named table + "_acquire".
+const ProcSuffix = "_acquire_v4"
 
 // procVersion is the acquire procedure's COMMENT: EnsureSchema replaces a
 // procedure of this name whose comment differs (a body written by another
 // build of the same version).
-const procVersion = "idem mysqlstore acquire v3"
+const procVersion = "idem mysqlstore acquire v4"
 
 // keepColumns are the columns v3 added to the table, in order, with their
 // definitions: EnsureSchema adds those missing from a table created by an
@@ -37,6 +38,8 @@ var keepColumns = [...][2]string{
 	{"ends_at", "DATETIME(6) NULL"},
 	{"keep_uncertain", "BIGINT NULL"},
 	{"keep_tombstone", "BIGINT NULL"},
+	{"steps", "LONGTEXT NULL"},
+	{"retain", "BIGINT NULL"},
 }
 
 // SchemaSQL returns the statements EnsureSchema runs, one per string (the
@@ -58,6 +61,11 @@ var keepColumns = [...][2]string{
 //	ends_at         DATETIME(6) NULL            the lease's end, only under keep_uncertain
 //	keep_uncertain  BIGINT NULL                 [idem.Keep.Uncertain] in µs, NULL for none (in progress only)
 //	keep_tombstone  BIGINT NULL                 [idem.Keep.Tombstone] in µs, NULL for none
+//	steps           LONGTEXT NULL               the step journal ([idem.Journal]), a JSON object
+//	                                            {name: {"i": start order, "t": token, "r": base64
+//	                                            result once done}}; NULL for none
+//	retain          BIGINT NULL                 how long (µs) an in-progress row with a journal
+//	                                            outlives its lease (ends_at is then set); NULL for none
 //
 // A record acquired with the zero Keep leaves the three last columns NULL
 // (no bytes but the row's NULL bitmap), as rows written before they
@@ -82,7 +90,13 @@ var keepColumns = [...][2]string{
 func (s *Store) SchemaSQL() []string {
 	t := s.table
 	gone := `NOT ` + live
-	cond := `(` + gone + ` OR (state = 1 AND token = p_token))`
+	// held: a lapsed row kept for its journal, taken over by a request of
+	// its fingerprint (resuming the journal), or by any when it has none.
+	held := `(state = 1 AND keep_uncertain IS NULL AND ends_at <= ` + now + ` AND (fingerprint = p_fp OR steps IS NULL))`
+	cond := `(` + gone + ` OR (state = 1 AND token = p_token) OR ` + held + `)`
+	// resumes, read before the assignments below change the row: the
+	// journal of a row still kept, with this fingerprint, goes on.
+	resumes := `(state = 1 AND expires_at > ` + now + ` AND fingerprint = p_fp AND steps IS NOT NULL)`
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (
   ` + "`key`" + `         VARBINARY(255) NOT NULL,
@@ -104,24 +118,31 @@ func (s *Store) SchemaSQL() []string {
   COMMENT '` + procVersion + `'
 BEGIN
   DECLARE v_seen TINYINT;
-  SET v_seen = (SELECT ` + tombstoneDue + ` FROM ` + t + " WHERE `key` = p_key AND " + live + ` AND NOT (state = 1 AND token = p_token));
+  DECLARE v_prev VARBINARY(255) DEFAULT '';
+  DECLARE v_left BIGINT DEFAULT 0;
+  SET v_seen = (SELECT ` + tombstoneDue + ` FROM ` + t + " WHERE `key` = p_key AND " + live + ` AND NOT (state = 1 AND token = p_token) AND NOT ` + held + `);
   IF v_seen IS NULL THEN
+    SELECT token, TIMESTAMPDIFF(MICROSECOND, ` + now + `, IFNULL(ends_at, expires_at)) INTO v_prev, v_left FROM ` + t +
+			" WHERE `key` = p_key AND state = 1 AND token <> p_token AND IFNULL(ends_at, expires_at) <= " + now + `;
     INSERT INTO ` + t + " (`key`, state, token, fingerprint, response, expires_at, ends_at, keep_uncertain, keep_tombstone)" + `
     VALUES (p_key, 1, p_token, p_fp, NULL, ` + now + ` + INTERVAL (p_lease + p_uncertain) MICROSECOND,
       IF(p_uncertain > 0, ` + now + ` + INTERVAL p_lease MICROSECOND, NULL), NULLIF(p_uncertain, 0), NULLIF(p_tombstone, 0))
     ON DUPLICATE KEY UPDATE
+      retain = IF(` + cond + `, IF(` + resumes + `, retain, NULL), retain),
+      steps = IF(` + cond + `, IF(` + resumes + `, steps, NULL), steps),
       fingerprint = IF(` + cond + `, p_fp, fingerprint),
       response = IF(` + cond + `, NULL, response),
       state = IF(` + cond + `, 1, state),
       token = IF(` + cond + `, p_token, token),
-      ends_at = IF(` + cond + `, IF(p_uncertain > 0, ` + now + ` + INTERVAL p_lease MICROSECOND, NULL), ends_at),
+      ends_at = IF(` + cond + `, IF(p_uncertain > 0 OR retain IS NOT NULL, ` + now + ` + INTERVAL p_lease MICROSECOND, NULL), ends_at),
       keep_uncertain = IF(` + cond + `, NULLIF(p_uncertain, 0), keep_uncertain),
       keep_tombstone = IF(` + cond + `, NULLIF(p_tombstone, 0), keep_tombstone),
-      expires_at = IF(` + cond + `, ` + now + ` + INTERVAL (p_lease + p_uncertain) MICROSECOND, expires_at);
+      expires_at = IF(` + cond + `, ` + now + ` + INTERVAL (p_lease + IF(p_uncertain > 0, p_uncertain, IFNULL(retain, 0))) MICROSECOND, expires_at);
   ELSEIF v_seen THEN
     UPDATE ` + t + " " + freeTombstone + " WHERE `key` = p_key AND " + tombstoneDue + `;
   END IF;
-  SELECT ` + shown + `, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, ` + now + `, ` + ttlAt + `) AS left_us
+  SELECT ` + shown + `, token, fingerprint, response, TIMESTAMPDIFF(MICROSECOND, ` + now + `, ` + ttlAt + `) AS left_us,
+    v_prev AS prev_token, v_left AS prev_left_us
     FROM ` + t + " WHERE `key` = p_key AND (" + live + ` OR (state = 1 AND token = p_token));
 END`,
 	}

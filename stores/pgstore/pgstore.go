@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -58,6 +59,7 @@ var (
 	_ idem.Extender      = (*Store)(nil)
 	_ idem.Transactional = (*Store)(nil)
 	_ idem.Keeper        = (*Store)(nil)
+	_ idem.Journal       = (*Store)(nil)
 )
 
 // Store is an idem.Store on PostgreSQL, safe for concurrent use. It borrows
@@ -124,6 +126,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 // passed in microseconds.
 type queries struct {
 	acquire, complete, release, extend, get, completedBy, purge, free, resolveRelease, resolveComplete string
+	startStep, finishStep, suspend, steps, stepRefused                                                 string
 }
 
 // Expressions over a row r of the table and the clock n.t (see [Store.SchemaSQL]).
@@ -134,7 +137,10 @@ const (
 	// stateOf is the state of a live row as [idem.State]: past its phase
 	// end, an in-progress row is uncertain (3) and a completed one a
 	// tombstone (4); a row past expires_at (listed only) keeps its column.
-	stateOf = `CASE WHEN ` + phaseEnd + ` > n.t OR r.expires_at <= n.t THEN r.state WHEN r.state = 1 THEN 3::smallint ELSE 4::smallint END`
+	// A lapsed in-progress row kept for its step journal (retain, no
+	// keep_uncertain) is still in progress: the next acquire takes it over.
+	stateOf = `CASE WHEN ` + phaseEnd + ` > n.t OR r.expires_at <= n.t THEN r.state WHEN r.state = 1 AND r.keep_uncertain > 0 THEN 3::smallint
+  WHEN r.state = 1 THEN 1::smallint ELSE 4::smallint END`
 	// tombstone is true for a completed row past its retention.
 	tombstone = `(r.state = 2 AND r.until_at <= n.t)`
 	// tokenOf and responseOf are what reads return: a tombstone has
@@ -144,7 +150,17 @@ const (
 	// clock is the one-row subquery n.
 	clock = `(SELECT clock_timestamp() AS t) n`
 	// uncertain is true for an uncertain row (given n.t).
-	uncertain = `state = 1 AND until_at <= n.t AND expires_at > n.t`
+	uncertain = `state = 1 AND until_at <= n.t AND expires_at > n.t AND keep_uncertain > 0`
+	// owned is true for the in-progress row of token $2 whose lease is
+	// live, or which is uncertain (its owner may still end it).
+	owned = `state = 1 AND token = $2 AND expires_at > n.t AND (keep_uncertain > 0 OR coalesce(until_at, expires_at) > n.t)`
+	// leased is true for the in-progress row of token $2 whose lease is live.
+	leased = `state = 1 AND token = $2 AND coalesce(until_at, expires_at) > n.t`
+	// held is true for a row r whose lease lapsed and which is kept for
+	// its step journal: taken over by the next acquire.
+	held = `(r.state = 1 AND r.keep_uncertain IS NULL AND coalesce(r.until_at <= n.t, false))`
+	// lapse is how long an in-progress row outlives its lease, in µs.
+	lapse = `coalesce(nullif(keep_uncertain, 0), retain, 0)`
 )
 
 // completion sets a completed record's columns: the response in parameter
@@ -156,6 +172,12 @@ func completion(resp, ret string) string {
   until_at = CASE WHEN keep_tombstone > 0 THEN n.t + ` + ret + `::float8 * interval '1 microsecond' END,
   keep_uncertain = NULL, keep_tombstone = NULL`
 }
+
+// resumes is true, in an acquire's ON CONFLICT update of row r, when the
+// new holder resumes r's journal: r is in progress, still kept (its lease
+// lapsed within its retain, or it is the token's own retried acquire), and
+// has the same fingerprint.
+const resumes = `(r.state = 1 AND r.expires_at > clock_timestamp() AND r.fingerprint = EXCLUDED.fingerprint AND r.steps IS NOT NULL)`
 
 func newQueries(t string) queries {
 	return queries{
@@ -171,28 +193,65 @@ func newQueries(t string) queries {
   SELECT ` + stateOf + ` AS state, ` + tokenOf + ` AS token, r.fingerprint, ` + responseOf + ` AS response,
     (extract(epoch FROM ` + phaseEnd + ` - n.t) * 1000000)::bigint AS left_us FROM ` + t + ` r, n
   WHERE r.key = $1::text AND r.expires_at > n.t AND NOT (r.state = 1 AND r.token = $2::text)
+    AND NOT (` + held + ` AND (r.fingerprint = $3::text OR r.steps IS NULL))
+), prev AS MATERIALIZED (
+  SELECT r.token, (extract(epoch FROM ` + phaseEnd + ` - n.t) * 1000000)::bigint AS left_us FROM ` + t + ` r, n
+  WHERE r.key = $1::text AND r.state = 1 AND r.token <> $2::text AND ` + phaseEnd + ` <= n.t
 ), ins AS (
   INSERT INTO ` + t + ` AS r (key, state, token, fingerprint, response, expires_at, until_at, keep_uncertain, keep_tombstone)
   SELECT $1::text, 1, $2::text, $3::text, NULL, n.t + ($4::float8 + $5::bigint) * interval '1 microsecond',
     CASE WHEN $5::bigint > 0 THEN n.t + $4::float8 * interval '1 microsecond' END, nullif($5::bigint, 0), nullif($6::bigint, 0)
   FROM n WHERE NOT EXISTS (SELECT 1 FROM cur)
   ON CONFLICT (key) DO UPDATE SET state = 1, token = EXCLUDED.token, fingerprint = EXCLUDED.fingerprint,
-    response = NULL, expires_at = EXCLUDED.expires_at, until_at = EXCLUDED.until_at,
-    keep_uncertain = EXCLUDED.keep_uncertain, keep_tombstone = EXCLUDED.keep_tombstone
+    response = NULL, keep_uncertain = EXCLUDED.keep_uncertain, keep_tombstone = EXCLUDED.keep_tombstone,
+    steps = CASE WHEN ` + resumes + ` THEN r.steps END,
+    retain = CASE WHEN ` + resumes + ` THEN r.retain END,
+    expires_at = EXCLUDED.expires_at + CASE WHEN ` + resumes + ` AND EXCLUDED.keep_uncertain IS NULL
+      THEN r.retain::float8 * interval '1 microsecond' ELSE interval '0' END,
+    until_at = CASE WHEN ` + resumes + ` AND EXCLUDED.until_at IS NULL THEN EXCLUDED.expires_at ELSE EXCLUDED.until_at END
   WHERE r.expires_at <= clock_timestamp() OR (r.state = 1 AND r.token = EXCLUDED.token)
+    OR (r.state = 1 AND r.keep_uncertain IS NULL AND r.until_at <= clock_timestamp() AND (r.fingerprint = EXCLUDED.fingerprint OR r.steps IS NULL))
   RETURNING 1
 )
-SELECT true, 0::smallint, ''::text, ''::text, NULL::bytea, 0::bigint FROM ins
+SELECT true, 0::smallint, coalesce((SELECT token FROM prev), ''), ''::text, NULL::bytea, coalesce((SELECT left_us FROM prev), 0) FROM ins
 UNION ALL
 SELECT false, state, token, fingerprint, response, left_us FROM cur`,
 		// The owner's in-progress row, live or uncertain (expires_at is
 		// the end of the lease plus its Keep.Uncertain).
 		complete: `UPDATE ` + t + ` SET ` + completion("$3", "$4") + `
-FROM ` + clock + ` WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > n.t`,
-		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > clock_timestamp()`,
-		extend: `UPDATE ` + t + ` SET expires_at = n.t + ($3::float8 + coalesce(keep_uncertain, 0)) * interval '1 microsecond',
-  until_at = CASE WHEN keep_uncertain > 0 THEN n.t + $3::float8 * interval '1 microsecond' END
-FROM ` + clock + ` WHERE key = $1 AND token = $2 AND state = 1 AND expires_at > n.t`,
+FROM ` + clock + ` WHERE key = $1 AND ` + owned,
+		release: `DELETE FROM ` + t + ` USING ` + clock + ` WHERE key = $1 AND ` + owned,
+		extend: `UPDATE ` + t + ` SET expires_at = n.t + ($3::float8 + ` + lapse + `) * interval '1 microsecond',
+  until_at = CASE WHEN keep_uncertain > 0 OR retain > 0 THEN n.t + $3::float8 * interval '1 microsecond' END
+FROM ` + clock + ` WHERE key = $1 AND ` + owned,
+		// The journal (steps) is a jsonb array of {"n": name, "t": token,
+		// "r": base64 result once done}, in start order. startStep adds
+		// the entry unless it is there or the journal is full, sets the
+		// retain, and returns the entry.
+		startStep: `UPDATE ` + t + ` r SET
+  steps = CASE WHEN ` + hasStep + ` THEN r.steps ELSE coalesce(r.steps, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('n', $3::text, 't', $2::text)) END,
+  retain = greatest(coalesce(r.retain, 0), $4::bigint),
+  until_at = coalesce(r.until_at, r.expires_at),
+  expires_at = CASE WHEN r.keep_uncertain > 0 THEN r.expires_at
+    ELSE coalesce(r.until_at, r.expires_at) + greatest(coalesce(r.retain, 0), $4::bigint)::float8 * interval '1 microsecond' END
+FROM ` + clock + ` WHERE r.key = $1 AND r.` + leased + `
+  AND (` + hasStep + ` OR coalesce(jsonb_array_length(r.steps), 0) < ` + strconv.Itoa(idem.MaxSteps) + `)
+RETURNING (SELECT e->>'t' FROM jsonb_array_elements(r.steps) e WHERE e->>'n' = $3 LIMIT 1),
+  (SELECT decode(e->>'r', 'base64') FROM jsonb_array_elements(r.steps) e WHERE e->>'n' = $3 LIMIT 1),
+  (SELECT e ? 'r' FROM jsonb_array_elements(r.steps) e WHERE e->>'n' = $3 LIMIT 1)`,
+		// stepRefused tells why startStep changed nothing: true when the
+		// token holds the lease (so the journal is full).
+		stepRefused: `SELECT EXISTS (SELECT 1 FROM ` + t + `, ` + clock + ` WHERE key = $1 AND ` + leased + `)`,
+		finishStep: `UPDATE ` + t + ` r SET steps = (SELECT jsonb_agg(CASE WHEN e->>'n' = $3 AND NOT e ? 'r'
+    THEN e || jsonb_build_object('r', encode($4::bytea, 'base64')) ELSE e END ORDER BY i)
+  FROM jsonb_array_elements(r.steps) WITH ORDINALITY x(e, i))
+FROM ` + clock + ` WHERE r.key = $1 AND r.` + leased + ` AND ` + hasStep,
+		suspend: `UPDATE ` + t + ` SET until_at = n.t, keep_uncertain = $3::bigint,
+  expires_at = n.t + $3::float8 * interval '1 microsecond'
+FROM ` + clock + ` WHERE key = $1 AND ` + leased,
+		steps: `SELECT e->>'n', e->>'t', e ? 'r', decode(e->>'r', 'base64')
+FROM ` + t + ` r, ` + clock + `, jsonb_array_elements(r.steps) WITH ORDINALITY x(e, i)
+WHERE r.key = $1 AND r.expires_at > n.t AND NOT coalesce(` + tombstone + `, false) ORDER BY i`,
 		get: `SELECT ` + stateOf + `, ` + tokenOf + `, r.fingerprint, ` + responseOf + ` FROM ` + t + ` r, ` + clock + `
 WHERE r.key = $1 AND r.expires_at > n.t`,
 		completedBy: `SELECT EXISTS (SELECT 1 FROM ` + t + `
@@ -205,7 +264,7 @@ WHERE key = $1 AND token = $2 AND state = 2 AND expires_at > clock_timestamp())`
   SELECT key FROM ` + t + ` WHERE expires_at <= statement_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 		// free empties the tombstones whose retention ended, through the
 		// partial until_at index (rows with a response and a keep only).
-		free: `UPDATE ` + t + ` SET response = NULL, token = '' WHERE key IN (
+		free: `UPDATE ` + t + ` SET response = NULL, token = '', steps = NULL WHERE key IN (
   SELECT key FROM ` + t + ` WHERE until_at <= statement_timestamp() AND response IS NOT NULL AND state = 2
   LIMIT $1 FOR UPDATE SKIP LOCKED) AND state = 2 AND until_at <= statement_timestamp()`,
 		resolveRelease: `DELETE FROM ` + t + ` USING ` + clock + ` WHERE key = $1 AND ` + uncertain,
@@ -215,6 +274,9 @@ WHERE key = $1 AND token = $2 AND state = 2 AND expires_at > clock_timestamp())`
 FROM ` + clock + ` WHERE key = $1 AND ` + uncertain,
 	}
 }
+
+// hasStep is true when row r's journal has an entry named $3.
+const hasStep = `coalesce(r.steps @> jsonb_build_array(jsonb_build_object('n', $3::text)), false)`
 
 // micros returns d in microseconds, rounded up (a 1ns lease is 1µs).
 func micros(d time.Duration) float64 {
@@ -290,6 +352,8 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 			continue // a concurrent transition this statement's snapshot missed
 		case err != nil:
 			return idem.Record{}, false, fmt.Errorf("pgstore: acquire: %w", err)
+		case acquired && tok != "": // took over a lapsed lease
+			return idem.Record{State: idem.StateInProgress, Token: tok, LeaseLeft: min(time.Duration(leftUS)*time.Microsecond, -1)}, true, nil
 		case acquired:
 			return idem.Record{}, true, nil
 		}

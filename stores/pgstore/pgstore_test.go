@@ -31,6 +31,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestJournal(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	storetest.RunJournal(t, func(t *testing.T) idem.Store {
+		s, _ := newStore(t, pool)
+		return s
+	})
+}
+
 // TestConformanceRepeatableRead runs the store suite with every
 // connection at REPEATABLE READ (default_transaction_isolation): racing
 // acquires of one key meet SQLSTATE 40001, which Acquire must retry, not

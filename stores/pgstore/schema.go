@@ -34,6 +34,10 @@ const PurgeBatch = 10000
 //	                                 when the record has a keep; NULL without (= expires_at)
 //	keep_uncertain bigint            Keep.Uncertain in µs while in progress, else NULL
 //	keep_tombstone bigint            Keep.Tombstone in µs while in progress, else NULL
+//	steps          jsonb             the step journal ([idem.Journal]): [{"n": name, "t": token,
+//	                                 "r": base64 result once done}, …] in start order; NULL for none
+//	retain         bigint            how long (µs) an in-progress row with a journal outlives
+//	                                 its lease; NULL without a journal
 //
 // An in-progress row past until_at is uncertain; a completed one past
 // until_at is a tombstone (its response freed by the purge).
@@ -51,18 +55,21 @@ func (s *Store) createSQL() string {
   expires_at     timestamptz NOT NULL,
   until_at       timestamptz,
   keep_uncertain bigint,
-  keep_tombstone bigint
+  keep_tombstone bigint,
+  steps          jsonb,
+  retain         bigint
 );
 CREATE INDEX IF NOT EXISTS ` + s.index + ` ON ` + s.table + ` (expires_at);`
 }
 
 // keepColumns are the columns added for [idem.Keep] to a table created by
 // an earlier version.
-var keepColumns = []string{"until_at", "keep_uncertain", "keep_tombstone"}
+var keepColumns = []string{"until_at", "keep_uncertain", "keep_tombstone", "steps", "retain"}
 
 func (s *Store) alterSQL() string {
 	return `ALTER TABLE ` + s.table + ` ADD COLUMN IF NOT EXISTS until_at timestamptz,
-  ADD COLUMN IF NOT EXISTS keep_uncertain bigint, ADD COLUMN IF NOT EXISTS keep_tombstone bigint;`
+  ADD COLUMN IF NOT EXISTS keep_uncertain bigint, ADD COLUMN IF NOT EXISTS keep_tombstone bigint,
+  ADD COLUMN IF NOT EXISTS steps jsonb, ADD COLUMN IF NOT EXISTS retain bigint;`
 }
 
 func (s *Store) untilIndexSQL() string {

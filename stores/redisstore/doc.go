@@ -46,6 +46,35 @@
 // round trips (acquire, complete); a replay, a 409 conflict or a 422
 // mismatch costs 1. Get is one GET.
 //
+// # Step journal
+//
+// The store is an [idem.Journal], for [idem.Step]. A record's journal is a
+// hash at its journal key, prefix+key+":j{"+prefix+key+"}" (or
+// prefix+key+":j" when the prefix holds a Cluster hash tag), in the
+// record's slot: one field per step, named after it, holding its index,
+// done flag, lp(token) and result. StartStep, FinishStep and Suspend are
+// one script run each (one round trip, the result sent once: about
+// len(result) + 30 bytes stored per step, plus the step's name). Its first
+// step turns the record into
+//
+//	in-progress  '5' lp(token) lp(fingerprint) lp(u) lp(t) lp(r)   TTL lease + (u, else r)
+//
+// with r the journal's retain in milliseconds: once its lease lapses the
+// record stays, in progress, for r (uncertain instead under
+// Keep.Uncertain), fenced against its old token, and an Acquire with its
+// fingerprint takes it over with one more script run (the SET, then a
+// script that checks the lapse and rewrites the record, keeping the
+// journal), reporting the previous token; another fingerprint gets the
+// record answered. Every script that writes a record with a journal gives
+// the journal the record's expiry (PEXPIRETIME, PEXPIREAT: the same
+// millisecond), or, once completed under a tombstone keep, its response
+// key's, so the journal lives and dies with its record; Release, Resolve
+// with no response and Evict delete it. Complete, Release and Extend of a
+// '5' record cost one more round trip (their one-key script answers that
+// the journal key is needed); records without steps are written and read
+// as before, at the same cost. Lapsed records without a journal expire
+// with their lease as before, so their takeover is not reported.
+//
 // # Failures
 //
 // Connection errors, timeouts, LOADING, READONLY and failover errors are
@@ -62,6 +91,18 @@
 // it does not close the window of a planned SENTINEL FAILOVER, in which the
 // old primary keeps taking writes until the clients switch (README.md has
 // the measurements).
+//
+// # Eviction
+//
+// Every record and response key carries a TTL, so any maxmemory-policy but
+// noeviction (allkeys-* and volatile-* alike) lets a Redis at its memory
+// limit delete records before their lease or retention ends: a duplicate
+// then executes while the first still runs, or a retry executes again
+// instead of replaying. Give records a Redis with maxmemory-policy
+// noeviction (at its limit it refuses writes: the engine answers 503 and
+// nothing runs twice), and call [Store.Check] at start: it logs a warning
+// for a server whose policy can evict ([Store.Eviction] reads it).
+//
 // Ring clients (redis.NewRing) are not supported: a Ring moves keys when a
 // shard goes down, so two instances may see different records.
 package redisstore

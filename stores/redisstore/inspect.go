@@ -11,22 +11,23 @@ import (
 
 var _ idem.Inspector = (*Store)(nil)
 
-// evictScript: KEYS record[, response key: given for a record seen
-// completed or expired]; ARGV state (the decimal
+// evictScript: KEYS record[, response key, journal key: given unless the
+// prefix forbids them (see appendKeys)]; ARGV state (the decimal
 // idem.State seen: 1 in progress, 2 completed, 3 uncertain, 4 expired),
-// token (empty for none), fingerprint. It deletes the record and its response
-// key when the record still has that state, token and fingerprint, and
-// returns 1; otherwise 0. A '3' value is in progress while its PTTL is
-// above u (always when u is 0), else uncertain; a '4' value is completed while its response key
-// lives, else expired.
-var evictScript = newScript(luaDecode + `
-local k, tok, fp, u = decode(redis.pcall('GET', KEYS[1]))
+// token (empty for none), fingerprint. It deletes the record, its response
+// key and its journal when the record still has that state, token and
+// fingerprint, and returns 1; otherwise 0. A '3' or '5' value is in
+// progress while its PTTL is above its lapse, else uncertain (a '5' value
+// with no u: in progress, lapsed); a '4' value is completed while its
+// response key lives, else expired.
+var evictScript = newScript(luaDecode + luaLapse + `
+local k, tok, fp, u, t, r = decode(redis.pcall('GET', KEYS[1]))
 if not k or tok ~= ARGV[2] or fp ~= ARGV[3] then
   return 0
 end
 local st = k
-if k == '3' then
-  st = (tonumber(u) == 0 or redis.call('PTTL', KEYS[1]) > tonumber(u)) and '1' or '3'
+if k == '3' or k == '5' then
+  st = (redis.call('PTTL', KEYS[1]) > lapse(k, u, r) or tonumber(u) == 0) and '1' or '3'
 elseif k == '4' then
   if not KEYS[2] then
     return 0
@@ -63,7 +64,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 }
 
 // Evict implements [idem.Inspector.Evict] with one script run, which
-// deletes the record and its response key.
+// deletes the record, its response key and its journal.
 func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -75,11 +76,9 @@ func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	buf, recordEnd, respEnd := s.appendKeys(make([]byte, 0, s.keysLen(key)), key)
-	all := view(buf)
-	keys := []string{all[:recordEnd], all[recordEnd:respEnd]}
-	if seen.State == idem.StateInProgress || seen.State == idem.StateUncertain {
-		keys = keys[:1] // no response key: see peek
+	keys, err := s.journalKeys(key)
+	if err != nil { // no key can share the record's slot: the record has none
+		keys = []string{s.prefix + key}
 	}
 	args := []any{strconv.Itoa(int(seen.State)), seen.Token, seen.Fingerprint}
 	deleted, err := s.c.EvalSha(ctx, evictScript.sha, keys, args...).Int64()

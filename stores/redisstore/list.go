@@ -130,13 +130,17 @@ func (s *Store) nodes(ctx context.Context) ([]scanner, error) {
 }
 
 // heads reads the state, token, fingerprint and TTL of the records at
-// keys (full Redis keys), keeping those in state (0: any). Response keys
-// (see [Store.appendKeys]) and tombstones are skipped. A kept record's
+// keys (full Redis keys), keeping those in state (0: any). Response keys,
+// journal keys (see [Store.appendKeys], [Store.journalKeys]) and
+// tombstones are skipped. A kept record's
 // state comes from its TTL: a '3' value is uncertain once its PTTL is at
 // most u, a '4' value a tombstone once its PTTL is at most t (its response
 // key expired then).
 func (s *Store) heads(ctx context.Context, keys []string, state idem.State) ([]idem.ListedRecord, error) {
-	keys = slices.DeleteFunc(keys, func(k string) bool { return strings.Contains(k[min(len(s.prefix), len(k)):], respSuffix) })
+	keys = slices.DeleteFunc(keys, func(k string) bool {
+		k = k[min(len(s.prefix), len(k)):]
+		return strings.Contains(k, respSuffix) || strings.Contains(k, journalSuffix)
+	})
 	if len(keys) == 0 {
 		return nil, nil
 	}

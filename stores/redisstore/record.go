@@ -19,6 +19,7 @@ import (
 //	completed         '2' lp(fingerprint) response                   TTL retention
 //	in-progress, kept '3' lp(token) lp(fingerprint) lp(u) lp(t)      TTL lease + u
 //	completed, kept   '4' lp(fingerprint) lp(t)                      TTL retention + t
+//	in-progress, steps '5' lp(token) lp(fingerprint) lp(u) lp(t) lp(r) TTL lease + (u, else r)
 //
 // where lp(s) is len(s) in decimal ASCII digits (no leading zero), ':' and
 // the bytes of s, so that tokens and fingerprints may hold any byte, and
@@ -29,18 +30,24 @@ import (
 // in decimal milliseconds ("0" for none). A '3' record's lease has lapsed,
 // and the record is uncertain, when its PTTL is <= u (the Redis server's
 // clock alone decides). A '4' record keeps its response in a second key,
-// the response key ([Store.respKey]), whose TTL is the retention: it is
-// completed while that key lives and a tombstone (expired) after. The
+// the response key ([Store.appendKeys]), whose TTL is the retention: it is
+// completed while that key lives and a tombstone (expired) after. A '5'
+// record has a step journal ([idem.Journal]) in its journal key
+// ([Store.journalKeys]): r is the journal's retain in milliseconds, and
+// its lease has lapsed when its PTTL is at most its lapse, u when u > 0
+// (then it is uncertain, as a '3' record) else r (then it is in progress,
+// lapsed: taken over by an Acquire of its fingerprint). The
 // owner check of Release and Extend decodes the value and compares its
 // token with the caller's; Complete first compares the value's start with
 // '1' lp(token) and, when it matches, takes lp(fingerprint) as the rest of
 // the value (a '1' value with the caller's token), decoding only other
 // values.
 const (
-	stateInProgress     = '1'
-	stateCompleted      = '2'
-	stateInProgressKept = '3'
-	stateCompletedKept  = '4'
+	stateInProgress        = '1'
+	stateCompleted         = '2'
+	stateInProgressKept    = '3'
+	stateCompletedKept     = '4'
+	stateInProgressJournal = '5'
 )
 
 // maxLenDigits bounds the decimal length of lp(s): lengths fit in an int.
@@ -107,9 +114,20 @@ func cutMillis(v string) (ms int64, rest string, ok bool) {
 // its TTL and its response key ([stored.at]); a '4' value's Response is
 // nil.
 type stored struct {
-	rec  idem.Record
-	kept bool  // a '3' or '4' value
-	u, t int64 // its Keep.Uncertain and Keep.Tombstone in milliseconds
+	rec     idem.Record
+	kept    bool  // a '3', '4' or '5' value
+	journal bool  // a '5' value
+	u, t    int64 // its Keep.Uncertain and Keep.Tombstone in milliseconds
+	r       int64 // a '5' value's journal retain in milliseconds
+}
+
+// lapse returns how long an in-progress value outlives its lease, in
+// milliseconds: u, else a '5' value's r.
+func (st stored) lapse() int64 {
+	if st.u == 0 && st.journal {
+		return st.r
+	}
+	return st.u
 }
 
 // parseValue decodes a record value. The token and fingerprint share the
@@ -120,7 +138,7 @@ func parseValue(v string) (stored, error) {
 		return stored{}, fmt.Errorf("%w: empty value", ErrCorrupt)
 	}
 	switch v[0] {
-	case stateInProgress, stateInProgressKept:
+	case stateInProgress, stateInProgressKept, stateInProgressJournal:
 		token, rest, ok := cutLP(v[1:])
 		if !ok {
 			break
@@ -130,13 +148,18 @@ func parseValue(v string) (stored, error) {
 			break
 		}
 		st := stored{rec: idem.Record{State: idem.StateInProgress, Fingerprint: fp, Token: token}}
-		if v[0] == stateInProgressKept {
-			st.kept = true
+		if v[0] != stateInProgress {
+			st.kept, st.journal = true, v[0] == stateInProgressJournal
 			if st.u, rest, ok = cutMillis(rest); !ok {
 				break
 			}
 			if st.t, rest, ok = cutMillis(rest); !ok {
 				break
+			}
+			if st.journal {
+				if st.r, rest, ok = cutMillis(rest); !ok {
+					break
+				}
 			}
 		}
 		if rest != "" {
@@ -166,16 +189,20 @@ func parseValue(v string) (stored, error) {
 // at returns the record a value reads as when its key's PTTL is pttl
 // (milliseconds, > 0) and, for a '4' value, its response key holds resp
 // (hasResp) with PTTL respTTL; and the record's time to live
-// ([idem.RecordInfo.TTL]). A '3' value is in progress while pttl > u
-// (LeaseLeft pttl - u), or always when u is 0, else uncertain; a '4' value is completed while its
+// ([idem.RecordInfo.TTL]). A '3' or '5' value is in progress while pttl
+// is above its lapse (LeaseLeft pttl - lapse), else uncertain, or, for a
+// '5' value with no u, in progress with its lease lapsed (LeaseLeft 0, TTL
+// pttl: kept for its journal); a '4' value is completed while its
 // response key lives (the response, a view of resp), else expired: a
 // tombstone.
 func (st stored) at(pttl int64, resp string, hasResp bool, respTTL int64) (idem.Record, time.Duration) {
 	rec, ttl := st.rec, pttl
 	switch {
 	case !st.kept:
-	case rec.State == idem.StateInProgress && (pttl > st.u || st.u == 0): // u 0: never uncertain, even at PTTL 0
-		ttl = pttl - st.u
+	case rec.State == idem.StateInProgress && pttl > st.lapse():
+		ttl = pttl - st.lapse()
+	case rec.State == idem.StateInProgress && st.u == 0: // a '5' value, lapsed
+		return rec, time.Duration(ttl) * time.Millisecond
 	case rec.State == idem.StateInProgress:
 		rec.State = idem.StateUncertain
 	case hasResp:

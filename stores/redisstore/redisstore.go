@@ -173,8 +173,8 @@ func (s *Store) keysLen(key string) int {
 const maxBulk = 512 << 20
 
 // luaDecode starts every script that reads a record: decode(v) returns
-// the kind of a record value ('1' to '4', see record.go), its token (empty for
-// '2' and '4'), fingerprint, u and t (decimal milliseconds, '0' when the
+// the kind of a record value ('1' to '5', see record.go), its token (empty for
+// '2' and '4'), fingerprint, u, t and r (decimal milliseconds, '0' when the
 // value carries none), or nil when v is not a record (not a string: a
 // missing key reads as false, a key of another type, read with
 // redis.pcall, as an error table). It accepts exactly what parseValue
@@ -200,8 +200,8 @@ local function decode(v)
     return nil
   end
   local k = string.sub(v, 1, 1)
-  local tok, fp, u, t, i = '', nil, '0', '0', 2
-  if k == '1' or k == '3' then
+  local tok, fp, u, t, r, i = '', nil, '0', '0', '0', 2
+  if k == '1' or k == '3' or k == '5' then
     tok, i = field(v, i)
     if not tok then
       return nil
@@ -213,22 +213,28 @@ local function decode(v)
   if not fp then
     return nil
   end
-  if k == '3' then
+  if k == '3' or k == '5' then
     u, i = field(v, i)
     if not millis(u) then
       return nil
     end
   end
-  if k == '3' or k == '4' then
+  if k ~= '1' and k ~= '2' then
     t, i = field(v, i)
     if not millis(t) then
+      return nil
+    end
+  end
+  if k == '5' then
+    r, i = field(v, i)
+    if not millis(r) then
       return nil
     end
   end
   if (k == '2' and i > #v) or (k ~= '2' and i ~= #v + 1) then
     return nil
   end
-  return k, tok, fp, u, t
+  return k, tok, fp, u, t, r
 end
 `
 
@@ -265,10 +271,15 @@ local v = redis.pcall('GET', KEYS[1])
 `
 
 // luaOwned returns 0 unless v (see luaGet) is a record in progress ('1' or
-// '3', lease live or lapsed: the key lives) whose token is ARGV[1]. It
-// leaves the decoded fields in fp, u and t.
+// '3', lease live or lapsed: the key lives) whose token is ARGV[1], and 3
+// for a '5' value (a record with a step journal: the caller runs the
+// journal's script, which declares the journal key). It leaves the decoded
+// fields in fp, u and t.
 const luaOwned = `
 local k, tok, fp, u, t = decode(v)
+if k == '5' then
+  return 3
+end
 if (k ~= '1' and k ~= '3') or tok ~= ARGV[1] then
   return 0
 end
@@ -317,21 +328,28 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(ARGV[2]) + tonumber(
 return 1
 `)
 
-// resolveScript: KEYS record[, response key]; ARGV retention ms (empty to
-// release), encoded response. It returns 0 unless the record is uncertain
-// ('3' with u > 0 and PTTL <= u); otherwise it deletes it (release) or
-// completes it (see luaComplete: 2 asks for the response key) and returns
-// 1.
-var resolveScript = newScript(luaDecode + luaComplete + `
+// resolveScript: KEYS record[, response key, journal key]; ARGV retention
+// ms (empty to release), encoded response. It returns 0 unless the record
+// is uncertain ('3' or '5' with u > 0 and PTTL <= u); otherwise it deletes
+// it and its journal (release) or completes it, its journal kept for the
+// retention (see luaComplete), and returns 1; 2 asks for the other keys.
+var resolveScript = newScript(luaDecode + luaLapse + luaComplete + `
 local k, tok, fp, u, t = decode(redis.pcall('GET', KEYS[1]))
-if k ~= '3' or tonumber(u) == 0 or redis.call('PTTL', KEYS[1]) > tonumber(u) then
+if (k ~= '3' and k ~= '5') or tonumber(u) == 0 or redis.call('PTTL', KEYS[1]) > tonumber(u) then
   return 0
 end
+if k == '5' and not KEYS[3] then
+  return 2
+end
 if ARGV[1] == '' then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', unpack(KEYS))
   return 1
 end
-return complete(fp, t, ARGV[1], ARGV[2])
+local res = complete(fp, t, ARGV[1], ARGV[2])
+if res == 1 and k == '5' then
+  follow(tonumber(t) == 0 and KEYS[1] or KEYS[2])
+end
+return res
 `)
 
 // peekScript: KEYS record[, response key]. It returns {} for no key,
@@ -436,7 +454,17 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 			}
 			return st.rec, false, nil
 		}
-		rec, _, found, err := s.peek(ctx, key, st.rec.State == idem.StateCompleted)
+		var rec idem.Record
+		var found bool
+		if st.journal {
+			var acquired bool
+			rec, acquired, found, err = s.takeover(ctx, key, token, fingerprint, lease, keep)
+			if acquired {
+				return rec, true, nil
+			}
+		} else {
+			rec, _, found, err = s.peek(ctx, key, st.rec.State == idem.StateCompleted)
+		}
 		switch {
 		case err != nil:
 			return idem.Record{}, false, fmt.Errorf("redisstore: acquire: %w", err)
@@ -569,6 +597,9 @@ func (s *Store) Complete(ctx context.Context, key, token string, response []byte
 	if !withResp && errors.Is(err, errNeedsRespKey) {
 		err = s.complete(ctx, key, token, response, retention, true)
 	}
+	if errors.Is(err, errJournaled) {
+		err = s.completeJournal(ctx, key, token, response, retention)
+	}
 	return err
 }
 
@@ -606,7 +637,9 @@ func (s *Store) complete(ctx context.Context, key, token string, response []byte
 		ev = newEval(completeScript, 2, buf, keyEnds[0], keyEnds[1], tokenEnd, ttlEnd, len(buf))
 	}
 	if s.waitN > 0 {
-		return s.completeAndWait(ctx, ev)
+		return s.completeAndWait(ctx, ev.strs[0], func(ctx context.Context, source bool) *redis.IntCmd {
+			return ev.command(ctx, completeScript, source)
+		})
 	}
 	ok, err := s.run(ctx, completeScript, ev)
 	switch {
@@ -614,6 +647,45 @@ func (s *Store) complete(ctx context.Context, key, token string, response []byte
 		return fmt.Errorf("redisstore: complete: %w", err)
 	case ok == 2:
 		return errNeedsRespKey
+	case ok == 3:
+		return errJournaled
+	case ok != 1:
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// completeJournal completes a record with a step journal with
+// completeJournalScript, on its three keys; under [WithWaitReplicas] the
+// script and WAIT share one pipeline.
+func (s *Store) completeJournal(ctx context.Context, key, token string, response []byte, retention time.Duration) error {
+	keys, err := s.journalKeys(key)
+	if err != nil {
+		return fmt.Errorf("redisstore: complete: %w", err)
+	}
+	ret := millis(retention)
+	run := func(ctx context.Context, source bool) *redis.IntCmd {
+		args := []any{"evalsha", completeJournalScript.shaArg, 3, keys[0], keys[1], keys[2], token, ret, response}
+		if source {
+			args[0], args[1] = "eval", completeJournalScript.srcArg
+		}
+		cmd := redis.NewIntCmd(ctx, args...)
+		cmd.SetFirstKeyPos(3)
+		return cmd
+	}
+	if s.waitN > 0 {
+		return s.completeAndWait(ctx, keys[0], run)
+	}
+	cmd := run(ctx, false)
+	_ = s.c.Process(ctx, cmd)
+	if isNoScript(cmd.Err()) {
+		cmd = run(ctx, true)
+		_ = s.c.Process(ctx, cmd)
+	}
+	ok, err := cmd.Result()
+	switch {
+	case err != nil:
+		return fmt.Errorf("redisstore: complete: %w", err)
 	case ok != 1:
 		return idem.ErrNotOwner
 	}
@@ -632,15 +704,25 @@ func (s *Store) run(ctx context.Context, sc *script, ev *evalCmd) (int64, error)
 	return cmd.Result()
 }
 
+// ownerJournal runs sc, releaseJournalScript or extendJournalScript, on
+// the three keys of a record with a journal, with token and args.
+func (s *Store) ownerJournal(ctx context.Context, sc *script, key, token string, args ...any) (int64, error) {
+	keys, err := s.journalKeys(key)
+	if err != nil {
+		return 0, err
+	}
+	return s.eval(ctx, sc, keys, append([]any{token}, args...)...).Int64()
+}
+
 // isNoScript reports a NOSCRIPT reply to EVALSHA.
 func isNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
 
-// completeAndWait runs the completion script and WAIT in one pipeline, on
-// the master owning k when the client is a Cluster client. WAIT counts the
+// completeAndWait runs a completion script, the command run returns
+// (EVALSHA, or EVAL when source is set), and WAIT in one pipeline, on
+// the master owning k, the record key, when the client is a Cluster client. WAIT counts the
 // replicas that acknowledged the writes of the connection it is sent on, so
 // both commands must share one connection: a pipeline to one node.
-func (s *Store) completeAndWait(ctx context.Context, ev *evalCmd) error {
-	k := ev.strs[0]
+func (s *Store) completeAndWait(ctx context.Context, k string, run func(ctx context.Context, source bool) *redis.IntCmd) error {
 	var c redis.Cmdable = s.c
 	cluster, isCluster := s.c.(*redis.ClusterClient)
 	if isCluster {
@@ -650,7 +732,7 @@ func (s *Store) completeAndWait(ctx context.Context, ev *evalCmd) error {
 		}
 		c = node
 	}
-	res, acked, err := s.pipeCompleteWait(ctx, c, ev, false)
+	res, acked, err := s.pipeCompleteWait(ctx, c, run, false)
 	// The slot moved (MOVED) or is moving and the record is already on the
 	// importing master (ASK): send the pipeline again to the master the
 	// error names, after ASKING for ASK. Rare (resharding).
@@ -667,13 +749,16 @@ func (s *Store) completeAndWait(ctx context.Context, ev *evalCmd) error {
 		if ferr != nil {
 			return fmt.Errorf("redisstore: complete: %w (after %w)", ferr, err)
 		}
-		res, acked, err = s.pipeCompleteWait(ctx, node, ev, ask)
+		res, acked, err = s.pipeCompleteWait(ctx, node, run, ask)
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
 	if res == 2 {
 		return errNeedsRespKey
+	}
+	if res == 3 {
+		return errJournaled
 	}
 	if res != 1 {
 		return idem.ErrNotOwner
@@ -703,24 +788,24 @@ func masterAt(ctx context.Context, cluster *redis.ClusterClient, addr string) (*
 	return found, err
 }
 
-// pipeCompleteWait sends [ASKING,] EVALSHA completeScript and WAIT in one
+// pipeCompleteWait sends [ASKING,] the completion script's EVALSHA and WAIT in one
 // pipeline on c, and once more with EVAL when the server's script cache
 // lacks the script (restart, failover, SCRIPT FLUSH, a node that never ran
 // it).
-func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, ev *evalCmd, ask bool) (res, acked int64, err error) {
-	res, acked, err = s.pipeOnce(ctx, c, ev, ask, false)
+func (s *Store) pipeCompleteWait(ctx context.Context, c redis.Cmdable, mk func(ctx context.Context, source bool) *redis.IntCmd, ask bool) (res, acked int64, err error) {
+	res, acked, err = s.pipeOnce(ctx, c, mk, ask, false)
 	if isNoScript(err) {
-		res, acked, err = s.pipeOnce(ctx, c, ev, ask, true)
+		res, acked, err = s.pipeOnce(ctx, c, mk, ask, true)
 	}
 	return res, acked, err
 }
 
-func (s *Store) pipeOnce(ctx context.Context, c redis.Cmdable, ev *evalCmd, ask, source bool) (res, acked int64, err error) {
+func (s *Store) pipeOnce(ctx context.Context, c redis.Cmdable, mk func(ctx context.Context, source bool) *redis.IntCmd, ask, source bool) (res, acked int64, err error) {
 	pipe := c.Pipeline()
 	if ask {
 		pipe.Do(ctx, "asking")
 	}
-	run := ev.command(ctx, completeScript, source)
+	run := mk(ctx, source)
 	_ = pipe.Process(ctx, run)
 	wait := pipe.Do(ctx, "wait", s.waitN, s.waitTimeout.Milliseconds())
 	_, _ = pipe.Exec(ctx)
@@ -744,6 +829,9 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	buf = append(append(append(buf, s.prefix...), key...), token...)
 	keyEnd := len(s.prefix) + len(key)
 	ok, err := s.run(ctx, releaseScript, newEval(releaseScript, 1, buf, keyEnd, len(buf)))
+	if err == nil && ok == 3 { // a record with a journal
+		ok, err = s.ownerJournal(ctx, releaseJournalScript, key, token)
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
@@ -768,6 +856,9 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	keyEnd, tokenEnd := len(s.prefix)+len(key), len(buf)
 	buf = strconv.AppendInt(buf, millis(lease), 10)
 	ok, err := s.run(ctx, extendScript, newEval(extendScript, 1, buf, keyEnd, tokenEnd, len(buf)))
+	if err == nil && ok == 3 { // a record with a journal
+		ok, err = s.ownerJournal(ctx, extendJournalScript, key, token, millis(lease))
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
@@ -830,6 +921,9 @@ func (s *Store) Resolve(ctx context.Context, key string, response []byte, retent
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	for _, withResp := range []bool{false, true} {
+		if withResp && !s.noTombstones {
+			return s.resolveJournal(ctx, key, response, retention)
+		}
 		buf := make([]byte, 0, s.keysLen(key)+20+len(response))
 		buf, recordEnd, respEnd := s.appendKeys(buf, key)
 		if !withResp {
@@ -855,6 +949,28 @@ func (s *Store) Resolve(ctx context.Context, key string, response []byte, retent
 		}
 	}
 	return idem.ErrRecordChanged
+}
+
+// resolveJournal runs resolveScript on the record's three keys: its
+// second run, for a record whose completion needs its response key or
+// that has a journal.
+func (s *Store) resolveJournal(ctx context.Context, key string, response []byte, retention time.Duration) error {
+	keys, err := s.journalKeys(key)
+	if err != nil {
+		return fmt.Errorf("redisstore: resolve: %w", err)
+	}
+	ret := ""
+	if response != nil {
+		ret = strconv.FormatInt(millis(retention), 10)
+	}
+	ok, err := s.eval(ctx, resolveScript, keys, ret, response).Int64()
+	switch {
+	case err != nil:
+		return fmt.Errorf("redisstore: resolve: %w", err)
+	case ok != 1:
+		return idem.ErrRecordChanged
+	}
+	return nil
 }
 
 // isWrongType reports Redis's WRONGTYPE reply: the key holds another type

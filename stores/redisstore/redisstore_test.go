@@ -50,15 +50,21 @@ func TestClusterConformance(t *testing.T) {
 	conformance(t, newClusterClient(t))
 }
 
-// TestConformanceReplicated runs the suite against a private primary with
+// TestConformanceReplicated runs the suites against a private primary with
 // one replica, completing under WithWaitReplicas(1, ...): the pipelined
-// EVALSHA+WAIT path, including the NOSCRIPT fallback on a fresh server.
+// EVALSHA+WAIT path (of records with a step journal too), including the
+// NOSCRIPT fallback on a fresh server.
 func TestConformanceReplicated(t *testing.T) {
 	t.Parallel()
 	primary, _ := startReplicatedPair(t)
 	c := redis.NewClient(&redis.Options{Addr: primary.addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	conformance(t, c, redisstore.WithWaitReplicas(1, time.Second))
+	t.Run("Journal", func(t *testing.T) {
+		storetest.RunJournal(t, func(t *testing.T) idem.Store {
+			return redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)), redisstore.WithWaitReplicas(1, time.Second))
+		})
+	})
 }
 
 // startReplicatedPair starts a private primary and a replica of it and waits
@@ -784,4 +790,20 @@ func TestAcquireErrorReply(t *testing.T) {
 	if got := hook.names(); len(got) != 2 || got[0] != "set" || got[1] != "set" {
 		t.Fatalf("Acquire on a replica sent %v; want SET (raw), then SET (parsed)", got)
 	}
+}
+
+func TestJournal(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	storetest.RunJournal(t, func(t *testing.T) idem.Store {
+		return redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	})
+}
+
+func TestClusterJournal(t *testing.T) {
+	t.Parallel()
+	c := newClusterClient(t)
+	storetest.RunJournal(t, func(t *testing.T) idem.Store {
+		return redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	})
 }

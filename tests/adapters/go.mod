@@ -37,6 +37,7 @@ require (
 	github.com/bytedance/gopkg v0.1.3 // indirect
 	github.com/bytedance/sonic v1.15.0 // indirect
 	github.com/bytedance/sonic/loader v0.5.0 // indirect
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cloudwego/base64x v0.1.6 // indirect
 	github.com/gabriel-vasile/mimetype v1.4.12 // indirect
 	github.com/gin-contrib/sse v1.1.0 // indirect
@@ -46,6 +47,7 @@ require (
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemkit/idem/outbox v0.1.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/compress v1.20.0 // indirect
 	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
@@ -83,6 +85,7 @@ replace (
 	github.com/idemkit/idem/adapters/idemhttp => ../../adapters/idemhttp
 	github.com/idemkit/idem/adapters/idemnats => ../../adapters/idemnats
 	github.com/idemkit/idem/core => ../../core
+	github.com/idemkit/idem/outbox => ../../outbox
 	github.com/idemkit/idem/stores/memstore => ../../stores/memstore
 )
 

@@ -1,5 +1,5 @@
 // Package chaos proves idem's guarantees across real processes under faults:
-// example services (examples/nethttp, examples/gin) run as separate
+// the payments service (examples/payments, -framework nethttp and gin) runs as separate
 // processes, several instances share one store (a redis-server or a FerretDB
 // server this package starts itself), and an in-process toxiproxy sits
 // between each instance and the store to cut, slow down or half-break the

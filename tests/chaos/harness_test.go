@@ -67,17 +67,18 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// build compiles examples/<name> with the race detector, so that a data race
-// inside a service under faults shows up in its stderr (checked by stop).
+// build compiles the payments service (examples/payments, run with
+// -framework name) with the race detector, so that a data race inside a
+// service under faults shows up in its stderr (checked by stop).
 func build(dir, name string) (string, error) {
-	if _, err := os.Stat(filepath.Join("..", "..", "examples", name, "main.go")); err != nil {
-		return "", err
+	bin := filepath.Join(dir, "payments")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
 	}
-	bin := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-race", "-o", bin, "./"+name)
+	cmd := exec.Command("go", "build", "-race", "-o", bin, "./payments")
 	cmd.Dir = filepath.Join("..", "..", "examples")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build examples/%s: %w\n%s", name, err, out)
+		return "", fmt.Errorf("go build examples/payments for %s: %w\n%s", name, err, out)
 	}
 	return bin, nil
 }
@@ -142,7 +143,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 }
 
 func (s *service) start() error {
-	cmd := exec.Command(s.bin, append(append([]string(nil), s.args...), "-addr", s.addr)...)
+	cmd := exec.Command(s.bin, append(append([]string{"-framework", s.name}, s.args...), "-addr", s.addr)...)
 	cmd.Stderr = lockedWriter{&s.mu, &s.stderr}
 	out, err := cmd.StdoutPipe()
 	if err != nil {

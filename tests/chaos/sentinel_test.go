@@ -18,7 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestSentinelFailover runs three example instances (examples/nethttp) on
+// TestSentinelFailover runs three example instances (examples/payments -framework nethttp) on
 // redisstore through go-redis's Sentinel failover client
 // (redis.NewFailoverClient, selected by -redis-url ...?master_name=...), in
 // front of a primary, one replica and three sentinels of the test's own.

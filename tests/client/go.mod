@@ -4,7 +4,10 @@ go 1.26.0
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
+	github.com/idemkit/idem/adapters/idemhttp v0.1.0
 	github.com/idemkit/idem/client/idemclient v0.1.0
+	github.com/idemkit/idem/core v0.1.0
+	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/rs/zerolog v1.33.0
 	go.uber.org/goleak v1.3.0
 )
@@ -14,7 +17,6 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/mux v1.8.1 // indirect
-	github.com/idemkit/idem/core v0.1.0 // indirect
 	github.com/klauspost/compress v1.17.11 // indirect
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
@@ -30,6 +32,8 @@ require (
 )
 
 replace (
+	github.com/idemkit/idem/adapters/idemhttp => ../../adapters/idemhttp
 	github.com/idemkit/idem/client/idemclient => ../../client/idemclient
 	github.com/idemkit/idem/core => ../../core
+	github.com/idemkit/idem/stores/memstore => ../../stores/memstore
 )

@@ -28,7 +28,8 @@ import (
 	"go.uber.org/goleak"
 )
 
-// frameworks lists the example services, by directory under examples/.
+// frameworks lists the -framework values of the payments service
+// (examples/payments) the tests run.
 var frameworks = []string{"nethttp", "gin", "echo", "echov5", "fiber", "fiberv3"}
 
 // binDir holds the example binaries TestMain builds.
@@ -50,11 +51,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(binDir)
-		args := []string{"build", "-o", binDir + string(filepath.Separator)}
-		for _, f := range frameworks {
-			args = append(args, "./"+f)
-		}
-		cmd := exec.Command("go", args...)
+		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "payments"), "./payments")
 		cmd.Dir = filepath.Join("..", "..", "examples")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "go build examples: %v\n%s", err, out)
@@ -117,7 +114,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 func startService(t testing.TB, framework string, args ...string) *service {
 	t.Helper()
 	s := &service{t: t, name: framework, done: make(chan struct{}), final: -1}
-	s.cmd = exec.Command(filepath.Join(binDir, framework), append(args, "-addr", "127.0.0.1:0")...)
+	s.cmd = exec.Command(filepath.Join(binDir, "payments"), append(append([]string{"-framework", framework}, args...), "-addr", "127.0.0.1:0")...)
 	s.cmd.Stderr = lockedWriter{&s.mu, &s.stderr}
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {

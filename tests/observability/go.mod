@@ -12,15 +12,18 @@ require (
 	go.uber.org/goleak v1.3.0
 )
 
+require github.com/cenkalti/backoff/v5 v5.0.3 // indirect
+
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemkit/idem/outbox v0.1.0
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
-	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0
 	golang.org/x/sys v0.48.0 // indirect
 )
 
@@ -29,3 +32,5 @@ replace (
 	github.com/idemkit/idem/observability/idemotel => ../../observability/idemotel
 	github.com/idemkit/idem/stores/memstore => ../../stores/memstore
 )
+
+replace github.com/idemkit/idem/outbox => ../../outbox

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"sort"
@@ -27,9 +28,9 @@ var floorPeers = []struct{ fw, label, bench string }{
 // duplicates.
 func writePeers(w io.Writer, r *results) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
-	p("\n## 2b. Go peers on Gin and net/http\n\n")
+	p("\n## %s\n\n", hGoPeers)
 	if d := r.config["peers-date"]; d != "" {
-		p("The paired ratios of sections 2 and 2b and the execution counts come from a later run of the peers alone (`scripts/bench.sh peers`: every pair -count 6, benchstat below), %s, machine load %s at the start and %s at the end; the separate medians of section 2 and the other sections from the run in the Machine table.\n\n", d, r.config["peers-load-start"], r.config["peers-load-end"])
+		p("The paired ratios of sections 2 and 2b and the execution counts come from a later run of the peers alone (`scripts/bench.sh peers`: every pair -count 6, benchstat in `results/peers-benchstat.txt`), %s, machine load %s at the start and %s at the end; the separate medians of section 2 and the other sections from the run in the Machine table.\n\n", d, r.config["peers-load-start"], r.config["peers-load-end"])
 	}
 	p("The Go libraries a Gin or net/http team would otherwise pick: `github.com/fco-gt/gopotency` v1.0.0, `github.com/bright-room/idem` v1.2.1 (with its `gin` module) and `github.com/repenguin22/idemlease` v1.1.0 (with `ginadapter` and `redistore`). The Go module proxy refuses all three (403 \"not available\"), so this tree cannot require them: their figures below were measured once from their public source at those tags, in a harness outside this tree that used this module's app, handler, keys and pairing (`internal/harness`); this tree neither fetches nor builds their code, so no make target measures them again, and `benchmarks/results/go-peers.txt` is kept as the record of that run. What each cannot do, read from its code at that tag (each configured as close to idem as it allows; *here* says how it is configured below):\n\n")
 	p("| | idem | fco-gt/gopotency | bright-room/idem | repenguin22/idemlease | Fiber v2/v3 built-in |\n|---|---|---|---|---|---|\n")
@@ -97,7 +98,7 @@ func writeGoPeers(w io.Writer, r *results) {
 		p("*No figures of the Go peers* (`benchmarks/results/go-peers.txt` is missing).\n\n")
 		return
 	}
-	p("**idem ÷ each Go peer, paired** (the record `results/go-peers.txt`, BenchmarkPeers and BenchmarkPeersRedis: the app, handler, requests and 36-character keys of section 1, idem and the peer alternating in chunks of 500 requests inside one benchmark; memory: idem on memstore and the peer's memory store, 50,000 requests per side; Redis: idem on redisstore and the peer's Redis store, each its own client of the same Redis, 10,000 per side; medians of 6 runs, benchstat below), %s, machine load %s at the start and %s at the end. Ratio < 1: idem faster. *keys executed twice*: of 50 keys sent by 20 concurrent copies each (`TestPeersExecutions` of that harness, table below; with Redis also over two instances); idem's is 0 in every case (asserted).\n\n", r.config["go-peers-date"], r.config["go-peers-load-start"], r.config["go-peers-load-end"])
+	p("**idem ÷ each Go peer, paired** (the record `results/go-peers.txt`, BenchmarkPeers and BenchmarkPeersRedis: the app, handler, requests and 36-character keys of section 1, idem and the peer alternating in chunks of 500 requests inside one benchmark; memory: idem on memstore and the peer's memory store, 50,000 requests per side; Redis: idem on redisstore and the peer's Redis store, each its own client of the same Redis, 10,000 per side; medians of 6 runs, benchstat in `results/go-peers-benchstat.txt`), %s, machine load %s at the start and %s at the end. Ratio < 1: idem faster. *keys executed twice*: of 50 keys sent by 20 concurrent copies each (`TestPeersExecutions` of that harness, table below; with Redis also over two instances); idem's is 0 in every case (asserted).\n\n", r.config["go-peers-date"], r.config["go-peers-load-start"], r.config["go-peers-load-end"])
 	p("*allocs*: heap allocations per request of each side (idem / peer, fresh; replay), counted around every chunk (`runtime.MemStats.Mallocs`); the request itself (recorder, key) is in both.\n\n")
 	p("| peer | framework | store | fresh: idem / peer per request | **idem ÷ peer, fresh** | replay: idem / peer per request | **idem ÷ peer, replay** | allocs | keys executed twice (1 instance; 2) |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, gp := range goPeers {
@@ -171,30 +172,50 @@ func writeExecutions(w io.Writer, r *results) {
 	}
 	sort.Slice(names, func(i, j int) bool { return rank(names[i]) < rank(names[j]) })
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
-	p("\n### Executions under concurrent duplicates\n\n")
+	p("\n### %s\n\n", hExec)
 	p("`TestPeersExecutions`: 50 fresh keys, each sent by 20 goroutines released together (1,000 requests), in process; each execution lasts 2 ms so that duplicates overlap it. With a Redis store the 20 copies are also spread over two instances (two apps, two engines or middlewares) sharing that Redis, as two replicas behind a load balancer would. The test fails if idem executes a key twice or answers anything but 201 or 409; the peers' counts are recorded, not asserted. A library that runs a key twice has charged twice: read its speed with this column.\n\n")
-	p("| library | framework | store | instances | executions (50 keys) | keys executed twice | answers |\n|---|---|---|---|---|---|---|\n")
+	p("| library | store | instances | keys executed twice (of 50), per framework | answers |\n|---|---|---|---|---|\n")
+	type row struct {
+		lib, store, instances string
+		twice                 []string
+		statuses              map[int]bool
+	}
+	var rows []*row
 	for _, n := range names {
 		f := fields(n)
-		ex, _ := r.get(n, "executions")
-		twice, _ := r.get(n, "keys-executed-twice")
-		var codes []int
-		for unit := range r.by[n] {
-			if code, err := strconv.Atoi(strings.TrimPrefix(unit, "status-")); err == nil {
-				codes = append(codes, code)
+		var rw *row
+		for _, x := range rows {
+			if x.lib == f["lib"] && x.store == f["store"] && x.instances == f["instances"] {
+				rw = x
 			}
 		}
-		slices.Sort(codes)
-		var answers []string
-		for _, code := range codes {
-			v, _ := r.get(n, "status-"+strconv.Itoa(code))
-			answers = append(answers, fmt.Sprintf("%s × %d", num(v), code))
+		if rw == nil {
+			rw = &row{lib: f["lib"], store: f["store"], instances: f["instances"], statuses: map[int]bool{}}
+			rows = append(rows, rw)
 		}
-		twiceCell := num(twice)
+		twice, _ := r.get(n, "keys-executed-twice")
+		cell := f["fw"] + " " + num(twice)
 		if twice > 0 {
-			twiceCell = "**" + twiceCell + "**"
+			cell = "**" + cell + "**"
 		}
-		p("| %s | %s | %s | %s | %s | %s | %s |\n", f["lib"], f["fw"], f["store"], f["instances"], num(ex), twiceCell, strings.Join(answers, ", "))
+		rw.twice = append(rw.twice, cell)
+		for unit := range r.by[n] {
+			if code, err := strconv.Atoi(strings.TrimPrefix(unit, "status-")); err == nil {
+				rw.statuses[code] = true
+			}
+		}
+	}
+	for _, rw := range rows {
+		codes := slices.Sorted(maps.Keys(rw.statuses))
+		answers := make([]string, len(codes))
+		for i, c := range codes {
+			answers[i] = strconv.Itoa(c)
+		}
+		a := strings.Join(answers, ", ")
+		if len(codes) == 1 && codes[0] == 201 {
+			a = "201 only (duplicates waited)"
+		}
+		p("| %s | %s | %s | %s | %s |\n", rw.lib, rw.store, rw.instances, strings.Join(rw.twice, ", "), a)
 	}
 }
 
@@ -251,7 +272,7 @@ func writeLoad(w io.Writer, r *results, png string) {
 		return
 	}
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
-	p("\n## 9. Load over real sockets (`make bench-load`)\n\n")
+	p("\n## %s\n\n", hLoad)
 	p("`benchmarks/cmd/load`: a payments service as in `examples/` (POST /v1/payments `{\"amount\": N}` with `Idempotency-Key` and `X-User-Id`, 201 with the payment and a `Location`; the handler counts its executions per key) on Gin and on Fiber v2, as its own process, one process per row: no idempotency (*none*), idem on each store, and each peer (Fiber's built-in middleware with its memory storage and with `gofiber/storage/redis`; on Gin the floor of section 2b; the Go peers of section 2b, gopotency, bright-room/idem and idemlease, with their memory and Redis stores on Gin and gopotency also on Fiber, from the record of section 2b's harness run: `make bench-load` measures only the rows this tree builds). vegeta (as a library, keep-alive, one connection per worker) runs closed loop: each of the *workers* keeps one request outstanding, for the same time per row; every row is the median of the rounds, each round going over every row in turn. Traffic: %s.\n\n", r.config["loadrun-mix"])
 	p("**Keeping the generator and the server apart on 2 cores**: %s. Redis and PostgreSQL are shared servers of this machine, not pinned: their CPU comes out of both halves, so the Redis and PostgreSQL rows also measure how much of the server's CPU the store takes. Closed loop means the generator never queues work the server has not answered. The generator has one core too, so the highest rows may be bounded by vegeta rather than by the server. *none* executes every request, duplicates and replays included, so it is no upper bound: a stored answer can be cheaper than running the handler again. Run %s: %s; machine load %s at the start, %s at the end.\n\n", r.config["loadrun-pinning"], r.config["loadrun-date"], r.config["loadrun-levels"], r.config["loadrun-start"], r.config["loadrun-end"])
 	p("*errors*: transport errors and answers other than 201 or 409; *409*: duplicates answered in progress; *keys executed twice*: keys the handler ran more than once (duplicates and replays re-executed).\n\n")

@@ -15,10 +15,13 @@ import (
 	"time"
 )
 
-// Frameworks lists the example services, by directory under examples/.
+// Frameworks lists the HTTP frameworks the payments service is served
+// through (its -framework values but grpc, which serves another contract).
 var Frameworks = []string{"nethttp", "gin", "echo", "echov5", "fiber", "fiberv3"}
 
-// Build compiles examples/<name> into dir and returns the binary's path.
+// Build compiles examples/<name> into dir and returns the binary's path:
+// "payments" is the payments service, run with "-framework" and one of
+// Frameworks.
 func Build(ctx context.Context, dir, name string) (string, error) {
 	bin := filepath.Join(dir, name)
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemkit/idem/examples/"+name)
@@ -33,6 +36,7 @@ type Proc struct {
 	URL  string // http://127.0.0.1:PORT
 	cmd  *exec.Cmd
 	done chan struct{}
+	exit error // cmd.Wait's, once done is closed
 }
 
 // Start runs bin with args plus "-addr 127.0.0.1:0" unless args set -addr,
@@ -64,7 +68,7 @@ func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 			}
 		}
 	}()
-	go func() { _ = cmd.Wait(); close(p.done) }()
+	go func() { p.exit = cmd.Wait(); close(p.done) }()
 	select {
 	case p.URL = <-url:
 		return p, nil
@@ -76,7 +80,7 @@ func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 	}
 }
 
-// Stop sends SIGTERM and waits for the process to exit.
+// Stop sends SIGTERM and waits for the process to exit (SIGKILL after 10s).
 func (p *Proc) Stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -84,6 +88,12 @@ func (p *Proc) Stop() {
 	case <-time.After(10 * time.Second):
 		p.Kill()
 	}
+}
+
+// Exit returns how the process exited (nil: status 0), after Stop or Kill.
+func (p *Proc) Exit() error {
+	<-p.done
+	return p.exit
 }
 
 // Kill sends SIGKILL (a crash: no deferred code runs) and waits for the exit.

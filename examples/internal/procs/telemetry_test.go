@@ -33,17 +33,16 @@ func TestTelemetry(t *testing.T) {
 		}
 		t.Skip("redis-server not found; skipping (set CI=true to fail instead)")
 	}
-	dir := t.TempDir()
+	bin, err := procs.Build(context.Background(), t.TempDir(), "payments")
+	if err != nil {
+		t.Fatal(err)
+	}
 	// All at once, not t.Parallel (which runs GOMAXPROCS at a time): each
 	// mostly waits for its charge.
 	var wg sync.WaitGroup
 	for _, name := range procs.Frameworks {
 		wg.Go(func() {
 			t.Run(name, func(t *testing.T) {
-				bin, err := procs.Build(context.Background(), dir, name)
-				if err != nil {
-					t.Fatal(err)
-				}
 				testTelemetry(t, name, bin, redisServer)
 			})
 		})
@@ -76,7 +75,7 @@ func testTelemetry(t *testing.T, name, bin, redisServer string) {
 	// The charge lasts long enough for the duplicate to find it in progress
 	// (10s: six services run at once, on a loaded machine): the test waits
 	// for idem.execution.active = 1 on /metrics, not for time.
-	p, err := procs.Start(bin, logs, "-store", "redis", "-redis-url", "unix://"+sock, "-charge-latency", "10s", "-trace-file", traces)
+	p, err := procs.Start(bin, logs, "-framework", name, "-store", "redis", "-redis-url", "unix://"+sock, "-charge-latency", "10s", "-trace-file", traces)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -195,40 +195,9 @@ func TestRequeued(t *testing.T) {
 		r.add(d.MessageId)
 		return nil
 	}, idemamqp.WithRetryDelay(10*time.Millisecond), idemamqp.WithLogger(quiet))
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	redelivered := make(chan string, 100)
-	acked := make(chan string, 100)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for d := range deliveries {
-			if d.Redelivered {
-				redelivered <- d.MessageId
-			}
-			d.Acknowledger = &watch{Acknowledger: d.Acknowledger, id: d.MessageId, acked: acked}
-			h(context.Background(), d)
-		}
-	}()
-	wait := func(c chan string, id string) {
-		t.Helper()
-		for {
-			select {
-			case got := <-c:
-				if got == id {
-					return
-				}
-			case <-ctxT(t).Done():
-				t.Fatalf("%s never seen", id)
-			}
-		}
-	}
+	w := consumeWatched(t, conn, queue, h)
+	wait := w.wait
+	acked, redelivered := w.acked, w.redelivered
 
 	store.fails.Store(3)
 	publish(t, pub, queue, "down", "body")
@@ -257,11 +226,78 @@ func TestRequeued(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(acked, "busy")
-	_ = ch.Close()
-	<-done
+	w.stop()
 	if got := r.get("busy"); got != 0 {
 		t.Fatalf("handler ran %d times for a key another execution completed, want 0", got)
 	}
+}
+
+// watched is a consumer of a queue that runs a handler on each delivery
+// and reports what happened to them.
+type watched struct {
+	t                  *testing.T
+	acked, redelivered chan string // message ids
+	mu                 sync.Mutex
+	delivered          map[string]int
+	ch                 *amqp.Channel
+	done               chan struct{}
+}
+
+// consumeWatched consumes queue on a channel of its own (autoAck false) and
+// runs h on each delivery until stop.
+func consumeWatched(t *testing.T, conn *amqp.Connection, queue string, h func(context.Context, amqp.Delivery)) *watched {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &watched{t: t, acked: make(chan string, 100), redelivered: make(chan string, 100), delivered: map[string]int{}, ch: ch, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for d := range deliveries {
+			w.mu.Lock()
+			w.delivered[d.MessageId]++
+			w.mu.Unlock()
+			if d.Redelivered {
+				w.redelivered <- d.MessageId
+			}
+			d.Acknowledger = &watch{Acknowledger: d.Acknowledger, id: d.MessageId, acked: w.acked}
+			h(context.Background(), d)
+		}
+	}()
+	return w
+}
+
+// wait waits until id comes on c.
+func (w *watched) wait(c chan string, id string) {
+	w.t.Helper()
+	for {
+		select {
+		case got := <-c:
+			if got == id {
+				return
+			}
+		case <-ctxT(w.t).Done():
+			w.t.Fatalf("%s never seen", id)
+		}
+	}
+}
+
+// deliveries returns how often id was delivered.
+func (w *watched) deliveries(id string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.delivered[id]
+}
+
+// stop closes the channel and waits for the handler to return.
+func (w *watched) stop() {
+	_ = w.ch.Close()
+	<-w.done
 }
 
 // watch reports the acks of a delivery.

@@ -1,16 +1,21 @@
 // Package client is what the adapter tests share to talk to a real server:
 // requests carrying the suite's principal and an idempotency key, their
-// replies, and engines on a fresh memstore.
+// replies, engines on a fresh memstore, a log to read, and a wait for an
+// operation's record to reach an outcome.
 package client
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/adaptertest"
@@ -104,4 +109,71 @@ func NewWithoutScopePanics(t *testing.T, pkg string, build func(*idem.Engine)) {
 		t.Fatal(err)
 	}
 	build(g) // no principals declared: no scope needed
+}
+
+// Log is a slog destination safe for concurrent use, for tests that read
+// what a handler logged.
+type Log struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write implements io.Writer.
+func (l *Log) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *Log) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// WaitForDo calls idem.Do on op every 50ms (failing the test if its
+// function ever runs) until it returns an error matching want, for up to
+// 20s: a lease or a retention lapsing.
+func WaitForDo(t *testing.T, e *idem.Engine, op idem.Operation, want error) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := idem.Do(context.Background(), e, op, func(context.Context) (struct{}, error) {
+			t.Error("the operation ran again")
+			return struct{}{}, nil
+		})
+		if errors.Is(err, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Do never answered %v (last %v)", want, err)
+		}
+	}
+}
+
+// Hold runs op through idem.Do on e with a function that blocks until
+// release is called: another instance's execution in progress (or, once
+// its lease lapsed on a store from adaptertest.Crashable, one that looks
+// crashed). It returns once the function started; release ends it and
+// fails the test if Do then failed.
+func Hold(t *testing.T, e *idem.Engine, op idem.Operation) (release func()) {
+	t.Helper()
+	started, finish := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(context.Background(), e, op, func(context.Context) (struct{}, error) {
+			close(started)
+			<-finish
+			return struct{}{}, nil
+		})
+		held <- err
+	}()
+	<-started
+	return func() {
+		t.Helper()
+		close(finish)
+		if err := <-held; err != nil {
+			t.Errorf("the held execution: %v", err)
+		}
+	}
 }
