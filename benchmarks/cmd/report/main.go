@@ -551,6 +551,7 @@ func writeReport(out io.Writer, r *results, stats []string, cmpFile string, cmp 
 			cmpFile, cmpFile, cmp.config["compare-base"], cmp.config["compare-rounds"], cmp.config["compare-date"])
 	}
 	p("- [`results/history.md`](results/history.md): the passes that brought these numbers (profiles, what was changed, before → after) and superseded figures; `results/<pass>/` hold their raw runs.\n")
+	p("- [`results/steps-outbox.md`](results/steps-outbox.md): durable steps (`BenchmarkSteps`: the cost of a step per store, paired with the same operation without steps) and the outbox relay's throughput and lag (`make soak`), measured outside `make bench`.\n")
 
 	var tail bytes.Buffer
 	fmt.Fprintf(&tail, "# idem benchmarks\n\n")
