@@ -136,7 +136,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		x, resp := e.Begin(c.UserContext(), &req)
 		if resp != nil {
 			if resp.IsReplay() {
-				c.SetUserContext(replayedContext(c.UserContext()))
+				setContext(c, replayedContext(c.UserContext()))
 			}
 			resp.WriteLines(&c.Response().Header)
 			c.Status(resp.Status)
@@ -146,7 +146,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		if x == nil { // fail-open
 			return c.Next()
 		}
-		c.SetUserContext(x.WithInfo(c.UserContext()))
+		setContext(c, x.WithInfo(c.UserContext()))
 		x.OuterHeader(outerHeader(c))
 		defer func() {
 			if p := recover(); p != nil {
@@ -171,6 +171,16 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		x.FinishLines(res.StatusCode(), &lines, body)
 		return nil
 	}
+}
+
+// setContext makes ctx the request's user context and copies its idem.Info
+// into the request's Locals, so that handlers reading c.Context() (the
+// fasthttp.RequestCtx, whose Value reads Locals) and net/http handlers
+// mounted through Fiber's adaptor (whose request context is that
+// RequestCtx) see it too: idem.InfoFromContext, idem.Step.
+func setContext(c *fiber.Ctx, ctx context.Context) {
+	c.SetUserContext(ctx)
+	c.Locals(idem.InfoKey(), ctx.Value(idem.InfoKey()))
 }
 
 // replayedBackground is the context of a replay whose user context was

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -82,7 +83,7 @@ func (s *suite) testSteps(t *testing.T) {
 		t.Fatalf("%T: the suite's store must implement idem.Journal", store)
 	}
 	e, err := idem.New(journalStore{Store: store, Keeper: store.(idem.Keeper), Journal: j},
-		idem.WithLease(time.Second), idem.WithStoreTimeout(250*time.Millisecond))
+		idem.WithLogger(slog.New(slog.DiscardHandler)), idem.WithLease(time.Second), idem.WithStoreTimeout(250*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
