@@ -61,9 +61,15 @@ func (a *stepApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(stepAnswer{Execution: n, Charge: charge, StepKey: key})
 }
 
-// journalStore is a [idem.Journal] store that neither renews leases nor
-// lives in the process: a holder stopped in its handler loses its lease
-// as a crashed one's would, and a retry takes the execution over.
+// CrashableJournal is [Crashable] for a store that also implements
+// [idem.Journal], which it keeps: an execution held in its handler past its
+// lease looks crashed, and a retry takes it over and resumes from its
+// journaled steps ([idem.Step]), for tests of steps after a takeover. It
+// panics when s is not a Keeper and a Journal.
+func CrashableJournal(s idem.Store) idem.Store {
+	return journalStore{Store: s, Keeper: s.(idem.Keeper), Journal: s.(idem.Journal)}
+}
+
 type journalStore struct {
 	idem.Store
 	idem.Keeper
@@ -78,11 +84,10 @@ type journalStore struct {
 // uncovered method, a skipped route) Step runs the function as it is.
 func (s *suite) testSteps(t *testing.T) {
 	store := s.cfg.NewStore(t)
-	j, ok := store.(idem.Journal)
-	if !ok {
+	if _, ok := store.(idem.Journal); !ok {
 		t.Fatalf("%T: the suite's store must implement idem.Journal", store)
 	}
-	e, err := idem.New(journalStore{Store: store, Keeper: store.(idem.Keeper), Journal: j},
+	e, err := idem.New(CrashableJournal(store),
 		idem.WithLogger(slog.New(slog.DiscardHandler)), idem.WithLease(time.Second), idem.WithStoreTimeout(250*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
