@@ -132,8 +132,11 @@ func (s *suite) testSteps(t *testing.T) {
 		t.Fatalf("step runs after the first handler run = %d, want 1", app.charges.Load())
 	}
 	derived := app.derived.Load()
-	if derived == nil || len(*derived) != 69 || !strings.HasPrefix(*derived, "idem-") {
-		t.Fatalf("idem.DerivedKey in the step = %v; want idem- and 64 hex characters", derived)
+	if derived == nil {
+		t.Fatal("idem.DerivedKey in the step: none; the handler's context carries no execution (bind it with Execution.WithInfo)")
+	}
+	if len(*derived) != 69 || !strings.HasPrefix(*derived, "idem-") {
+		t.Fatalf("idem.DerivedKey in the step = %q; want idem- and 64 hex characters", *derived)
 	}
 	// Retry until the holder's 1s lease has lapsed: 409 in-progress till then.
 	var took result

@@ -100,8 +100,11 @@ func checkStepTakeover(t *testing.T, svc *stepService, do func(ctx context.Conte
 		}
 	}
 	derived := svc.derived.Load()
-	if svc.charges.Load() != 1 || derived == nil || len(*derived) != 69 || !strings.HasPrefix(*derived, "idem-") {
-		t.Fatalf("first run: step runs %d, derived key %v; want 1 run with idem- and 64 hex characters", svc.charges.Load(), derived)
+	if derived == nil {
+		t.Fatalf("first run: step runs %d, none with a derived key in its ctx", svc.charges.Load())
+	}
+	if svc.charges.Load() != 1 || len(*derived) != 69 || !strings.HasPrefix(*derived, "idem-") {
+		t.Fatalf("first run: step runs %d, derived key %q; want 1 run with idem- and 64 hex characters", svc.charges.Load(), *derived)
 	}
 	var took *structpb.Struct
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {

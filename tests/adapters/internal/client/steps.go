@@ -86,8 +86,11 @@ func (s *Stepper) CheckTakeover(t *testing.T) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	derived := s.derived.Load()
-	if s.charges.Load() != 1 || derived == nil || len(*derived) != 69 || !strings.HasPrefix(*derived, "idem-") {
-		t.Fatalf("step runs %d, derived key %v; want one run whose ctx carried idem- and 64 hex characters", s.charges.Load(), derived)
+	if derived == nil {
+		t.Fatalf("step runs %d, none with a derived key in its ctx", s.charges.Load())
+	}
+	if s.charges.Load() != 1 || len(*derived) != 69 || !strings.HasPrefix(*derived, "idem-") {
+		t.Fatalf("step runs %d, derived key %q; want one run whose ctx carried idem- and 64 hex characters", s.charges.Load(), *derived)
 	}
 	if len(s.results) != 2 {
 		t.Fatalf("runs past the step: %v; want two, the first and the takeover", s.results)
