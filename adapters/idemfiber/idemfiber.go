@@ -19,8 +19,11 @@
 // (Fiber's 404 stays). WithNext exempts routes such as webhooks. Response
 // header lines set before idemfiber runs (CORS, request ids) belong to each
 // exchange and are never stored or replayed. Handlers find the scoped key with
-// idem.InfoFromContext(c.UserContext()); on a replay, middleware outside
-// idemfiber sees idem.Info{Replayed: true} there.
+// idem.InfoFromContext(c.UserContext()) and run durable steps with
+// idem.Step(c.UserContext(), ...); c.Context() and the request context of
+// net/http handlers mounted through Fiber's adaptor carry the execution too
+// (copied into Locals). On a replay, middleware outside idemfiber sees
+// idem.Info{Replayed: true} there.
 //
 // Fiber and fasthttp reuse request and response buffers once the handler
 // returns, and Fiber's strings alias them; idemfiber copies every value it
