@@ -19,8 +19,11 @@
 // (Fiber's 404 stays). WithNext exempts routes such as webhooks. Response
 // header lines set before idemfiber runs (CORS, request ids) belong to each
 // exchange and are never stored or replayed. Handlers find the scoped key with
-// idem.InfoFromContext(c.UserContext()); on a replay, middleware outside
-// idemfiber sees idem.Info{Replayed: true} there.
+// idem.InfoFromContext(c.UserContext()) and run durable steps with
+// idem.Step(c.UserContext(), ...); c.Context() and the request context of
+// net/http handlers mounted through Fiber's adaptor carry the execution too
+// (copied into Locals). On a replay, middleware outside idemfiber sees
+// idem.Info{Replayed: true} there.
 //
 // Fiber and fasthttp reuse request and response buffers once the handler
 // returns, and Fiber's strings alias them; idemfiber copies every value it
@@ -136,7 +139,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		x, resp := e.Begin(c.UserContext(), &req)
 		if resp != nil {
 			if resp.IsReplay() {
-				c.SetUserContext(replayedContext(c.UserContext()))
+				setContext(c, replayedContext(c.UserContext()))
 			}
 			resp.WriteLines(&c.Response().Header)
 			c.Status(resp.Status)
@@ -146,7 +149,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		if x == nil { // fail-open
 			return c.Next()
 		}
-		c.SetUserContext(x.WithInfo(c.UserContext()))
+		setContext(c, x.WithInfo(c.UserContext()))
 		x.OuterHeader(outerHeader(c))
 		defer func() {
 			if p := recover(); p != nil {
@@ -171,6 +174,16 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		x.FinishLines(res.StatusCode(), &lines, body)
 		return nil
 	}
+}
+
+// setContext makes ctx the request's user context and copies its idem.Info
+// into the request's Locals, so that handlers reading c.Context() (the
+// fasthttp.RequestCtx, whose Value reads Locals) and net/http handlers
+// mounted through Fiber's adaptor (whose request context is that
+// RequestCtx) see it too: idem.InfoFromContext, idem.Step.
+func setContext(c *fiber.Ctx, ctx context.Context) {
+	c.SetUserContext(ctx)
+	c.Locals(idem.InfoKey(), ctx.Value(idem.InfoKey()))
 }
 
 // replayedBackground is the context of a replay whose user context was

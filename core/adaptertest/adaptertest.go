@@ -191,6 +191,7 @@ func Run(t *testing.T, cfg Config) {
 		{"FingerprintFunctions", s.testFingerprints},
 		{"UncertainAfterCrash", s.testUncertain},
 		{"Tombstones", s.testTombstones},
+		{"Steps", s.testSteps},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))
