@@ -768,8 +768,7 @@ func (s *suite) testTransactionalUnit(t *testing.T) {
 	} {
 		s.do(t, base, call{path: c.path, body: `{}`, keys: []string{c.key}})
 		if app.lastInfo.Load() == nil {
-			t.Skip("the mounted App's request context carries no idem.Info (e.g. Fiber v2's net/http adaptor drops the user context); " +
-				"the Unit rides on the same context value as Info, which the adapter's own tests check")
+			t.Fatalf("%s: the mounted App's request context carries no idem.Info; the adapter must hand the handler Execution.WithInfo's context (Fiber: copy it into Locals)", c.path)
 		}
 		ref := app.lastUnit.Load()
 		if ref == nil || ref.u == nil {
