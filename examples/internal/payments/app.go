@@ -76,6 +76,9 @@ func Open(f Config) (app *App, err error) {
 	}
 	app.closers = append(app.closers, closeLedger)
 	app.Service = NewService(f.ChargeLatency, ledger)
+	if app.Service.card, err = newCardProvider(f); err != nil {
+		return nil, err
+	}
 	return app, nil
 }
 
