@@ -5,9 +5,9 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/json"
-	"flag"
 	"io"
 	"net/http"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,13 +20,12 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/examples/internal/procs"
 )
-
-var crashMatrix = flag.Bool("crash-matrix", false, "TestCrashPoints on every shared store (Redis, MongoDB wire, PostgreSQL, MySQL; make soak); default: Redis and PostgreSQL")
 
 // crashOutcome is what a payment cut at a pause point ends as, once retried.
 type crashOutcome struct {
@@ -52,21 +51,19 @@ var crashOutcomes = map[string]crashOutcome{
 // TestCrashPoints SIGKILLs the payments service (-provider-url, lease 2s)
 // at every pause point of a payment, restarts it and retries the payment
 // with its idempotency key until a final answer, on every shared store
-// (Redis and PostgreSQL by default, all four with -crash-matrix): the
+// (Redis, MongoDB wire, PostgreSQL, MySQL): the
 // card provider (its own process, one per store) counts exactly one charge
 // per payment, one receipt and, on the SQL stores, one ledger row; or,
 // where the receipt step was cut, 409 operation-uncertain, one charge and
-// no ledger row. The control, -no-steps cut after the charge, charges
-// twice.
+// no ledger row. A declined charge cut after the provider's answer is
+// declined again under the same key (402, nothing charged). The control,
+// -no-steps cut after the charge, charges twice.
 func TestCrashPoints(t *testing.T) {
 	if len(crashOutcomes) != len(payments.PausePoints) {
 		t.Fatalf("crashOutcomes has %d points, payments.PausePoints %d", len(crashOutcomes), len(payments.PausePoints))
 	}
 	bin, provider := buildCrashBinaries(t)
-	stores := []string{"redis", "postgres"}
-	if *crashMatrix {
-		stores = append(stores, "mongo", "mysql")
-	}
+	stores := []string{"redis", "mongo", "postgres", "mysql"}
 	var wg sync.WaitGroup // all stores at once: each mostly waits for a lease to lapse
 	for _, store := range stores {
 		wg.Go(func() {
@@ -74,7 +71,7 @@ func TestCrashPoints(t *testing.T) {
 				env := newCrashEnv(t, store, bin, provider)
 				for _, point := range payments.PausePoints {
 					want := crashOutcomes[point]
-					got, rows := env.crash(t, point, false)
+					got, rows := env.crash(t, point, amount, false)
 					if got != want {
 						t.Errorf("%s: %+v, want %+v", point, got, want)
 					}
@@ -87,8 +84,12 @@ func TestCrashPoints(t *testing.T) {
 						}
 					}
 				}
+				got, rows := env.crash(t, "charge-after-call", payments.AmountDeclined, false)
+				if want := (crashOutcome{http.StatusPaymentRequired, 0, 0}); got != want || rows != 0 {
+					t.Errorf("declined, charge-after-call: %+v and %d ledger rows, want %+v and none", got, rows, want)
+				}
 				// The control: without steps the re-run charges again.
-				got, _ := env.crash(t, "charge-after-call", true)
+				got, _ = env.crash(t, "charge-after-call", amount, true)
 				if want := (crashOutcome{http.StatusCreated, 2, 1}); got != want {
 					t.Errorf("-no-steps, charge-after-call: %+v, want %+v (the provider charged twice)", got, want)
 				}
@@ -110,14 +111,14 @@ func TestFencing(t *testing.T) {
 	a := env.start(t, "-pause-at", "charge-after-call")
 	b := env.start(t)
 	aDone := make(chan int, 1)
-	go func() { status, _, _ := send(a.URL, user, key); aDone <- status }()
+	go func() { status, _, _ := send(a.URL, user, key, amount); aDone <- status }()
 	if _, err := a.Line("paused at charge-after-call"); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	status, body := retry(t, b.URL, user, key) // 409 until A's lease lapses, then B takes over
+	status, body := retry(t, b.URL, user, key, amount) // 409 until A's lease lapses, then B takes over
 	if status != http.StatusCreated {
 		t.Fatalf("B: %d %s, want 201", status, body)
 	}
@@ -136,11 +137,12 @@ func TestFencing(t *testing.T) {
 		if status == http.StatusCreated {
 			t.Errorf("A, resumed after losing its lease, answered 201: it completed")
 		}
+		t.Logf("A, resumed after losing its lease, answered %d", status)
 	case <-time.After(60 * time.Second):
 		t.Fatal("A did not answer in 60s after SIGCONT")
 	}
 	for _, p := range []*procs.Proc{a, b} {
-		status, h, body := send(p.URL, user, key)
+		status, h, body := send(p.URL, user, key, amount)
 		var again payments.Payment
 		_ = json.Unmarshal(body, &again)
 		if status != http.StatusCreated || h.Get(idem.ReplayedHeader) != "true" || again.ID != paid.ID {
@@ -205,13 +207,22 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 	ctx := context.Background()
 	switch store {
 	case "redis":
-		env.args = append(env.args, "-redis-url", envOr("IDEM_REDIS_URL", "redis://127.0.0.1:6379/0"), "-redis-prefix", "idemtest:steps:"+suffix+":")
-	case "mongo":
-		uri := os.Getenv("IDEM_MONGO_URI")
-		if uri == "" {
-			t.Fatal("IDEM_MONGO_URI is not set (source scripts/services.sh)")
+		url, prefix := envOr("IDEM_REDIS_URL", "redis://127.0.0.1:6379/0"), "idemtest:steps:"+suffix+":"
+		env.args = append(env.args, "-redis-url", url, "-redis-prefix", prefix)
+		opts, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatal(err)
 		}
-		env.args = append(env.args, "-mongo-uri", uri)
+		rc := redis.NewClient(opts)
+		t.Cleanup(func() {
+			iter := rc.Scan(ctx, 0, prefix+"*", 100).Iterator()
+			for iter.Next(ctx) {
+				rc.Del(ctx, iter.Val())
+			}
+			_ = rc.Close()
+		})
+	case "mongo": // the service's collection idem.idempotency; records expire with the retention
+		env.args = append(env.args, "-mongo-uri", envOr("IDEM_MONGO_URI", "mongodb://127.0.0.1:27017/"))
 	case "postgres":
 		url, schema := envOr("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "steps_"+suffix
 		env.args = append(env.args, "-postgres-url", url, "-postgres-schema", schema)
@@ -296,7 +307,7 @@ func (env *crashEnv) stats(t *testing.T) providerStats {
 // there, restarts the service without the hold and retries the payment
 // until a final answer, which must then replay. It returns the answer and
 // the provider's new charges and receipts, and the payment's ledger rows.
-func (env *crashEnv) crash(t *testing.T, point string, noSteps bool) (crashOutcome, int64) {
+func (env *crashEnv) crash(t *testing.T, point string, amount int64, noSteps bool) (crashOutcome, int64) {
 	t.Helper()
 	var extra []string
 	if noSteps {
@@ -306,7 +317,7 @@ func (env *crashEnv) crash(t *testing.T, point string, noSteps bool) (crashOutco
 	user, key := "crash-"+rand.Text()[:8], rand.Text()
 	a := env.start(t, append([]string{"-pause-at", point}, extra...)...)
 	sent := make(chan struct{})
-	go func() { defer close(sent); _, _, _ = send(a.URL, user, key) }() // cut by the SIGKILL
+	go func() { defer close(sent); _, _, _ = send(a.URL, user, key, amount) }() // cut by the SIGKILL
 	if _, err := a.Line("paused at " + point); err != nil {
 		t.Fatalf("%s: %v", point, err)
 	}
@@ -314,10 +325,10 @@ func (env *crashEnv) crash(t *testing.T, point string, noSteps bool) (crashOutco
 	<-sent
 	b := env.start(t, extra...)
 	defer b.Stop()
-	status, body := retry(t, b.URL, user, key)
-	again, h, body2 := send(b.URL, user, key)
+	status, body := retry(t, b.URL, user, key, amount)
+	again, h, body2 := send(b.URL, user, key, amount)
 	switch {
-	case status == http.StatusCreated && (again != status || h.Get(idem.ReplayedHeader) != "true" || string(body2) != string(body)):
+	case status != http.StatusConflict && (again != status || h.Get(idem.ReplayedHeader) != "true" || string(body2) != string(body)):
 		t.Errorf("%s: the retry after 201 got %d %s (replayed %q), want the payment replayed", point, again, body2, h.Get(idem.ReplayedHeader))
 	case status == http.StatusConflict && (again != status || !strings.Contains(string(body), "operation-uncertain")):
 		t.Errorf("%s: 409 %s then %d %s, want operation-uncertain twice", point, body, again, body2)
@@ -330,10 +341,14 @@ func (env *crashEnv) crash(t *testing.T, point string, noSteps bool) (crashOutco
 	return crashOutcome{status, after.Charges - before.Charges, after.Emails - before.Emails}, rows
 }
 
+// amount is every crash test's payment.
+const amount = 1200
+
 // send POSTs one payment of user with key to base; status 0 when no
 // answer came.
-func send(base, user, key string) (int, http.Header, []byte) {
-	req, err := http.NewRequest("POST", base+"/v1/payments", strings.NewReader(`{"amount":1200,"currency":"eur"}`))
+func send(base, user, key string, amount int64) (int, http.Header, []byte) {
+	body := fmt.Sprintf(`{"amount":%d,"currency":"eur"}`, amount)
+	req, err := http.NewRequest("POST", base+"/v1/payments", strings.NewReader(body))
 	if err != nil {
 		return 0, nil, nil
 	}
@@ -355,11 +370,11 @@ func send(base, user, key string) (int, http.Header, []byte) {
 // holder's lease has not lapsed yet) and retries 5xx and connection
 // failures; anything else is final (a 409 without Retry-After is
 // operation-uncertain).
-func retry(t *testing.T, base, user, key string) (int, []byte) {
+func retry(t *testing.T, base, user, key string, amount int64) (int, []byte) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		status, h, body := send(base, user, key)
+		status, h, body := send(base, user, key, amount)
 		wait := 100 * time.Millisecond
 		switch {
 		case status == http.StatusConflict && h.Get("Retry-After") != "":
