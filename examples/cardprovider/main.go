@@ -10,7 +10,9 @@
 //     idempotency_error (Stripe: "Keys for idempotent requests can only be
 //     used with the same parameters they were first used with"); a request
 //     still running under the key gets 409. Without a key every request
-//     charges.
+//     charges. Amount 4000 is declined (402 card_declined, like Stripe's
+//     test card 4000000000000002): nothing is charged, and the decline is
+//     the key's answer, replayed as a charge would be.
 //   - POST /v1/emails sends a receipt. It takes no idempotency key, as most
 //     mail relays: every call sends one.
 //   - GET /v1/stats answers {"charges": n, "emails": n}: the real effects,
@@ -68,11 +70,18 @@ type charge struct {
 	Currency string `json:"currency"`
 }
 
+// declinedAmount is the amount the provider declines.
+const declinedAmount = 4000
+
+// declined is the body of a 402.
+var declined = map[string]string{"error": "card_declined", "message": "Your card was declined."}
+
 // keyed is what the provider remembers of an idempotency key.
 type keyed struct {
 	params string
 	done   chan struct{} // closed once result is set
-	result charge
+	status int           // 200, or 402 for a decline
+	result any
 }
 
 type provider struct {
@@ -104,7 +113,8 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 	params := strconv.FormatInt(in.Amount, 10) + " " + in.Currency
 	key := r.Header.Get("Idempotency-Key")
 	if key == "" {
-		writeJSON(w, http.StatusOK, p.newCharge(in.Amount, in.Currency))
+		status, v := p.answer(in.Amount, in.Currency)
+		writeJSON(w, status, v)
 		return
 	}
 	p.mu.Lock()
@@ -123,15 +133,23 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-k.done:
 			w.Header().Set("Idempotent-Replayed", "true")
-			writeJSON(w, http.StatusOK, k.result)
+			writeJSON(w, k.status, k.result)
 		default:
 			writeJSON(w, http.StatusConflict, map[string]string{"error": "idempotency_error", "message": "A request with this key is in progress."})
 		}
 		return
 	}
-	k.result = p.newCharge(in.Amount, in.Currency)
+	k.status, k.result = p.answer(in.Amount, in.Currency)
 	close(k.done)
-	writeJSON(w, http.StatusOK, k.result)
+	writeJSON(w, k.status, k.result)
+}
+
+// answer declines declinedAmount (402) and charges any other amount (200).
+func (p *provider) answer(amount int64, currency string) (int, any) {
+	if amount == declinedAmount {
+		return http.StatusPaymentRequired, declined
+	}
+	return http.StatusOK, p.newCharge(amount, currency)
 }
 
 // newCharge charges the card: the real effect, counted.

@@ -38,11 +38,11 @@ type App struct {
 // Open opens what f names: the store (openStore), telemetry (metrics,
 // -trace-file), the engine with idemotel's event hook, the ledger and the
 // service. Close releases them.
-func Open(f Config) (app *App, err error) {
-	app = &App{Config: f}
+func Open(f Config) (_ *App, err error) {
+	app := &App{Config: f}
 	defer func() {
 		if err != nil {
-			app.Close()
+			app.Close() // what was opened before the failure
 		}
 	}()
 	b, err := openStore(f)
@@ -76,6 +76,9 @@ func Open(f Config) (app *App, err error) {
 	}
 	app.closers = append(app.closers, closeLedger)
 	app.Service = NewService(f.ChargeLatency, ledger)
+	if app.Service.card, err = newCardProvider(f); err != nil {
+		return nil, err
+	}
 	return app, nil
 }
 

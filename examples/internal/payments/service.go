@@ -55,7 +55,9 @@ type ChargeRequest struct {
 
 // Payment is a successful charge.
 type Payment struct {
-	ID       string `json:"id"`
+	ID string `json:"id"`
+	// ChargeID is the card provider's charge, with -provider-url.
+	ChargeID string `json:"charge_id,omitempty"`
 	Amount   int64  `json:"amount"`
 	Currency string `json:"currency"`
 	UserID   string `json:"user_id"`
@@ -166,7 +168,8 @@ type Ledger interface {
 // Service is the fake provider. It is safe for concurrent use.
 type Service struct {
 	latency    time.Duration
-	ledger     Ledger // nil: everything is kept in memory
+	ledger     Ledger        // nil: everything is kept in memory
+	card       *cardProvider // nil: the provider is simulated in process
 	executions atomic.Int64
 	orders     atomic.Int64
 	decrements atomic.Int64
@@ -217,8 +220,13 @@ func validCurrency(c string) bool {
 	return true
 }
 
-// Charge charges amount for user. It returns a 400 Error for invalid input,
-// 402 for AmountDeclined, 502 for AmountProviderError, and panics for AmountPanic.
+// Charge charges amount for user and records the payment in the ledger. It
+// returns a 400 Error for invalid input and 402 for AmountDeclined. The
+// provider is simulated in process (502 for AmountProviderError, a panic
+// for AmountPanic) unless -provider-url names examples/cardprovider: then
+// the charge and the receipt are durable steps (cardProvider.chargeCard)
+// and the ledger row is written after them, in the execution's
+// transaction where the store is SQL.
 func (s *Service) Charge(ctx context.Context, user string, req ChargeRequest) (Payment, error) {
 	if req.Amount <= 0 {
 		return Payment{}, Invalid("amount must be a positive integer in minor units")
@@ -226,20 +234,31 @@ func (s *Service) Charge(ctx context.Context, user string, req ChargeRequest) (P
 	if !validCurrency(req.Currency) {
 		return Payment{}, Invalid("currency must be 3 lowercase letters, e.g. eur")
 	}
-	s.provider(ctx)
-	switch req.Amount {
-	case AmountDeclined:
-		return Payment{}, &Error{Status: http.StatusPaymentRequired, Title: "Card declined", Detail: "the provider declined the charge"}
-	case AmountProviderError:
-		return Payment{}, &Error{Status: http.StatusBadGateway, Title: "Provider error", Detail: "the payment provider failed; retry with the same Idempotency-Key"}
-	case AmountPanic:
-		panic(fmt.Sprintf("payments: provider crashed on amount %d", req.Amount))
+	var p Payment
+	if s.card != nil {
+		var err error
+		if p, err = s.card.chargeCard(ctx, user, req); err != nil {
+			return Payment{}, err
+		}
+	} else {
+		s.provider(ctx)
+		switch req.Amount {
+		case AmountDeclined:
+			return Payment{}, Declined
+		case AmountProviderError:
+			return Payment{}, &Error{Status: http.StatusBadGateway, Title: "Provider error", Detail: "the payment provider failed; retry with the same Idempotency-Key"}
+		case AmountPanic:
+			panic(fmt.Sprintf("payments: provider crashed on amount %d", req.Amount))
+		}
+		p = Payment{ID: newID("pay_"), Amount: req.Amount, Currency: req.Currency, UserID: user}
 	}
-	p := Payment{ID: newID("pay_"), Amount: req.Amount, Currency: req.Currency, UserID: user}
 	if s.ledger != nil {
 		if err := s.ledger.Record(ctx, p); err != nil {
 			return Payment{}, fmt.Errorf("payments: record %s: %w", p.ID, err)
 		}
+	}
+	if s.card != nil {
+		s.card.pause("before-completion")
 	}
 	s.mu.Lock()
 	s.payments[p.ID] = p

@@ -75,6 +75,16 @@ type Config struct {
 	// payment row is written, printing "paused", until SIGUSR1.
 	NoRenewal        bool
 	PauseAfterRecord bool
+	// ProviderURL is examples/cardprovider's base URL: payments charge
+	// it and mail a receipt through it, in durable steps (idem.Step); ""
+	// simulates the provider in process.
+	ProviderURL string
+	// NoSteps makes -provider-url's calls without steps and without
+	// idempotency keys (the control of the crash-point tests).
+	NoSteps bool
+	// PauseAt (test hook, with ProviderURL) holds each payment at that
+	// point of PausePoints, printing "paused at POINT", until SIGUSR1.
+	PauseAt string
 }
 
 // ParseFlags parses the command line; a -framework outside Frameworks is
@@ -101,6 +111,9 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/test", "MySQL/MariaDB DSN (go-sql-driver) for -store mysql: tables idem_records, payments and signups (created if missing)")
 	flag.BoolVar(&f.NoRenewal, "no-renewal", false, "test hook: never renew leases")
 	flag.BoolVar(&f.PauseAfterRecord, "pause-after-record", false, "test hook: hold each handler after its payment row is written, print \"paused\", go on at SIGUSR1")
+	flag.StringVar(&f.ProviderURL, "provider-url", "", "charge cards and mail receipts through examples/cardprovider at this URL (http://HOST:PORT), in durable steps; default: a provider simulated in process")
+	flag.BoolVar(&f.NoSteps, "no-steps", false, "with -provider-url: call the provider without steps and without idempotency keys (a control: a crash mid-charge charges twice)")
+	flag.StringVar(&f.PauseAt, "pause-at", "", "test hook, with -provider-url: hold each payment at this point ("+strings.Join(PausePoints, ", ")+"), print \"paused at POINT\", go on at SIGUSR1")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
 	flag.Parse()
 	if !slices.Contains(Frameworks, f.Framework) {

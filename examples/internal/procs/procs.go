@@ -33,15 +33,17 @@ func Build(ctx context.Context, dir, name string) (string, error) {
 
 // Proc is a running example service.
 type Proc struct {
-	URL  string // http://127.0.0.1:PORT
-	cmd  *exec.Cmd
-	done chan struct{}
-	exit error // cmd.Wait's, once done is closed
+	URL   string // http://127.0.0.1:PORT
+	cmd   *exec.Cmd
+	done  chan struct{}
+	exit  error       // cmd.Wait's, once done is closed
+	lines chan string // stdout after the "listening on" line
 }
 
 // Start runs bin with args plus "-addr 127.0.0.1:0" unless args set -addr,
-// and waits up to 30s for its "listening on" line. The service's logs (its
-// stderr) go to logs.
+// and waits up to 30s for its "listening on" line (its first line that has
+// "listening on " followed by an http:// URL). The service's logs (its stderr) go
+// to logs; its later stdout lines to Line.
 func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 	if !strings.Contains(strings.Join(args, " "), "-addr") {
 		args = append(args, "-addr", "127.0.0.1:0")
@@ -55,15 +57,22 @@ func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &Proc{cmd: cmd, done: make(chan struct{})}
+	p := &Proc{cmd: cmd, done: make(chan struct{}), lines: make(chan string, 64)}
 	url := make(chan string, 1)
 	go func() {
+		defer close(p.lines)
 		sc := bufio.NewScanner(out)
+		listening := false
 		for sc.Scan() {
-			if u, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+			if _, u, ok := strings.Cut(sc.Text(), "listening on "); ok && !listening && strings.HasPrefix(u, "http") {
+				listening = true
+				url <- u
+				continue
+			}
+			if listening {
 				select {
-				case url <- u:
-				default:
+				case p.lines <- sc.Text():
+				default: // nobody reads them: drop
 				}
 			}
 		}
@@ -101,3 +110,27 @@ func (p *Proc) Kill() {
 	_ = p.cmd.Process.Kill()
 	<-p.done
 }
+
+// Line waits up to 60s for a stdout line of p (after its "listening on"
+// line) that starts with prefix, and returns it; lines before it are
+// skipped.
+func (p *Proc) Line(prefix string) (string, error) {
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case l, ok := <-p.lines:
+			if !ok {
+				return "", fmt.Errorf("the process exited before printing %q", prefix)
+			}
+			if strings.HasPrefix(l, prefix) {
+				return l, nil
+			}
+		case <-timeout:
+			return "", fmt.Errorf("no line %q in 60s", prefix)
+		}
+	}
+}
+
+// Signal sends sig to the process (SIGUSR1 ends a test hook's pause,
+// SIGSTOP and SIGCONT stall and resume it).
+func (p *Proc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
