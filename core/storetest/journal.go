@@ -179,6 +179,12 @@ func testJournalTakeover(t *testing.T, s idem.Store) {
 	if rec, found := get(t, s, key); !found || rec.State != idem.StateInProgress {
 		t.Fatalf("Get of a lapsed record with a journal = %+v, %v; want it kept, in progress", rec, found)
 	}
+	if in, ok := s.(idem.Inspector); ok { // an operator sees a lapsed lease, not one held for the retain
+		info, found, err := in.Inspect(ctx(t), key)
+		if err != nil || !found || info.State != idem.StateInProgress || info.TTL > 0 {
+			t.Fatalf("Inspect of a lapsed record with a journal = %+v, %v, %v; want in progress with TTL <= 0", info, found, err)
+		}
+	}
 	second := Token()
 	rec, ok, err := s.Acquire(ctx(t), key, second, fp, longLease)
 	if err != nil || !ok {

@@ -45,7 +45,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (idem.RecordInfo, bool,
 		return idem.RecordInfo{}, false, err
 	}
 	end := d.until()
-	if end <= date(now) {
+	if end <= date(now) && !(d.State == stateInProgress && d.KeepU == 0) { // a lapsed lease kept for its journal: TTL < 0
 		end = d.ExpiresAt
 	}
 	return idem.RecordInfo{Record: rec, TTL: end.Time().Sub(now)}, true, nil

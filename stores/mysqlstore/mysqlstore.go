@@ -183,7 +183,7 @@ const (
 	// ttlAt is when the live row changes state or goes: the lease's end
 	// (in progress), the response's end (completed), the keep's end
 	// (uncertain, tombstone).
-	ttlAt = `IF(state = 1 AND ends_at > ` + now + `, ends_at, IF(state = 2 AND expires_at <= ` + now +
+	ttlAt = `IF(state = 1 AND (ends_at > ` + now + ` OR keep_uncertain IS NULL AND ends_at IS NOT NULL), ends_at, IF(state = 2 AND expires_at <= ` + now +
 		` AND keep_tombstone IS NOT NULL, expires_at + INTERVAL keep_tombstone MICROSECOND, expires_at))`
 	// uncertain: an in-progress row whose lease lapsed under a keep that
 	// has not ended.

@@ -21,7 +21,7 @@ var (
 // ttl is a row r's time to live in microseconds by the clock n.t: until
 // its lease or retention ends, or, for an uncertain record or a tombstone,
 // until its keep ends ([idem.RecordInfo.TTL]).
-const ttl = `(EXTRACT(EPOCH FROM CASE WHEN ` + phaseEnd + ` > n.t THEN ` + phaseEnd + ` ELSE r.expires_at END - n.t) * 1000000)::bigint`
+const ttl = `(EXTRACT(EPOCH FROM CASE WHEN ` + phaseEnd + ` > n.t OR (r.state = 1 AND r.keep_uncertain IS NULL) THEN ` + phaseEnd + ` ELSE r.expires_at END - n.t) * 1000000)::bigint`
 
 // Inspect implements [idem.Inspector]: one SELECT of the live row (uncertain
 // records and tombstones included) and its time to live by the server's clock.

@@ -201,8 +201,8 @@ func (st stored) at(pttl int64, resp string, hasResp bool, respTTL int64) (idem.
 	case !st.kept:
 	case rec.State == idem.StateInProgress && pttl > st.lapse():
 		ttl = pttl - st.lapse()
-	case rec.State == idem.StateInProgress && st.u == 0: // a '5' value, lapsed
-		return rec, time.Duration(ttl) * time.Millisecond
+	case rec.State == idem.StateInProgress && st.u == 0: // a '5' value, lapsed: the time since the lease's end, < 0
+		return rec, time.Duration(ttl-st.lapse()) * time.Millisecond
 	case rec.State == idem.StateInProgress:
 		rec.State = idem.StateUncertain
 	case hasResp:
