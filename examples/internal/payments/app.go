@@ -39,10 +39,11 @@ type App struct {
 // -trace-file), the engine with idemotel's event hook, the ledger and the
 // service. Close releases them.
 func Open(f Config) (app *App, err error) {
-	app = &App{Config: f}
+	opened := &App{Config: f}
+	app = opened
 	defer func() {
 		if err != nil {
-			app.Close()
+			opened.Close() // app is nil by then
 		}
 	}()
 	b, err := openStore(f)

@@ -104,12 +104,12 @@ func openOutbox(f Config, l *sqlLedger, pg *pgxpool.Pool, my *sql.DB) (stop func
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := ob.EnsureSchema(ctx, db); err != nil {
-		slog.Warn("outbox: creating the table failed; payments fail until it exists", "err", err)
-	}
 	pub, subject, closePub, err := openPublisher(ctx, f)
 	if err != nil {
 		return nil, err
+	}
+	if err := ob.EnsureSchema(ctx, db); err != nil {
+		slog.Warn("outbox: creating the table failed; payments fail until it exists", "err", err)
 	}
 	observer, err := idemotel.NewOutboxObserver()
 	if err != nil {
