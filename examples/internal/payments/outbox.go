@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -92,12 +93,29 @@ func (e *events) record(ctx context.Context, insert string, p Payment) error {
 // returned function stops it. A broker or database that is down at
 // start-up is retried by the relay with backoff.
 func openOutbox(f Config, l *sqlLedger, pg *pgxpool.Pool, my *sql.DB) (stop func(), err error) {
-	dialect, db := outbox.PostgreSQL, my
+	dialect, db := outbox.PostgreSQL, (*sql.DB)(nil)
 	if pg != nil {
 		db = stdlib.OpenDBFromPool(pg) // closing it leaves the pool open
 	} else {
+		// The relay reads DATETIME columns into time.Time: its own
+		// connections, with parseTime.
 		dialect = outbox.MySQL
+		cfg, err := mysql.ParseDSN(f.MySQLDSN)
+		if err != nil {
+			return nil, fmt.Errorf("-mysql-dsn: %w", err)
+		}
+		cfg.ParseTime, cfg.Timeout = true, 2*time.Second
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("-mysql-dsn: %w", err)
+		}
+		db = sql.OpenDB(conn)
 	}
+	defer func() {
+		if err != nil {
+			_ = db.Close()
+		}
+	}()
 	ob, err := outbox.New(dialect, outbox.WithTable(f.OutboxName+"_events"), outbox.WithHeaders(idemotel.InjectTraceContext))
 	if err != nil {
 		return nil, fmt.Errorf("-outbox-name: %w", err)
@@ -108,17 +126,20 @@ func openOutbox(f Config, l *sqlLedger, pg *pgxpool.Pool, my *sql.DB) (stop func
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			closePub()
+		}
+	}()
 	if err := ob.EnsureSchema(ctx, db); err != nil {
 		slog.Warn("outbox: creating the table failed; payments fail until it exists", "err", err)
 	}
 	observer, err := idemotel.NewOutboxObserver()
 	if err != nil {
-		closePub()
 		return nil, err
 	}
 	relay, err := outbox.NewRelay(db, ob, pub, outbox.WithObserver(observer), outbox.WithPollInterval(100*time.Millisecond))
 	if err != nil {
-		closePub()
 		return nil, err
 	}
 	l.events = &events{ob: ob, subject: subject, pg: pg, mysql: my}
@@ -129,9 +150,7 @@ func openOutbox(f Config, l *sqlLedger, pg *pgxpool.Pool, my *sql.DB) (stop func
 		stopRelay()
 		wg.Wait()
 		closePub()
-		if pg != nil {
-			_ = db.Close()
-		}
+		_ = db.Close()
 	}, nil
 }
 
