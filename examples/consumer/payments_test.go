@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/json"
 	"net/http"
 	"os"
 	"slices"
 	"testing"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/examples/internal/procs"
@@ -22,22 +24,61 @@ import (
 // service right after its last commits (their events still in the outbox,
 // or published and not yet marked sent) and its restart.
 func TestPaymentsServiceNATS(t *testing.T) {
-	testPaymentsService(t, "nats", env("IDEM_NATS_URL", "nats://127.0.0.1:4222"))
+	testPaymentsService(t, "nats", env("IDEM_NATS_URL", "nats://127.0.0.1:4222"), "postgres")
 }
 
 func TestPaymentsServiceAMQP(t *testing.T) {
-	testPaymentsService(t, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"))
+	testPaymentsService(t, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "postgres")
 }
 
-func testPaymentsService(t *testing.T, broker, url string) {
+// TestPaymentsServiceMySQL does the same with -store mysql (the ledger
+// and the outbox in a database of the test's own), to NATS.
+func TestPaymentsServiceMySQL(t *testing.T) {
+	testPaymentsService(t, "nats", env("IDEM_NATS_URL", "nats://127.0.0.1:4222"), "mysql")
+}
+
+func testPaymentsService(t *testing.T, broker, url, store string) {
 	w := newWorld(t, broker)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, _ = w.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{w.name}.Sanitize()+` CASCADE`)
-		for _, table := range []string{w.name + "_events", w.name + "_events_partitions"} {
-			_, _ = w.pool.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{table}.Sanitize())
+	args := []string{"-framework", "nethttp", "-store", store, "-charge-latency", "1ms", "-outbox", url, "-outbox-name", w.name}
+	var unsent func() int // events not marked sent
+	switch store {
+	case "postgres":
+		args = append(args, "-postgres-url", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "-postgres-schema", w.name)
+		t.Cleanup(func() {
+			ctx := context.Background()
+			_, _ = w.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{w.name}.Sanitize()+` CASCADE`)
+			for _, table := range []string{w.name + "_events", w.name + "_events_partitions"} {
+				_, _ = w.pool.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{table}.Sanitize())
+			}
+		})
+		unsent = func() int {
+			var n int
+			if err := w.pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{w.name + "_events"}.Sanitize()+` WHERE sent_at IS NULL`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
 		}
-	})
+	case "mysql":
+		cfg, err := mysql.ParseDSN(env("IDEM_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DBName = w.name // created by the service
+		args = append(args, "-mysql-dsn", cfg.FormatDSN())
+		cfg.DBName = ""
+		db, err := sql.Open("mysql", cfg.FormatDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = db.Exec("DROP DATABASE IF EXISTS `" + w.name + "`"); _ = db.Close() })
+		unsent = func() int {
+			var n int
+			if err := db.QueryRowContext(ctxT(t), "SELECT count(*) FROM `"+w.name+"`.`"+w.name+"_events` WHERE sent_at IS NULL").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
 	logs, err := os.Create(w.logs + ".payments")
 	if err != nil {
 		t.Fatal(err)
@@ -49,9 +90,6 @@ func testPaymentsService(t *testing.T, broker, url string) {
 			t.Logf("payments service logs:\n%s", b)
 		}
 	})
-	args := []string{"-framework", "nethttp", "-store", "postgres", "-charge-latency", "1ms",
-		"-postgres-url", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "-postgres-schema", w.name,
-		"-outbox", url, "-outbox-name", w.name}
 	start := func() *procs.Proc {
 		svc, err := procs.Start(paymentsBin, logs, args...)
 		if err != nil {
@@ -88,10 +126,7 @@ func testPaymentsService(t *testing.T, broker, url string) {
 		pay(a, rand.Text())
 	}
 	a.Kill() // right after the last commits: their events are in the outbox, relayed or not
-	var unsent int
-	if err := w.pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{w.name + "_events"}.Sanitize()+` WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
-		t.Fatal(err)
-	}
+	unsentAtKill := unsent()
 
 	b := start()
 	for _, key := range slices.Clone(keys[len(keys)-4:]) {
@@ -101,11 +136,7 @@ func testPaymentsService(t *testing.T, broker, url string) {
 		pay(b, rand.Text())
 	}
 	w.waitReceipts(len(ids))
-	waitFor(t, "every event sent", func() bool {
-		var n int
-		err := w.pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{w.name + "_events"}.Sanitize()+` WHERE sent_at IS NULL`).Scan(&n)
-		return err == nil && n == 0
-	})
+	waitFor(t, "every event sent", func() bool { return unsent() == 0 })
 	b.Stop() // SIGTERM: the relay stops with the service
 	if err := b.Exit(); err != nil {
 		t.Errorf("payments service after SIGTERM: %v", err)
@@ -114,7 +145,7 @@ func testPaymentsService(t *testing.T, broker, url string) {
 	w.drain()
 
 	total, distinct := w.count()
-	t.Logf("%s: %d receipts for %d payments (%d events unsent at the SIGKILL)", broker, total, distinct, unsent)
+	t.Logf("%s, %s: %d receipts for %d payments (%d events unsent at the SIGKILL)", store, broker, total, distinct, unsentAtKill)
 	if total != len(ids) || distinct != len(ids) {
 		t.Fatalf("%d receipts for %d distinct payments, want exactly %d", total, distinct, len(ids))
 	}
