@@ -41,7 +41,10 @@ var (
 
 const instances = 3
 
-var bin string // the consumer, built once
+var (
+	bin         string // the consumer, built once
+	paymentsBin string // examples/payments, for the payments service tests
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "idem-consumer")
@@ -50,6 +53,9 @@ func TestMain(m *testing.M) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	bin, err = procs.Build(ctx, dir, "consumer")
+	if err == nil {
+		paymentsBin, err = procs.Build(ctx, dir, "payments")
+	}
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

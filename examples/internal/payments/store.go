@@ -85,6 +85,10 @@ type Config struct {
 	// PauseAt (test hook, with ProviderURL) holds each payment at that
 	// point of PausePoints, printing "paused at POINT", until SIGUSR1.
 	PauseAt string
+	// Outbox is the broker URL (nats://... or amqp://...) payment.created
+	// events are relayed to through a transactional outbox (outbox.go);
+	// OutboxName names the stream or queue, as examples/consumer's -name.
+	Outbox, OutboxName string
 }
 
 // ParseFlags parses the command line; a -framework outside Frameworks is
@@ -115,6 +119,9 @@ func ParseFlags() (Config, error) {
 	flag.BoolVar(&f.NoSteps, "no-steps", false, "with -provider-url: call the provider without steps and without idempotency keys (a control: a crash mid-charge charges twice)")
 	flag.StringVar(&f.PauseAt, "pause-at", "", "test hook, with -provider-url: hold each payment at this point ("+strings.Join(PausePoints, ", ")+"), print \"paused at POINT\", go on at SIGUSR1")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
+	// The transactional outbox (outbox.go).
+	flag.StringVar(&f.Outbox, "outbox", "", "publish payment.created through a transactional outbox relayed to this broker: nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ); needs -store postgres, -store mysql or -payments-postgres")
+	flag.StringVar(&f.OutboxName, "outbox-name", "payments", "with -outbox: the stream (upper-cased) or queue name, as examples/consumer's -name; the outbox table is <name>_events")
 	flag.Parse()
 	if !slices.Contains(Frameworks, f.Framework) {
 		return f, fmt.Errorf("-framework %q: want one of %s", f.Framework, strings.Join(Frameworks, ", "))
@@ -324,6 +331,7 @@ func openLedger(f Config, b backing) (Ledger, func(), error) {
 		signup: `INSERT INTO ` + signups + ` (id, email) VALUES ($1, $2) ON CONFLICT (email) DO NOTHING`,
 	}
 	closeLedger := func() {}
+	var ledgerPG *pgxpool.Pool // the PostgreSQL ledger's pool, for -outbox
 	pgWrite := func(pool *pgxpool.Pool) func(ctx context.Context, sql string, args ...any) (int64, error) {
 		return func(ctx context.Context, sql string, args ...any) (int64, error) {
 			var tag pgconn.CommandTag
@@ -339,7 +347,7 @@ func openLedger(f Config, b backing) (Ledger, func(), error) {
 	}
 	switch {
 	case f.Store == "postgres":
-		l.write = pgWrite(b.pg)
+		l.write, ledgerPG = pgWrite(b.pg), b.pg
 	case f.Store == "mysql":
 		l.insert = `INSERT INTO payments (id, user_id, amount, currency) VALUES (?, ?, ?, ?)`
 		l.signup = `INSERT INTO signups (id, email) VALUES (?, ?)`
@@ -370,9 +378,20 @@ func openLedger(f Config, b backing) (Ledger, func(), error) {
 			tag, err := pool.Exec(ctx, sql, args...) // committed at once, whatever becomes of the execution
 			return tag.RowsAffected(), err
 		}
-		closeLedger = pool.Close
+		closeLedger, ledgerPG = pool.Close, pool
+	case f.Outbox != "":
+		return nil, nil, errors.New("-outbox needs a SQL ledger: -store postgres, -store mysql or -payments-postgres")
 	default:
 		return nil, closeLedger, nil
+	}
+	if f.Outbox != "" {
+		stopOutbox, err := openOutbox(f, l, ledgerPG, b.mysql)
+		if err != nil {
+			closeLedger()
+			return nil, nil, err
+		}
+		closeAll := closeLedger
+		closeLedger = func() { stopOutbox(); closeAll() }
 	}
 	if f.PauseAfterRecord {
 		l.resume = make(chan os.Signal, 1)
@@ -388,6 +407,7 @@ type sqlLedger struct {
 	// table's unique constraint refused the row).
 	write  func(ctx context.Context, sql string, args ...any) (int64, error)
 	resume chan os.Signal // -pause-after-record
+	events *events        // -outbox
 }
 
 // Record implements Ledger. Like the charge itself, the row is not
@@ -396,7 +416,13 @@ type sqlLedger struct {
 func (l *sqlLedger) Record(ctx context.Context, p Payment) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := l.write(ctx, l.insert, p.ID, p.UserID, p.Amount, p.Currency); err != nil {
+	var err error
+	if l.events != nil {
+		err = l.events.record(ctx, l.insert, p) // the row and its payment.created event, in one transaction
+	} else {
+		_, err = l.write(ctx, l.insert, p.ID, p.UserID, p.Amount, p.Currency)
+	}
+	if err != nil {
 		return err
 	}
 	if l.resume != nil {
