@@ -15,9 +15,13 @@ var (
 	// stopped (crashed or stalled past its lease) before journaling its
 	// outcome, and the step is not [Repeatable]: its effect may or may not
 	// have happened. fn did not run. The execution ends uncertain instead of
-	// completing or releasing ([StateUncertain]; retries get 409
-	// "operation-uncertain", [Do] returns it) until an operator resolves
-	// the key (cmd/idemctl). errors.Is(err, [ErrUncertain]) is true.
+	// completing or releasing ([StateUncertain]) whatever the handler
+	// answers, until an operator resolves the key (cmd/idemctl) or the keep
+	// ([WithUncertainAfterCrash], else the retention) ends: later retries
+	// get 409 "operation-uncertain", [Do] returns it. A handler answers
+	// the request that got it best with the same problem
+	// ([OutcomeUncertain]'s ProblemType and Status). errors.Is(err,
+	// [ErrUncertain]) is true.
 	ErrStepUncertain = fmt.Errorf("%w: a step started before a crash has an unknown outcome", ErrUncertain)
 	// ErrNoJournal: the step runs in an execution whose store does not
 	// implement [Journal]; fn did not run.

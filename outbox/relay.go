@@ -374,7 +374,7 @@ func (r *Relay) read(ctx context.Context, tx *sql.Tx, part int) ([]Message, []in
 			id, us  int64
 			headers string
 		)
-		if err := rows.Scan(&id, &m.ID, &m.Key, &m.Subject, &headers, &m.Payload, &m.Enqueued, &us); err != nil {
+		if err := rows.Scan(&id, &m.ID, &m.Key, &m.Subject, &headers, &m.Payload, (*enqueuedAt)(&m.Enqueued), &us); err != nil {
 			return nil, nil, nil, fmt.Errorf("outbox: read partition %d: %w", part, err)
 		}
 		if headers != "" {
@@ -459,4 +459,32 @@ func (r *Relay) observePending(ctx context.Context) {
 		return
 	}
 	r.observer.Pending(ctx, n, oldest)
+}
+
+// enqueuedAt scans created_at: a time.Time (PostgreSQL; MySQL with the
+// driver's parseTime), or the text of a MySQL DATETIME(6) without it, read
+// as UTC, so that the relay works on any go-sql-driver DSN.
+type enqueuedAt time.Time
+
+// Scan implements sql.Scanner.
+func (e *enqueuedAt) Scan(src any) error {
+	switch v := src.(type) {
+	case time.Time:
+		*e = enqueuedAt(v)
+		return nil
+	case []byte:
+		return e.parse(string(v))
+	case string:
+		return e.parse(v)
+	}
+	return fmt.Errorf("outbox: created_at of type %T", src)
+}
+
+func (e *enqueuedAt) parse(s string) error {
+	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
+	if err != nil {
+		return fmt.Errorf("outbox: created_at: %w", err)
+	}
+	*e = enqueuedAt(t)
+	return nil
 }

@@ -400,7 +400,7 @@ func printList(w io.Writer, recs []idem.ListedRecord, lv leaseView) {
 		ttl := roundTTL(r.TTL)
 		switch {
 		case r.State == idem.StateUncertain:
-			fmt.Fprintf(w, "%s  uncertain    holder stopped mid-request: retries get 409 until resolved (release or complete), kept %v more, owner %s\n", r.Key, ttl, owner(r.Token))
+			fmt.Fprintf(w, "%s  uncertain    holder stopped mid-request, or a step's outcome is unknown: retries get 409 until resolved (release or complete), kept %v more, owner %s\n", r.Key, ttl, owner(r.Token))
 		case r.State == idem.StateInProgress && r.TTL > 0 && lv.renewing(r.TTL):
 			fmt.Fprintf(w, "%s  in-progress  lease held, %v left, renewed or new (above %v): retries get 409, owner %s\n", r.Key, ttl, lv.floor(), owner(r.Token))
 		case r.State == idem.StateInProgress && r.TTL > 0:
@@ -515,7 +515,7 @@ func printRecord(w io.Writer, info idem.RecordInfo, lv leaseView, now time.Time)
 	case idem.StateCompleted:
 		fmt.Fprintf(w, "expires in   %v, at %s (retention)\n", ttl, at)
 	case idem.StateUncertain:
-		fmt.Fprintf(w, "expires in   %v, at %s (uncertain: its holder stopped mid-request; retries get 409 operation-uncertain until release or complete)\n", ttl, at)
+		fmt.Fprintf(w, "expires in   %v, at %s (uncertain: its holder stopped mid-request, or a step's outcome is unknown (see the steps below); retries get 409 operation-uncertain until release or complete)\n", ttl, at)
 		fmt.Fprintf(w, "lease owner  %s\n", owner(info.Token))
 	case idem.StateExpired:
 		fmt.Fprintf(w, "expires in   %v, at %s (tombstone: the response is gone; retries get 410 key-expired)\n", ttl, at)

@@ -79,7 +79,7 @@ func openDB(t testing.TB, d outbox.Dialect) (*sql.DB, *pgxpool.Pool) {
 		if err != nil {
 			t.Fatalf("IDEM_MYSQL_DSN %q: %v", mysqlDSN(), err)
 		}
-		cfg.ParseTime = true
+		cfg.ParseTime = false // the relay reads created_at without the driver's parseTime (the services' own DSNs)
 		conn, err := mysql.NewConnector(cfg)
 		if err != nil {
 			t.Fatal(err)
