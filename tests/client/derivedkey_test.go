@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,7 +41,7 @@ func TestDerivedKeyAcrossServices(t *testing.T) {
 	protected := idemhttp.New(bEngine)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		n := bRuns.Add(1)
 		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, `{"charge":"ch_`+string(rune('0'+n))+`"}`)
+		_, _ = io.WriteString(w, `{"charge":"ch_`+strconv.Itoa(int(n))+`"}`)
 	}))
 	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { // every request's key, replays too
 		mu.Lock()
