@@ -305,6 +305,7 @@ func (mc *machine) decide(t *rapid.T, op string, i int, start, end time.Time, go
 	if noop {
 		return // the model's phases still cover every candidate
 	}
+	effs = mc.disambiguate(t, op, i, got, effs)
 	n := effs[0].next
 	p := effs[0].pres
 	for _, e := range effs[1:] {
@@ -323,6 +324,47 @@ func (mc *machine) decide(t *rapid.T, op string, i int, start, end time.Time, go
 	if p != presMaybe {
 		mc.pres[i] = p
 	}
+}
+
+// disambiguate keeps, when an answer near a phase's end matched candidates
+// that lead to different records (on a loaded machine an action's
+// [start, end] can straddle a lease's end), those whose next record, or
+// a later phase of it, is what the store holds now (one Get: an
+// observation, not a guess). It returns effs unchanged when they agree, or
+// when the observation cannot tell them apart.
+func (mc *machine) disambiguate(t *rapid.T, op string, i int, got string, effs []effect) []effect {
+	agree := true
+	for _, e := range effs[1:] {
+		agree = agree && same(e.next, effs[0].next)
+	}
+	if agree {
+		return effs
+	}
+	now, found, err := mc.tg.store.Get(mc.ctx, mc.keys[i])
+	if err != nil {
+		mc.fatalf(t, "%s(k%d) = %s: Get to tell the candidates apart: %v", op, i, got, err)
+	}
+	seen := "absent"
+	if found {
+		seen = viewOf(now)
+	}
+	mc.logf(t, "Get(k%d) = %s [to tell %d candidates apart]", i, seen, len(effs))
+	var kept []effect
+	for _, e := range effs {
+		for r := e.next; ; r = r.next() {
+			if r.view() == seen {
+				kept = append(kept, e)
+				break
+			}
+			if r.state == 0 {
+				break
+			}
+		}
+	}
+	if len(kept) == 0 {
+		mc.fatalf(t, "%s(k%d) = %s, then Get = %s: no candidate leads there", op, i, got, seen)
+	}
+	return kept
 }
 
 // short is an answer without its fields: "held: uncertain", "ok".
