@@ -349,22 +349,29 @@ func (mc *machine) disambiguate(t *rapid.T, op string, i int, got string, effs [
 		seen = viewOf(now)
 	}
 	mc.logf(t, "Get(k%d) = %s [to tell %d candidates apart]", i, seen, len(effs))
-	var kept []effect
+	at := mc.tg.clk.Now()
+	var exact, later []effect
 	for _, e := range effs {
-		for r := e.next; ; r = r.next() {
+		if e.next.view() == seen {
+			exact = append(exact, e)
+			continue
+		}
+		// a later phase, only once the phase before it can have ended
+		for prev, r := e.next, e.next.next(); prev.state != 0 && !at.Add(mc.tg.margin).Before(prev.lo); prev, r = r, r.next() {
 			if r.view() == seen {
-				kept = append(kept, e)
-				break
-			}
-			if r.state == 0 {
+				later = append(later, e)
 				break
 			}
 		}
 	}
-	if len(kept) == 0 {
-		mc.fatalf(t, "%s(k%d) = %s, then Get = %s: no candidate leads there", op, i, got, seen)
+	switch {
+	case len(exact) > 0:
+		return exact
+	case len(later) > 0:
+		return later
 	}
-	return kept
+	mc.fatalf(t, "%s(k%d) = %s, then Get = %s: no candidate leads there", op, i, got, seen)
+	return nil
 }
 
 // short is an answer without its fields: "held: uncertain", "ok".
