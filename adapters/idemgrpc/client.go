@@ -41,7 +41,9 @@ func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.budget.
 // keeps retrying idem's in-progress answers (each after its RetryInfo
 // delay); a call with a deadline retries them until the deadline leaves no
 // room for the next delay, whatever this is. Optional. Default is
-// [idemrpc.DefaultInProgressWait] (30s, the engine's default lease).
+// [idemrpc.DefaultInProgressWait] (1m0s: the engine's default lease
+// of 30s, which a crashed holder's record can take to lapse before a retry
+// takes it over, plus a 30s margin for the takeover's execution).
 func WithInProgressWait(d time.Duration) ClientOption {
 	return func(c *clientConfig) { c.budget.InProgressWait = d }
 }

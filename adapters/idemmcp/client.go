@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	idem "github.com/idemkit/idem/core"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -33,14 +34,37 @@ type ClientOption func(*clientConfig)
 
 type clientConfig struct {
 	attempts       int
+	inProgressWait time.Duration
 	attemptTimeout time.Duration
 	first, max     time.Duration
 	onRetry        func(attempt int, err error, delay time.Duration)
 }
 
-// WithAttempts sets how many times one logical call is sent at most.
-// Optional. Default is 5. Values below 1 count as 1.
+// WithAttempts sets how many attempts of one logical call may fail (a
+// timeout, a connection error, a store-unavailable answer), the first
+// included. In-progress answers do not count (see [WithInProgressWait]);
+// 1 disables retries altogether. Optional. Default is 5. Values below 1
+// count as 1.
 func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.attempts = max(n, 1) } }
+
+// DefaultInProgressWait is how long a logical call keeps retrying
+// in-progress answers ([TypeInProgress]) by default: the engine's default
+// lease (idem.DefaultLease, 30s), which is how long a crashed holder's
+// record can answer in progress before a retry takes it over, plus
+// [InProgressMargin] for the takeover's execution: 1m0s.
+const DefaultInProgressWait = idem.DefaultLease + InProgressMargin
+
+// InProgressMargin is what [DefaultInProgressWait] adds to the engine's
+// default lease: the time a takeover's execution may take to answer.
+const InProgressMargin = 30 * time.Second
+
+// WithInProgressWait bounds the time, from the call's first attempt, spent
+// retrying in-progress answers, each after its RetryAfterSeconds; ctx's
+// deadline bounds it too, whichever ends first. Optional. Default is
+// [DefaultInProgressWait] (1m0s).
+func WithInProgressWait(d time.Duration) ClientOption {
+	return func(c *clientConfig) { c.inProgressWait = d }
+}
 
 // WithAttemptTimeout bounds each attempt; an attempt that times out is
 // sent again with the same key (the server may have executed it).
@@ -69,7 +93,7 @@ func WithRetryHook(fn func(attempt int, err error, delay time.Duration)) ClientO
 // It calls connect on the first call, and again after an attempt fails
 // with a connection error (the session is then closed and replaced).
 func NewClient(connect func(ctx context.Context) (*mcp.ClientSession, error), opts ...ClientOption) *Client {
-	c := &Client{connect: connect, cfg: clientConfig{attempts: 5, attemptTimeout: 30 * time.Second, first: 200 * time.Millisecond, max: 5 * time.Second}}
+	c := &Client{connect: connect, cfg: clientConfig{attempts: 5, inProgressWait: DefaultInProgressWait, attemptTimeout: 30 * time.Second, first: 200 * time.Millisecond, max: 5 * time.Second}}
 	for _, o := range opts {
 		o(&c.cfg)
 	}
@@ -90,8 +114,11 @@ func NewKey() string { return crand.Text() }
 // stored one replayed, marked with _meta[ReplayedMetaKey]), or an error
 // that retrying with the same key cannot change (a JSON-RPC error other
 // than an in-progress or store-unavailable one: [ErrorDataOf] reads it).
-// After the last attempt it returns the last error; when ctx ends, ctx's
-// error. Errors of an attempt that may have reached the server are never
+// In-progress answers are budgeted in time ([WithInProgressWait], ctx's
+// deadline), failed attempts in number ([WithAttempts]): a call retried
+// after its server crashed waits until the crashed holder's lease lapses
+// and a retry takes the execution over. When a bound is reached it returns
+// the last error; when ctx ends, ctx's error. Errors of an attempt that may have reached the server are never
 // retried with another key.
 func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
 	p := *params
@@ -103,6 +130,8 @@ func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp
 		p.Meta[MetaKey] = NewKey()
 	}
 	next := c.cfg.first
+	start := time.Now()
+	failed := 0 // attempts that count towards cfg.attempts
 	var last error
 	for attempt := 1; ; attempt++ {
 		res, err := c.attempt(ctx, &p)
@@ -113,15 +142,25 @@ func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp
 			return nil, ctx.Err()
 		}
 		last = err
-		delay, retry := time.Duration(0), false
+		delay, retry, inProgress := time.Duration(0), false, false
 		if d, ok := ErrorDataOf(err); ok {
 			retry, delay = d.Retryable, time.Duration(d.RetryAfterSeconds)*time.Second
+			inProgress = d.Type == TypeInProgress
 		} else if !isProtocolError(err) { // timeout, connection error
 			retry = true
 			delay = next/2 + rand.N(next/2+1) //nolint:gosec // jitter, not a secret
 			next = min(2*next, c.cfg.max)
 		}
-		if !retry || attempt >= c.cfg.attempts {
+		if !inProgress {
+			failed++
+		}
+		switch {
+		case !retry, c.cfg.attempts <= 1, failed >= c.cfg.attempts:
+			return nil, last
+		case inProgress && time.Since(start)+delay > c.cfg.inProgressWait:
+			return nil, last
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
 			return nil, last
 		}
 		if c.cfg.onRetry != nil {

@@ -79,9 +79,14 @@ func Wait(ctx context.Context, d time.Duration) bool {
 
 // DefaultInProgressWait is how long a call without a deadline keeps
 // retrying in-progress answers by default ([Budget.InProgressWait]): the
-// engine's default lease, so that a handler that runs as long as its lease
-// allows is waited for.
-const DefaultInProgressWait = 30 * time.Second
+// engine's default lease (idem.DefaultLease, 30s), which is how long a
+// crashed holder's record can answer in progress before a retry takes it
+// over, plus [InProgressMargin] for the takeover's execution: 1m0s.
+const DefaultInProgressWait = idem.DefaultLease + InProgressMargin
+
+// InProgressMargin is what [DefaultInProgressWait] adds to the engine's
+// default lease: the time a takeover's execution may take to answer.
+const InProgressMargin = 30 * time.Second
 
 // Budget bounds the attempts of one logical call of a client interceptor.
 type Budget struct {
@@ -99,8 +104,9 @@ type Budget struct {
 }
 
 // DefaultBudget is the client interceptors' default budget: 4 sends of a
-// failing call, in-progress answers retried for [DefaultInProgressWait]
-// without a deadline, backoff from 100ms up to 5s.
+// failing call, in-progress answers retried until the call's deadline or,
+// without one, for [DefaultInProgressWait] (1m0s), backoff from 100ms up
+// to 5s.
 var DefaultBudget = Budget{Attempts: 4, InProgressWait: DefaultInProgressWait, First: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // Retrier applies a [Budget] to one logical call; make one per call with

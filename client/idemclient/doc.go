@@ -27,6 +27,14 @@
 // fingerprint-changed, stored-result-unreadable) stop at once with an
 // [*OutcomeError] (errors.Is with [ErrUncertain], [ErrKeyExpired], ...);
 // every other status is returned as it is.
+// In-progress answers (idem's 409 in-progress, another server's 409) are
+// budgeted in time, not attempts: after a crash the service answers 409
+// until the crashed holder's lease lapses (up to its lease, 30s by default)
+// and a retry takes the execution over, so the Transport waits them out, as
+// Retry-After says, for [WithMaxElapsed] (default 1m: the default lease plus
+// a 30s margin for the takeover's execution) or until the request context's
+// deadline, whichever ends first. Failed attempts (transport errors, other
+// retryable statuses) are bounded by [WithMaxAttempts] (default 5).
 // The attempts, the total time and the request context bound the retries;
 // when they end first the error is a [*GaveUpError] carrying the key, the
 // last status or error and the reason (errors.Is with [ErrAttemptsExhausted],

@@ -22,12 +22,29 @@ const HeaderKey = "Idempotency-Key"
 
 // Defaults of the options.
 const (
-	DefaultMaxAttempts   = 5
-	DefaultMaxElapsed    = 30 * time.Second
-	DefaultBaseDelay     = 100 * time.Millisecond
-	DefaultMaxDelay      = 5 * time.Second
+	// DefaultMaxAttempts bounds the attempts that failed (a transport
+	// error, a retryable status other than in progress), the first
+	// included: [WithMaxAttempts].
+	DefaultMaxAttempts = 5
+	// DefaultMaxElapsed bounds the whole call's retries in time
+	// ([WithMaxElapsed]): idem's default lease (idem.DefaultLease, 30s),
+	// which is how long a crashed holder's in-progress record can answer
+	// 409 before a retry takes it over, plus [InProgressMargin] for the
+	// takeover's own execution: 1m0s.
+	DefaultMaxElapsed = idem.DefaultLease + InProgressMargin
+	// InProgressMargin is what [DefaultMaxElapsed] adds to the default
+	// lease: the time a takeover's execution may take to answer.
+	InProgressMargin = 30 * time.Second
+	// DefaultBaseDelay and DefaultMaxDelay are the backoff's first step
+	// and cap ([WithBackoff]).
+	DefaultBaseDelay = 100 * time.Millisecond
+	DefaultMaxDelay  = 5 * time.Second
+	// DefaultMaxRetryAfter is the longest Retry-After honoured
+	// ([WithMaxRetryAfter]): the default lease, the longest idem asks for.
 	DefaultMaxRetryAfter = 30 * time.Second
-	DefaultBodyLimit     = 1 << 20 // bytes
+	// DefaultBodyLimit is the request body buffered to be re-sent, in
+	// bytes ([WithBodyLimit]): 1 MiB.
+	DefaultBodyLimit = 1 << 20
 )
 
 // Transport is an http.RoundTripper that sends one idempotency key per
@@ -44,9 +61,15 @@ const (
 // Every attempt of a covered request carries the same key and the same body
 // bytes. An attempt is retried when [ClassifyError] or [ClassifyResponse]
 // says [Retry]; the wait is the response's Retry-After when it has one (up to
-// [WithMaxRetryAfter]), else [Backoff]. Retrying stops at [WithMaxAttempts]
-// attempts or [WithMaxElapsed] in total, or when the request context ends,
-// with a [*GaveUpError]. A final response, replayed or not, is returned as
+// [WithMaxRetryAfter]), else [Backoff]. In-progress answers (idem's 409
+// in-progress problem, or another server's 409: the IETF draft's answer to a
+// request whose key is in use) are budgeted in time, not attempts: they are
+// waited out for as long as [WithMaxElapsed] (default 1m: the default lease
+// a crashed holder's record can take to lapse, plus a margin for the
+// takeover) and the request context's deadline allow, so that a retry after
+// a crash gets the takeover's answer. Failed attempts (transport errors,
+// other retryable statuses) stop at [WithMaxAttempts]. Retrying stops when a
+// bound is reached or the request context ends, with a [*GaveUpError]. A final response, replayed or not, is returned as
 // the server sent it; [Attempts], [Replayed] and [RequestKey] read what
 // happened from it. An answer of idem that ends the key's use without a
 // result (operation-uncertain, key-expired, replay-forbidden, key-reused,
@@ -102,13 +125,22 @@ func WithMethods(methods ...string) Option {
 	return func(t *Transport) { t.methods = slices.Clone(methods) }
 }
 
-// WithMaxAttempts bounds the attempts of one request, the first included; 1
-// disables retries. Optional. Default is [DefaultMaxAttempts] (5).
+// WithMaxAttempts bounds the failed attempts of one request (a transport
+// error, net/http's own re-sends, a retryable status other than 409 in
+// progress), the first included; in-progress answers don't count (they are
+// bounded by [WithMaxElapsed] and the request's deadline). 1 disables
+// retries altogether, in-progress answers included. Optional. Default is
+// [DefaultMaxAttempts] (5).
 func WithMaxAttempts(n int) Option { return func(t *Transport) { t.maxAttempts = max(n, 1) } }
 
 // WithMaxElapsed bounds the time from the first attempt to the start of the
-// last one: no attempt starts later (the request context's deadline bounds
-// it too). Optional. Default is [DefaultMaxElapsed] (30s).
+// last one: no attempt starts later (the request context's deadline, and so
+// http.Client.Timeout, bounds it too, whichever ends first). It is the
+// budget of waiting out in-progress answers: a takeover after a crash
+// answers once the crashed holder's lease lapses, up to the service's lease
+// after the crash. 0 disables every wait. Optional. Default is
+// [DefaultMaxElapsed] (1m0s: idem's default lease 30s plus
+// [InProgressMargin] 30s).
 func WithMaxElapsed(d time.Duration) Option { return func(t *Transport) { t.maxElapsed = d } }
 
 // WithBackoff sets the exponential backoff with full jitter used when a
@@ -248,6 +280,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	start := time.Now()
+	failed := 0 // attempts that count towards maxAttempts
 	for n := 1; ; n++ {
 		info := &attemptInfo{key: key, n: n}
 		var conns atomic.Int32 // connections the send obtained: more than one is a re-send
@@ -265,17 +298,23 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		for range conns.Load() - 1 { // net/http re-sent the attempt on a new connection
 			t.report(Attempt{Key: key, N: n, Request: attempt, Err: ErrResent, Decision: Retry})
 			n++
+			failed++
 		}
 		info.n = n
 		var decision Decision
 		var outcome idem.Outcome
+		inProgress := false // budgeted in time, not attempts
 		if err == nil {
 			decision, outcome = ClassifyResponse(resp)
+			inProgress = decision == Retry && resp.StatusCode == http.StatusConflict
 			if decision == Stop && t.respBuffer > 0 {
 				if err = bufferBody(resp, t.respBuffer); err != nil {
 					resp = nil
 				}
 			}
+		}
+		if !inProgress {
+			failed++
 		}
 
 		a := Attempt{Key: key, N: n, Request: attempt, Response: resp, Err: err}
@@ -323,7 +362,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		switch {
 		case a.GaveUp != nil:
-		case n >= t.maxAttempts:
+		case t.maxAttempts <= 1, !inProgress && failed >= t.maxAttempts:
 			a.GaveUp = ErrAttemptsExhausted
 		case !body.replayable():
 			a.GaveUp = ErrBodyNotReplayable

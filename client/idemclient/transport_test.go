@@ -345,6 +345,84 @@ func TestRetryAfter(t *testing.T) {
 	})
 }
 
+// TestInProgressBudgetedInTime: 409 in-progress answers don't count
+// towards WithMaxAttempts (a takeover after a crash answers only once the
+// crashed holder's lease lapsed), failed attempts between them do, and
+// WithMaxAttempts(1) still disables every retry.
+func TestInProgressBudgetedInTime(t *testing.T) {
+	inProgress := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusConflict)
+		_, _ = io.WriteString(w, `{"type":"`+idem.OutcomeInProgress.ProblemType()+`","status":409}`)
+	}
+	t.Run("in progress", func(t *testing.T) {
+		// 12 in-progress answers, two 503s among them, then the answer.
+		s := newScript(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+			switch {
+			case n == 4 || n == 9:
+				w.WriteHeader(http.StatusServiceUnavailable)
+			case n < 14:
+				inProgress(w)
+			default:
+				w.WriteHeader(http.StatusCreated)
+			}
+		})
+		cl := client(fast(idemclient.WithMaxAttempts(3))...)
+		defer closeIdle(cl)
+		resp, err := post(t, cl, s.srv.URL, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || idemclient.Attempts(resp) != 15 {
+			t.Fatalf("%d after %d attempts; want 201 after 15", resp.StatusCode, idemclient.Attempts(resp))
+		}
+	})
+	t.Run("failures still counted", func(t *testing.T) {
+		// A failure, in progress, failures: the third failure ends it.
+		s := newScript(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+			if n == 1 {
+				inProgress(w)
+				return
+			}
+			w.WriteHeader(http.StatusBadGateway)
+		})
+		cl := client(fast(idemclient.WithMaxAttempts(3))...)
+		defer closeIdle(cl)
+		_, err := post(t, cl, s.srv.URL, "x") //nolint:bodyclose // no response
+		var g *idemclient.GaveUpError
+		if !errors.As(err, &g) || !errors.Is(err, idemclient.ErrAttemptsExhausted) || g.Attempts != 4 || g.StatusCode != http.StatusBadGateway {
+			t.Fatalf("err %v; want attempts exhausted after 4 attempts (3 failed)", err)
+		}
+	})
+	t.Run("max attempts 1", func(t *testing.T) {
+		s := newScript(t, func(_ int, w http.ResponseWriter, _ *http.Request) { inProgress(w) })
+		cl := client(fast(idemclient.WithMaxAttempts(1))...)
+		defer closeIdle(cl)
+		_, err := post(t, cl, s.srv.URL, "x") //nolint:bodyclose // no response
+		var g *idemclient.GaveUpError
+		if !errors.As(err, &g) || g.Attempts != 1 || len(s.requests()) != 1 {
+			t.Fatalf("err %v, %d requests; want one attempt", err, len(s.requests()))
+		}
+	})
+	t.Run("transport failures", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close() // connections are refused
+		cl := client(fast()...)
+		defer closeIdle(cl)
+		_, err = post(t, cl, "http://"+addr, "x") //nolint:bodyclose // no response
+		var g *idemclient.GaveUpError
+		if !errors.As(err, &g) || !errors.Is(err, idemclient.ErrAttemptsExhausted) || g.Attempts != idemclient.DefaultMaxAttempts {
+			t.Fatalf("err %v; want attempts exhausted after %d", err, idemclient.DefaultMaxAttempts)
+		}
+	})
+}
+
 // TestCaps: attempts, total time and the request's deadline bound the retries.
 func TestCaps(t *testing.T) {
 	s := newScript(t, statuses(503))

@@ -132,12 +132,10 @@ func checkStepTakeover(t *testing.T, svc *stepService, do func(ctx context.Conte
 	}
 }
 
-// TestGRPCStepTakeover: a gRPC handler (over TCP) calling idem.Step with
-// its ctx journals the step; after a takeover the journaled result comes
-// back without the step running again.
-func TestGRPCStepTakeover(t *testing.T) {
-	svc := newStepService(t)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcAuth, idemgrpc.UnaryServerInterceptor(stepEngine(t), idemgrpc.WithScope(userID))))
+// startGRPCSteps serves svc's Charge over gRPC (TCP) behind auth and idem
+// with engine e, stopped at cleanup, and returns its address.
+func startGRPCSteps(t *testing.T, e *idem.Engine, svc *stepService) string {
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcAuth, idemgrpc.UnaryServerInterceptor(e, idemgrpc.WithScope(userID))))
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "test.v1.Steps",
 		HandlerType: (*any)(nil),
@@ -157,9 +155,17 @@ func TestGRPCStepTakeover(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
-	defer func() { srv.Stop(); <-done }()
+	t.Cleanup(func() { svc.stop(); srv.Stop(); <-done })
+	return ln.Addr().String()
+}
+
+// TestGRPCStepTakeover: a gRPC handler (over TCP) calling idem.Step with
+// its ctx journals the step; after a takeover the journaled result comes
+// back without the step running again.
+func TestGRPCStepTakeover(t *testing.T) {
+	svc := newStepService(t)
+	cc := dial(t, startGRPCSteps(t, stepEngine(t), svc))
 	defer svc.stop()
-	cc := dial(t, ln.Addr().String())
 	checkStepTakeover(t, svc, func(ctx context.Context) (*structpb.Struct, error) {
 		out := new(structpb.Struct)
 		ctx = metadata.AppendToOutgoingContext(ctx, "x-user", "alice", "idempotency-key", "charge-1")
@@ -167,23 +173,30 @@ func TestGRPCStepTakeover(t *testing.T) {
 	}, func(err error) bool { return status.Code(err) == codes.Aborted })
 }
 
-// TestConnectStepTakeover: the same through a Connect handler (HTTP/2 over
-// TCP, Connect protocol).
-func TestConnectStepTakeover(t *testing.T) {
-	svc := newStepService(t)
+// startConnectSteps serves svc's Charge over Connect (HTTP/2 with TLS)
+// behind auth and idem with engine e, closed at cleanup.
+func startConnectSteps(t *testing.T, e *idem.Engine, svc *stepService) *httptest.Server {
 	h := connect.NewUnaryHandler(stepsProcedure, func(ctx context.Context, _ *connect.Request[structpb.Struct]) (*connect.Response[structpb.Struct], error) {
 		out, err := svc.charge(ctx)
 		if err != nil {
 			return nil, connect.NewError(connect.CodeInternal, err)
 		}
 		return connect.NewResponse(out), nil
-	}, connect.WithInterceptors(connectAuth, idemconnect.NewInterceptor(stepEngine(t), idemconnect.WithScope(userID))))
+	}, connect.WithInterceptors(connectAuth, idemconnect.NewInterceptor(e, idemconnect.WithScope(userID))))
 	mux := http.NewServeMux()
 	mux.Handle(stepsProcedure, h)
 	srv := httptest.NewUnstartedServer(mux)
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
-	defer srv.Close()
+	t.Cleanup(func() { svc.stop(); srv.Close() })
+	return srv
+}
+
+// TestConnectStepTakeover: the same through a Connect handler (HTTP/2 over
+// TCP, Connect protocol).
+func TestConnectStepTakeover(t *testing.T) {
+	svc := newStepService(t)
+	srv := startConnectSteps(t, stepEngine(t), svc)
 	defer svc.stop()
 	cl := connect.NewClient[structpb.Struct, structpb.Struct](srv.Client(), srv.URL+stepsProcedure)
 	checkStepTakeover(t, svc, func(ctx context.Context) (*structpb.Struct, error) {
