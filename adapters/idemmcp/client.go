@@ -43,9 +43,13 @@ type clientConfig struct {
 // WithAttempts sets how many attempts of one logical call may fail (a
 // timeout, a connection error, a store-unavailable answer), the first
 // included. In-progress answers do not count (see [WithInProgressWait]);
-// 1 disables retries altogether. Optional. Default is 5. Values below 1
-// count as 1.
+// 1 disables retries altogether. Optional. Default is [DefaultAttempts]
+// (5). Values below 1 count as 1.
 func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.attempts = max(n, 1) } }
+
+// DefaultAttempts is how many attempts of one logical call may fail by
+// default ([WithAttempts]).
+const DefaultAttempts = 5
 
 // DefaultInProgressWait is how long a logical call keeps retrying
 // in-progress answers ([TypeInProgress]) by default: the engine's default
@@ -93,7 +97,7 @@ func WithRetryHook(fn func(attempt int, err error, delay time.Duration)) ClientO
 // It calls connect on the first call, and again after an attempt fails
 // with a connection error (the session is then closed and replaced).
 func NewClient(connect func(ctx context.Context) (*mcp.ClientSession, error), opts ...ClientOption) *Client {
-	c := &Client{connect: connect, cfg: clientConfig{attempts: 5, inProgressWait: DefaultInProgressWait, attemptTimeout: 30 * time.Second, first: 200 * time.Millisecond, max: 5 * time.Second}}
+	c := &Client{connect: connect, cfg: clientConfig{attempts: DefaultAttempts, inProgressWait: DefaultInProgressWait, attemptTimeout: 30 * time.Second, first: 200 * time.Millisecond, max: 5 * time.Second}}
 	for _, o := range opts {
 		o(&c.cfg)
 	}
