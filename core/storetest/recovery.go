@@ -484,7 +484,8 @@ func testRacingClaims(t *testing.T, s idem.Store) {
 // testAcquireKeepsPayload: a client's Acquire with the record's
 // fingerprint takes the lapsed record over with its payload and attempts
 // (a recoverer claims it when that holder stops too); one with another
-// fingerprint takes over a record without a journal afresh, payload gone.
+// fingerprint is answered the record, or takes a record without a journal
+// over afresh, payload gone.
 func testAcquireKeepsPayload(t *testing.T, s idem.Store) {
 	r := recoverable(t, s)
 	key, other, tok, fp := Key(), Key(), Token(), fingerprint("a")
@@ -507,19 +508,25 @@ func testAcquireKeepsPayload(t *testing.T, s idem.Store) {
 	if !bytes.Equal(c.Payload, payloadOf(key)) || c.Attempts != 2 || c.PreviousToken != client {
 		t.Fatalf("Claim after a client's takeover = %+v; want the payload, attempts 2, previous token the client's", c)
 	}
-	if _, ok, err := s.Acquire(ctx(t), other, Token(), fingerprint("b"), shortLease); err != nil || !ok {
-		t.Fatalf("Acquire with another fingerprint of a lapsed record without a journal: %v, %v; want taken over", ok, err)
+	// Another fingerprint's Acquire is answered the record (as one of a
+	// record with a journal is) or takes it over afresh, payload gone.
+	if _, ok, err := s.Acquire(ctx(t), other, Token(), fingerprint("b"), shortLease); err != nil {
+		t.Fatalf("Acquire with another fingerprint: %v", err)
+	} else if ok {
+		waitLapse()
+		if _, ok := lapsed(t, r)[other]; ok {
+			t.Fatal("Lapsed reported a record taken over afresh by another fingerprint")
+		}
+		mustNotClaim(t, r, other, "a record taken over afresh by another fingerprint")
+	} else if c := waitClaim(t, r, other, Token(), 0); !bytes.Equal(c.Payload, payloadOf(other)) {
+		t.Fatalf("Claim of a record another fingerprint was refused = %+v; want its payload", c)
 	}
-	waitLapse()
-	if _, ok := lapsed(t, r)[other]; ok {
-		t.Fatal("Lapsed reported a record taken over afresh by another fingerprint")
-	}
-	mustNotClaim(t, r, other, "a record taken over afresh by another fingerprint")
 }
 
 // testLapsedHint: a due record behind more than limit entries that are
 // no longer due (taken over by clients, evicted) is returned by a later
-// Lapsed once Claims found those not due.
+// Lapsed once Claims found those not due (a store may return fewer than
+// limit, even none, while it takes them out of the way itself).
 func testLapsedHint(t *testing.T, s idem.Store) {
 	r := recoverable(t, s)
 	const limit = 2
@@ -562,7 +569,7 @@ func testLapsedHint(t *testing.T, s idem.Store) {
 		if slices.ContainsFunc(recs, func(l idem.LapsedRecord) bool { return l.Key == due }) {
 			break
 		}
-		if round > 2*len(ahead) || len(recs) == 0 {
+		if round > 2*len(ahead) {
 			t.Fatalf("Lapsed(%d) = %+v in round %d; the due record never came", limit, recs, round)
 		}
 		for _, l := range recs { // a recoverer claims what it is given
