@@ -7,6 +7,7 @@
 //	idemctl show  -store ADDR [-body] [-lease 30s] KEY | -principal P -route R -key K [-method POST]
 //	idemctl evict -store ADDR [-yes] KEY | -principal P -route R -key K [-method POST]
 //	idemctl release|complete -store ADDR ... (uncertain records)
+//	idemctl resolve-step -store ADDR -step S (-result FILE | -not-done) [-yes] KEY | -principal P -route R -key K [-method POST]
 //
 // Install it from a checkout of the repository (the go.work at its root
 // takes the checkout's modules):
@@ -68,15 +69,38 @@
 //
 // show prints the scoped key, the store key it read (Redis key with its
 // prefix, SQL table and key, MongoDB collection and _id), state, time to
-// live, lease owner and whether its holder renews, fingerprint and, for
-// completed records, the stored status, header lines and body size. With
-// -body it writes the stored body, byte for byte, to stdout, and the
+// live, lease owner and whether its holder renews, fingerprint, for
+// completed records the stored status, header lines and body (its size
+// and its first 2 KiB, as text when it is text, else Go-quoted), and every
+// step of the record's journal (idem.Step) in the order they started: done
+// with its result decoded (idem.DecodeStep: the value as the step's codec
+// encoded it, JSON by default, first 512 bytes; or its permanent error),
+// or started and not done, with the host and process that started it.
+// With -body it writes the stored body, byte for byte, to stdout, and the
 // record to stderr.
+//
+// resolve-step settles one step whose outcome is unknown: its holder
+// stopped inside a step that is not idem.Repeatable, so the record is
+// uncertain (retries get 409 operation-uncertain) or in progress with its
+// lease lapsed. Ask the step's downstream what happened, then: with
+// -result FILE the step did happen, and FILE ("-": stdin, with -yes) holds
+// its result as the step's codec encodes it (for the default JSON codec,
+// the JSON of the value the step's function returns: {"id":"ch_1"}, or
+// null for a zero value; at most idem.MaxStepBytes - 1 bytes, checked for
+// nothing else); with -not-done it did not happen. After a confirmation
+// (or -yes) one atomic idem.ResolveStep marks the step done with the
+// result, or removes it, and leaves the record in progress with its lease
+// lapsed: the next retry (or a recoverer) takes it over and resumes the
+// handler, so steps before it replay, the resolved step returns the
+// result without running (or runs, when not done), and the handler's work
+// after it happens once. The store must implement idem.StepResolver (the
+// four shared stores do).
 //
 // evict deletes only the record it showed: one that completed or changed
 // owner meanwhile is left alone. Evict an in-progress record only when its
 // handler is known not to run any more (its process crashed or hangs): a
 // running handler renews its lease, and after eviction a retry executes the
-// request a second time. Exit status: 0 listed, shown or evicted; 1 no
-// record, an ambiguous prefix, not evicted or a store error; 2 usage error.
+// request a second time. Exit status: 0 listed, shown, evicted or
+// resolved; 1 no record, an ambiguous prefix, not evicted or resolved, or
+// a store error; 2 usage error.
 package main

@@ -26,7 +26,7 @@ func Example() {
 	// status       201
 	// header       Content-Type: application/json
 	// header       Location: /v1/payments/pay_1
-	// body         14 bytes
+	// body         14 bytes: {"id":"pay_1"}
 }
 
 // Example_inProgress shows what `idemctl show` prints for an in-progress

@@ -19,10 +19,11 @@ import (
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
-const usage = `usage: idemctl show|evict|list|release|complete -store ADDR [flags] [KEY]
+const usage = `usage: idemctl show|evict|list|release|complete|resolve-step -store ADDR [flags] [KEY]
 
-show     prints the idempotency record of one key (-body: its stored response
-         body, raw, on stdout; the record on stderr);
+show     prints the idempotency record of one key, with every step of its
+         journal and its result decoded (-body: the stored response body,
+         raw, on stdout; the record on stderr);
 evict    deletes it after a confirmation, so that a retry executes again;
 list     prints in-progress, uncertain and oldest records, -limit at a time
          (-cursor for the next page), and for in-progress ones whether the
@@ -32,7 +33,13 @@ release  resolves an uncertain record (idem.WithUncertainAfterCrash: its
          deletes it after a confirmation, so that the next retry executes;
 complete resolves an uncertain record when the operation DID take effect:
          stores the answer retries get, -status with -file (the body, "-" for
-         stdin) and -header lines, for -retention.
+         stdin) and -header lines, for -retention;
+resolve-step settles one step whose outcome is unknown (its holder stopped
+         inside a step that is not repeatable) after a confirmation, so that
+         the next retry (or a recoverer) resumes the handler after it: with
+         -result FILE the step DID happen and FILE ("-": stdin) holds its
+         result as the step's codec encodes it (JSON by default); with
+         -not-done it did NOT happen and runs when the handler resumes.
 
 KEY (or -scoped-key) is the scoped key in any form idem prints: the 64 hex
 characters of a trace's idem.scoped_key, or a prefix of them, such as the 16
@@ -69,6 +76,8 @@ type cmdFlags struct {
 	file                               string        // complete
 	headers                            headerLines   // complete
 	retention                          time.Duration // complete
+	step, result                       string        // resolve-step
+	notDone                            bool          // resolve-step
 }
 
 // headerLines is complete's repeatable -header flag.
@@ -116,7 +125,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.StringVar(&o.file, "file", "", `complete: file holding the body retries get ("-": stdin; none: empty body)`)
 	fs.Var(&o.headers, "header", `complete: a header line retries get, "Name: value" (repeatable)`)
 	fs.DurationVar(&o.retention, "retention", idem.DefaultRetention, "complete: how long retries get the answer (the service's WithRetention)")
-	if len(args) == 0 || !slices.Contains([]string{"show", "evict", "list", "release", "complete"}, args[0]) {
+	fs.StringVar(&o.step, "step", "", "resolve-step: the step's name, as given to idem.Step")
+	fs.StringVar(&o.result, "result", "", `resolve-step: file holding the result of a step that happened, as its codec encodes it (JSON by default; "-": stdin)`)
+	fs.BoolVar(&o.notDone, "not-done", false, "resolve-step: the step did not happen: it runs when the handler resumes")
+	if len(args) == 0 || !slices.Contains([]string{"show", "evict", "list", "release", "complete", "resolve-step"}, args[0]) {
 		fs.Usage()
 		return exitUsage
 	}
@@ -143,9 +155,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil && (o.lease.lease <= 0 || o.lease.storeTimeout <= 0) {
 		err = errors.New("-lease and -store-timeout must be > 0")
 	}
-	var answer []byte // complete's encoded response
-	if err == nil && cmd == "complete" {
+	var answer []byte // complete's encoded response, resolve-step's result
+	switch {
+	case err != nil:
+	case cmd == "complete":
 		answer, err = o.answer(stdin)
+	case cmd == "resolve-step":
+		answer, err = o.stepResult(stdin)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "idemctl:", err)
@@ -175,6 +191,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "idemctl: inspect %s: %v\n", b.layout, err)
 		printHints(ctx, b, stderr)
 		return exitFail
+	}
+	if cmd == "resolve-step" {
+		return resolveStep(ctx, b, key, info, found, answer, o, stdin, stdout, stderr)
 	}
 	if !found {
 		fmt.Fprintf(stdout, "scoped key   %s\nstore key    %s\nno live record: the key is absent or expired (a request with it executes)\n", key, b.storeKey(key))
@@ -502,7 +521,8 @@ func dumpBody(info idem.RecordInfo, stdout, stderr io.Writer) int {
 // printRecord writes the operator's view of a record: state, time to live
 // (and the expiry it gives from now), lease owner, fingerprint, and for
 // completed records the stored status, header lines (sorted by name) and
-// body size, decoded from the record's response ([idem.DecodeResponse]).
+// body (its size and its first bytes), decoded from the record's response
+// ([idem.DecodeResponse]).
 func printRecord(w io.Writer, info idem.RecordInfo, lv leaseView, now time.Time) {
 	fmt.Fprintf(w, "state        %s\n", info.State)
 	ttl := roundTTL(info.TTL)
@@ -540,19 +560,32 @@ func printRecord(w io.Writer, info idem.RecordInfo, lv leaseView, now time.Time)
 			fmt.Fprintf(w, "header       %s: %s\n", name, v)
 		}
 	}
-	fmt.Fprintf(w, "body         %d bytes\n", len(r.Body))
+	if len(r.Body) == 0 {
+		fmt.Fprintln(w, "body         0 bytes")
+		return
+	}
+	fmt.Fprintf(w, "body         %d bytes: %s\n", len(r.Body), shown(r.Body, maxShownBody))
 }
 
 // printSteps prints the record's step journal ([idem.Step]), one line a
-// step in the order they started: done (with the result's size), or
-// started and not done, by its starter.
+// step in the order they started: done, with its result decoded
+// ([idem.DecodeStep]: the value as its codec encoded it, JSON by default,
+// or its permanent error), or started and not done, by its starter.
 func printSteps(w io.Writer, steps []idem.StepEntry) {
 	for _, st := range steps {
-		if st.Done {
-			fmt.Fprintf(w, "step         %s: done, result %d bytes (started by %s)\n", st.Name, len(st.Result), owner(st.Token))
+		if !st.Done {
+			fmt.Fprintf(w, "step         %s: started, not done: its outcome is unknown if its holder stopped (started by %s)\n", st.Name, owner(st.Token))
 			continue
 		}
-		fmt.Fprintf(w, "step         %s: started, not done: its outcome is unknown if its holder stopped (started by %s)\n", st.Name, owner(st.Token))
+		out, err := idem.DecodeStep(st)
+		switch {
+		case err != nil:
+			fmt.Fprintf(w, "step         %s: done, result %d bytes that do not decode (%v) (started by %s)\n", st.Name, len(st.Result), err, owner(st.Token))
+		case out.Err != nil:
+			fmt.Fprintf(w, "step         %s: done, permanent error %q (started by %s)\n", st.Name, out.Err.Message, owner(st.Token))
+		default:
+			fmt.Fprintf(w, "step         %s: done, result %s (started by %s)\n", st.Name, shown(out.Value, maxShownStep), owner(st.Token))
+		}
 	}
 }
 

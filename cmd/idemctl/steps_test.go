@@ -11,7 +11,7 @@ import (
 )
 
 // TestShowSteps: show lists a record's step journal on every store, a
-// finished step with its result's size and one started and not finished
+// finished step with its result decoded and one started and not finished
 // (the one whose outcome is unknown after a crash), each with its starter.
 func TestShowSteps(t *testing.T) {
 	for name, newBackend := range backends {
@@ -43,7 +43,7 @@ func TestShowSteps(t *testing.T) {
 				t.Fatalf("show = %d\n%s\n%s", code, out.String(), errOut.String())
 			}
 			for _, want := range []string{
-				"step         charge: done, result 14 bytes (started by host web-3, pid 4242",
+				`step         charge: done, result {"id":"ch_1"} (started by host web-3, pid 4242`,
 				"step         receipt: started, not done: its outcome is unknown if its holder stopped (started by host web-3, pid 4242",
 			} {
 				if !strings.Contains(out.String(), want) {

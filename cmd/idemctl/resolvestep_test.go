@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/adaptertest"
+)
+
+// TestResolveStep is the operator's story of a crash inside a step that is
+// not repeatable, on every shared store: a payment charged the card (a
+// step), then its process died inside the mail step; the retry takes it
+// over and ends it uncertain (the mail's outcome is unknown); `show` prints
+// both steps with the charge's result decoded. Resolved done with the
+// provider's answer (a JSON file), the next retry resumes: the charge and
+// the mail replay (the mail's fn does not run again, the step returns the
+// resolved value), and the ledger row after them is written once.
+// Resolved not done, the mail step runs once on resume.
+func TestResolveStep(t *testing.T) {
+	for name, newBackend := range backends {
+		t.Run(name, func(t *testing.T) {
+			b := newBackend(t)
+			t.Run("done", func(t *testing.T) { testResolveStep(t, b, true) })
+			t.Run("not done", func(t *testing.T) { testResolveStep(t, b, false) })
+		})
+	}
+}
+
+func testResolveStep(t *testing.T, b testStore, done bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, ok := b.store.(idem.StepResolver); !ok {
+		t.Fatalf("%T does not implement idem.StepResolver", b.store)
+	}
+	// The engine's holders stop renewing (as a crashed process's): one held
+	// in the mail step loses its 2s lease.
+	engine, err := idem.New(adaptertest.CrashableJournal(b.store), idem.WithLease(2*time.Second), idem.WithStoreTimeout(500*time.Millisecond),
+		idem.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = engine.Close(ctx) }()
+	type receipt struct {
+		ID string `json:"id"`
+	}
+	var charges, mails, ledger atomic.Int64
+	crash := make(chan struct{}) // holds the first mail step: its process died there
+	pay := func(ctx context.Context) (string, error) {
+		charge, err := idem.Step(ctx, "charge", func(context.Context) (string, error) {
+			return fmt.Sprintf("ch_%d", charges.Add(1)), nil
+		}, idem.Repeatable())
+		if err != nil {
+			return "", err
+		}
+		mail, err := idem.Step(ctx, "mail", func(context.Context) (receipt, error) {
+			n := mails.Add(1)
+			if n == 1 {
+				<-crash
+			}
+			return receipt{ID: fmt.Sprintf("mail_%d", n)}, nil
+		})
+		if err != nil {
+			return "", err
+		}
+		ledger.Add(1) // the handler's work after the step
+		return charge + "/" + mail.ID, nil
+	}
+	op := idem.Operation{Scope: "acct_1", Name: "pay", Key: "pay-" + randomHex(8), Payload: []byte(`{"amount":1200}`)}
+	scoped := op.RecordKey()
+
+	crashed := make(chan error, 1)
+	go func() { _, err := idem.Do(ctx, engine, op, pay); crashed <- err }()
+	defer func() { close(crash); <-crashed }() // its completion is fenced off: not the key's
+	for deadline := time.Now().Add(30 * time.Second); mails.Load() < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first run never reached its mail step")
+		}
+	}
+	// The retry waits out the lease, takes over and ends uncertain.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := idem.Do(ctx, engine, op, pay)
+		if errors.Is(err, idem.ErrStepUncertain) {
+			break
+		}
+		if !errors.Is(err, idem.ErrInProgress) || time.Now().After(deadline) {
+			t.Fatalf("retry after the crash: %v; want in progress until the lease lapses, then ErrStepUncertain", err)
+		}
+	}
+	if _, err := idem.Do(ctx, engine, op, pay); !errors.Is(err, idem.ErrUncertain) {
+		t.Fatalf("retry of the uncertain record: %v; want ErrUncertain", err)
+	}
+	code, out, errOut := ctl(ctx, t, b, "", "show", scoped)
+	if code != exitOK || !strings.Contains(out, "state        uncertain") ||
+		!strings.Contains(out, `step         charge: done, result "ch_1" (started by`) ||
+		!strings.Contains(out, "step         mail: started, not done") {
+		t.Fatalf("show = %d\n%s%s", code, out, errOut)
+	}
+
+	// A refusal and a usage error leave the record as it is.
+	if code, out, _ := ctl(ctx, t, b, "n\n", "resolve-step", "-step", "mail", "-not-done", scoped); code != exitFail || !strings.Contains(out, "not resolved") {
+		t.Fatalf("resolve-step answered no = %d\n%s", code, out)
+	}
+	if code, _, errOut := ctl(ctx, t, b, "", "resolve-step", "-step", "mail", "-not-done", "-result", "x.json", scoped); code != exitUsage || !strings.Contains(errOut, "one of -result FILE") {
+		t.Fatalf("resolve-step with -result and -not-done = %d\n%s", code, errOut)
+	}
+
+	want := "ch_1/mail_2" // not done: the mail step runs again, once
+	args := []string{"resolve-step", "-step", "mail", "-not-done"}
+	if done {
+		want = "ch_1/mail_provider_42" // done: the step returns the provider's answer
+		file := filepath.Join(t.TempDir(), "mail.json")
+		if err := os.WriteFile(file, []byte(`{"id":"mail_provider_42"}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = []string{"resolve-step", "-step", "mail", "-result", file}
+	}
+	code, out, errOut = ctl(ctx, t, b, "y\n", append(args, scoped)...)
+	if code != exitOK || !strings.Contains(out, "resolved: step mail") {
+		t.Fatalf("resolve-step = %d\n%s%s", code, out, errOut)
+	}
+	if done {
+		if code, out, errOut := ctl(ctx, t, b, "", "show", scoped); code != exitOK || !strings.Contains(out, `step         mail: done, result {"id":"mail_provider_42"}`) {
+			t.Fatalf("show after resolve-step = %d\n%s%s", code, out, errOut)
+		}
+	}
+	got, err := idem.Do(ctx, engine, op, pay)
+	if err != nil || got != want {
+		t.Fatalf("retry after resolve-step = %q, %v; want %q", got, err, want)
+	}
+	if again, err := idem.Do(ctx, engine, op, pay); err != nil || again != want {
+		t.Fatalf("retry after the resumed run = %q, %v; want the replay of %q", again, err, want)
+	}
+	wantMails := int64(1)
+	if !done {
+		wantMails = 2
+	}
+	if charges.Load() != 1 || mails.Load() != wantMails || ledger.Load() != 1 {
+		t.Fatalf("charges %d, mail step runs %d, ledger rows %d; want 1, %d, 1", charges.Load(), mails.Load(), ledger.Load(), wantMails)
+	}
+	if code, out, _ := ctl(ctx, t, b, "", "resolve-step", "-yes", "-step", "mail", "-not-done", scoped); code != exitFail || !strings.Contains(out, "not resolved: the record is not uncertain") {
+		t.Fatalf("resolve-step of a completed record = %d\n%s", code, out)
+	}
+}
