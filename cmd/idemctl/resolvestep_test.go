@@ -77,9 +77,9 @@ func testResolveStep(t *testing.T, b testStore, done bool) {
 	op := idem.Operation{Scope: "acct_1", Name: "pay", Key: "pay-" + randomHex(8), Payload: []byte(`{"amount":1200}`)}
 	scoped := op.RecordKey()
 
-	crashed := make(chan error, 1)
-	go func() { _, err := idem.Do(ctx, engine, op, pay); crashed <- err }()
-	defer func() { close(crash); <-crashed }() // its completion is fenced off: not the key's
+	crashed := make(chan struct{})
+	go func() { defer close(crashed); _, _ = idem.Do(ctx, engine, op, pay) }() // its completion is fenced off: not the key's
+	defer func() { close(crash); <-crashed }()
 	for deadline := time.Now().Add(30 * time.Second); mails.Load() < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the first run never reached its mail step")
