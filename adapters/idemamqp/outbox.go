@@ -269,6 +269,9 @@ func (p *Publisher) open(ctx context.Context) error {
 	}
 	p.closeLocked(ctx)
 	if p.dialing == nil {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("idemamqp: dial: %w", err)
+		}
 		d := make(chan dialed, 1)
 		p.dialing = d
 		go func() { d <- p.connect() }()

@@ -66,7 +66,8 @@ func newBrokerSide(t *testing.T, broker string) *brokerSide {
 // deadline starts, 0.5s later the proxy closes the connections and 0.5s
 // later comes back. The batch
 // returns (a hang guard of 60s, far above its deadline: the publisher
-// must not wait past it), and the messages it did not confirm are
+// must not wait past it), and so does a call made behind it with a 1s
+// deadline; the messages they did not confirm are
 // published again, each call with a 3s deadline, as the relay does: every
 // message reaches the consumer once. A publisher stuck on a closed
 // notification channel never returns and spins (the goroutine check of
@@ -75,7 +76,7 @@ func TestPublisherOutage(t *testing.T) {
 	for _, broker := range []string{"amqp", "nats"} {
 		t.Run(broker, func(t *testing.T) {
 			b := newBrokerSide(t, broker)
-			ids := paymentIDs(4)
+			ids := paymentIDs(5)
 			msg := func(id string) outbox.Message {
 				return outbox.Message{ID: id, Key: id, Subject: b.subject, Payload: []byte(id)}
 			}
@@ -106,7 +107,16 @@ func TestPublisherOutage(t *testing.T) {
 				defer cancel()
 				done <- b.pub.PublishBatch(ctx, batch)
 			}()
-			time.Sleep(500 * time.Millisecond) // the batch is sent into the dropped bytes
+			// A call behind the batch (most often: goroutines start in no
+			// set order) returns by its own 1s deadline, not the batch's.
+			queued := make(chan error, 1)
+			time.Sleep(100 * time.Millisecond)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				queued <- b.pub.Publish(ctx, msg(ids[4]))
+			}()
+			time.Sleep(400 * time.Millisecond) // the batch is sent into the dropped bytes
 			b.px.close()
 			time.Sleep(500 * time.Millisecond)
 			b.px.restore()
@@ -116,7 +126,13 @@ func TestPublisherOutage(t *testing.T) {
 			case <-time.After(65 * time.Second):
 				t.Fatal("PublishBatch with a 5s deadline has not returned 60s after it")
 			}
-			again := []outbox.Message{msg(ids[3])}
+			again := []outbox.Message{msg(ids[3]), msg(ids[4])}
+			select {
+			case err := <-queued:
+				t.Logf("Publish behind the batch: %v", err)
+			case <-time.After(60 * time.Second):
+				t.Fatal("Publish with a 1s deadline, behind the batch, has not returned after 60s")
+			}
 			for i, err := range errs {
 				t.Logf("PublishBatch during the outage: %s: %v", batch[i].ID, err)
 				if err != nil {
