@@ -54,7 +54,10 @@ type RecoveryClaim struct {
 // A record with a recovery payload lives as a record with a started step
 // does ([Journal]): it outlives a lapse of its lease by the retain given,
 // and dies with Release, [Inspector.Evict], expiry, or completion (its
-// payload is dropped when it completes or turns uncertain). Each method is
+// payload is dropped when it completes). A record that turns uncertain
+// ([Journal.Suspend], or a lapse under [Keep.Uncertain]) keeps its payload
+// but is not due: once an operator settles its step ([StepResolver]) it
+// is in progress with a lapsed lease again, and due. Each method is
 // one atomic operation; core/storetest.RunRecovery checks implementations.
 type Recoverable interface {
 	// SetRecovery stores payload (opaque to stores; not empty; at most
@@ -63,7 +66,9 @@ type Recoverable interface {
 	// earlier payload, and makes the record outlive a lapse of its lease
 	// by retain (> 0, else [ErrInvalidDuration]; the largest retain given
 	// to it or to [Journal.StartStep] wins) and be reported by Lapsed once
-	// its lease lapsed. [ErrNotOwner] when token does not hold a live lease.
+	// its lease lapsed (a record acquired under [Keep.Uncertain] turns
+	// uncertain instead, and is not). An empty payload is an error.
+	// [ErrNotOwner] when token does not hold a live lease.
 	SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error
 
 	// Lapsed returns up to limit (> 0) records that are due: in progress,

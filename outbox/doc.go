@@ -35,8 +35,10 @@
 //
 // Messages are spread over partitions by a hash of their ordering key
 // ([WithPartitions], 16 by default); a relay claims one partition at a
-// time with SELECT ... FOR UPDATE SKIP LOCKED on the partitions table and
-// holds that row lock, in one transaction, while it publishes the
+// time with SELECT ... FOR UPDATE SKIP LOCKED on the partitions table (on
+// MySQL and MariaDB, which lock every row a locking read scans: a read of
+// the candidates without locks, then the first free one locked by primary
+// key) and holds that row lock, in one transaction, while it publishes the
 // partition's oldest unsent messages and marks them sent. Any number of
 // relays (and [WithWorkers] per relay) therefore never publish one message
 // at the same time, and keep per-key order; a relay whose database

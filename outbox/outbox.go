@@ -100,6 +100,9 @@ type Outbox struct {
 // validated table names.
 type queries struct {
 	claim, claimed, read, markSent, purge, pending string
+	// lock (MySQL) locks one partition of the claim's candidates, by
+	// primary key, if it still has work and no one holds it.
+	lock string
 }
 
 func (o *Outbox) buildQueries() {
@@ -110,8 +113,16 @@ func (o *Outbox) buildQueries() {
 		now, age, oldest = "NOW(6)", `TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6))`, `coalesce(TIMESTAMPDIFF(MICROSECOND, min(created_at), NOW(6)), 0)`
 		o.q.purge = `DELETE FROM ` + o.table + ` WHERE sent_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?`
 	}
-	o.q.claim = `SELECT p.part FROM ` + o.parts + ` p WHERE EXISTS (SELECT 1 FROM ` + o.table + ` m WHERE m.part = p.part AND m.sent_at IS NULL)
-		ORDER BY p.claimed_at, p.part LIMIT 1 FOR UPDATE SKIP LOCKED`
+	hasWork := `EXISTS (SELECT 1 FROM ` + o.table + ` m WHERE m.part = p.part AND m.sent_at IS NULL)`
+	o.q.claim = `SELECT p.part FROM ` + o.parts + ` p WHERE ` + hasWork + ` ORDER BY p.claimed_at, p.part LIMIT 1 FOR UPDATE SKIP LOCKED`
+	if o.d == MySQL {
+		// InnoDB locks every row a locking read scans, and this ORDER BY
+		// scans them all (a filesort): one statement would lock every
+		// partition. The claim reads the candidates without locking, and
+		// lock takes one of them by primary key, locking that row only.
+		o.q.claim = `SELECT p.part FROM ` + o.parts + ` p WHERE ` + hasWork + ` ORDER BY p.claimed_at, p.part`
+		o.q.lock = `SELECT p.part FROM ` + o.parts + ` p WHERE p.part = ? AND ` + hasWork + ` FOR UPDATE SKIP LOCKED`
+	}
 	o.q.claimed = `UPDATE ` + o.parts + ` SET claimed_at = ` + now + ` WHERE part = ` + o.ph(1)
 	o.q.read = `SELECT id, msg_id, ordering_key, subject, headers, payload, created_at, ` + age + ` FROM ` + o.table + `
 		WHERE part = ` + o.ph(1) + ` AND sent_at IS NULL ORDER BY id LIMIT ` + o.ph(2)

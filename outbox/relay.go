@@ -235,8 +235,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (published int, err error) {
 	}
 	defer func() { _ = tx.Rollback() }() // after Commit: sql.ErrTxDone, ignored
 	o := r.o
-	var part int
-	err = tx.QueryRowContext(ctx, o.q.claim).Scan(&part)
+	part, err := r.claim(ctx, tx)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}
@@ -270,6 +269,45 @@ func (r *Relay) RelayOnce(ctx context.Context) (published int, err error) {
 		return 0, errors.Join(perr, fmt.Errorf("outbox: commit the sent marks: %w", err))
 	}
 	return published, perr
+}
+
+// claim locks the partition with unsent messages claimed least recently
+// that no one holds, in tx; sql.ErrNoRows when there is none. On
+// PostgreSQL one statement does it (FOR UPDATE SKIP LOCKED locks the row
+// it returns). On MySQL and MariaDB it reads the candidates without
+// locking, in claim order, and locks the first one free by primary key:
+// a locking read there locks every row it scans, so the ordered claim in
+// one statement would hold all partitions and leave the other workers
+// none.
+func (r *Relay) claim(ctx context.Context, tx *sql.Tx) (int, error) {
+	o := r.o
+	var part int
+	if o.d != MySQL {
+		err := tx.QueryRowContext(ctx, o.q.claim).Scan(&part)
+		return part, err
+	}
+	rows, err := tx.QueryContext(ctx, o.q.claim)
+	if err != nil {
+		return 0, err
+	}
+	var candidates []int
+	for rows.Next() {
+		if err := rows.Scan(&part); err != nil {
+			_ = rows.Close()
+			return 0, err
+		}
+		candidates = append(candidates, part)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	for _, c := range candidates {
+		err := tx.QueryRowContext(ctx, o.q.lock, c).Scan(&part)
+		if !errors.Is(err, sql.ErrNoRows) {
+			return part, err
+		}
+	}
+	return 0, sql.ErrNoRows
 }
 
 // publishEach publishes msgs one by one, each after the previous one's

@@ -203,12 +203,12 @@ type record struct {
 	Fingerprint string        `bson:"fingerprint"`
 	ExpiresAt   bson.DateTime `bson:"expiresAt"`
 	Response    []byte        `bson:"response,omitempty"`
-	Until       bson.DateTime `bson:"until,omitempty"`  // keep only: end of the lease or retention; absent: expiresAt
-	KeepU       int64         `bson:"keepU,omitempty"`  // Keep.Uncertain, milliseconds
-	KeepT       int64         `bson:"keepT,omitempty"`  // Keep.Tombstone, milliseconds
-	Retain      int64         `bson:"retain,omitempty"` // journal only: its retain, milliseconds
-	NSteps      int32         `bson:"nsteps,omitempty"` // journal only: its number of steps
-	Steps       bson.Raw      `bson:"steps,omitempty"`  // journal only: hex(name) -> step (see journal.go)
+	Until       bson.DateTime `bson:"until,omitempty"`    // keep only: end of the lease or retention; absent: expiresAt
+	KeepU       int64         `bson:"keepU,omitempty"`    // Keep.Uncertain, milliseconds
+	KeepT       int64         `bson:"keepT,omitempty"`    // Keep.Tombstone, milliseconds
+	Retain      int64         `bson:"retain,omitempty"`   // journal only: its retain, milliseconds
+	NSteps      int32         `bson:"nsteps,omitempty"`   // journal only: its number of steps
+	Steps       bson.Raw      `bson:"steps,omitempty"`    // journal only: hex(name) -> step (see journal.go)
 	Recovery    []byte        `bson:"recovery,omitempty"` // in progress only: the recovery payload (see recovery.go)
 	Attempts    int32         `bson:"attempts,omitempty"` // recovery claims
 	Backoff     int64         `bson:"backoff,omitempty"`  // the last claim's backoff, milliseconds

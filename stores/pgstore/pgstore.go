@@ -74,8 +74,8 @@ type Store struct {
 	untilIndex string
 	// dueIndex is the quoted name of the partial due_at index, unqualified.
 	dueIndex string
-	logger     *slog.Logger
-	q          queries
+	logger   *slog.Logger
+	q        queries
 
 	mu      sync.Mutex
 	closed  bool

@@ -220,7 +220,7 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	defer cancel()
 	args := []any{token, payload, millis(retain)}
 	var run, add redis.Cmder
-	_, err = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		run = p.EvalSha(ctx, setRecoveryScript.sha, keys, args...)
 		add = p.ZAdd(ctx, s.indexKey(), redis.Z{Score: float64(nowMicros()), Member: key})
 		return nil

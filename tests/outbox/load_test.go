@@ -48,22 +48,35 @@ func (l *lags) quantile(q float64) time.Duration {
 	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
-// TestLoad relays messages from PostgreSQL with one relay (4 workers,
-// batches of 100, pipelined: one key per message) to NATS JetStream (a server of its own) and to
-// RabbitMQ, consumed through idem: every message yields one effect. It
-// logs the relay's throughput (a backlog of n messages drained) and its
-// lag (enqueue to broker confirm) for n more enqueued, in transactions of
-// 10 by one writer, while it runs; for RESULTS.md: make soak plays n =
+// TestLoad relays messages from PostgreSQL and from MariaDB with one
+// relay (4 workers, batches of 100, pipelined: one key per message) to
+// NATS JetStream (a server of its own) and to RabbitMQ, consumed through
+// idem: every message yields one effect. It logs the relay's throughput
+// (a backlog of n messages drained) and its lag (enqueue to broker
+// confirm) for n more enqueued, in transactions of 10 by one writer
+// (whose rate it logs too), while it runs; for RESULTS.md: make soak plays n =
 // 10,000 per broker, go test 250.
 func TestLoad(t *testing.T) {
 	n := 250
 	if *soak {
 		n = 10000
 	}
-	for _, broker := range []string{"nats", "amqp"} {
-		t.Run(broker, func(t *testing.T) {
-			db, pool := openDB(t, outbox.PostgreSQL)
-			ob := newOutbox(t, db, outbox.PostgreSQL)
+	type loadCase struct {
+		d      outbox.Dialect
+		broker string
+	}
+	var cases []loadCase
+	for _, d := range dialects {
+		for _, broker := range []string{"nats", "amqp"} {
+			cases = append(cases, loadCase{d, broker})
+		}
+	}
+	for _, c := range cases {
+		d, broker := c.d, c.broker
+		t.Run(d.String()+"/"+broker, func(t *testing.T) {
+			db, _ := openDB(t, d)
+			_, pool := openDB(t, outbox.PostgreSQL) // the consumer's store
+			ob := newOutbox(t, db, d)
 			var (
 				pub     outbox.Publisher
 				subject string
@@ -135,13 +148,15 @@ func TestLoad(t *testing.T) {
 			// n messages enqueued while the relay runs: its lag.
 			obs := &lags{}
 			stop = run(obs)
+			start = time.Now()
 			enqueue(ids[n:])
+			wrote := time.Since(start)
 			empty()
 			stop()
 			waitFor(t, "an effect per message", 10*time.Minute, func() bool { return len(fx.counts()) == 2*n })
 			fx.checkExactlyOnce(ids)
-			t.Logf("%s: a backlog of %d messages relayed in %v: %.0f msg/s; %d more enqueued while relaying (transactions of 10, one writer): lag p50 %v, p99 %v, max %v; %d publish errors",
-				broker, n, drained.Round(time.Millisecond), float64(n)/drained.Seconds(), n,
+			t.Logf("%s/%s: a backlog of %d messages relayed in %v: %.0f msg/s; %d more enqueued while relaying (transactions of 10, one writer, %.0f msg/s): lag p50 %v, p99 %v, max %v; %d publish errors",
+				d, broker, n, drained.Round(time.Millisecond), float64(n)/drained.Seconds(), n, float64(n)/wrote.Seconds(),
 				obs.quantile(0.5).Round(time.Millisecond), obs.quantile(0.99).Round(time.Millisecond), obs.quantile(1).Round(time.Millisecond), obs.failed)
 		})
 	}
