@@ -96,11 +96,11 @@ type Answer struct {
 	RetryAfter string
 }
 
-// retryDelay reports whether a client retries a: idem's retryable answers,
+// RetryDelay reports whether a client retries a: idem's retryable answers,
 // 503 store-unavailable and 409 in-progress, both carrying Retry-After in
 // whole seconds (a 409 without it, such as operation-uncertain, is final),
 // and the delay it asks for.
-func (a Answer) retryDelay() (time.Duration, bool) {
+func (a Answer) RetryDelay() (time.Duration, bool) {
 	if a.Status != 503 && a.Status != 409 {
 		return 0, false
 	}
@@ -149,7 +149,7 @@ func Duplicates(dos []func(key string) Answer) DupResult {
 				a := do(k)
 				first, retries := a.Status, 0
 				for deadline := time.Now().Add(DupRetryBudget); ; retries++ {
-					d, ok := a.retryDelay()
+					d, ok := a.RetryDelay()
 					if !ok || time.Now().Add(d).After(deadline) {
 						break
 					}
