@@ -41,20 +41,8 @@ var readmeLists = []readmeList{
 // module cannot be left out of the front page, the Layout, the import
 // paths, the published list or the replace loop a copied example needs.
 func TestReadmeModuleLists(t *testing.T) {
-	root := repoRoot(t)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := findModules(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	published, err := publishedModules(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range checkReadmeLists(t, string(readme), all, published) {
+	readme, all, published := readmeAndModules(t)
+	for _, p := range checkReadmeLists(t, readme, all, published) {
 		t.Error(p)
 	}
 }
@@ -63,21 +51,9 @@ func TestReadmeModuleLists(t *testing.T) {
 // name is reported in every list, and a list that may name only published
 // modules reports one that is not.
 func TestReadmeModuleListsMissing(t *testing.T) {
-	root := repoRoot(t)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := findModules(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	published, err := publishedModules(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	readme, all, published := readmeAndModules(t)
 	newcomer := module{Dir: "adapters/idemnew", Path: repoPrefix + "adapters/idemnew"}
-	problems := checkReadmeLists(t, string(readme), append(all, newcomer), append(published, newcomer))
+	problems := checkReadmeLists(t, readme, append(all, newcomer), append(published, newcomer))
 	for _, l := range readmeLists {
 		want := fmt.Sprintf("README.md's %s does not name adapters/idemnew", l.name)
 		if !slices.Contains(problems, want) {
@@ -91,13 +67,31 @@ func TestReadmeModuleListsMissing(t *testing.T) {
 			fewer = append(fewer, m)
 		}
 	}
-	problems = checkReadmeLists(t, string(readme), all, fewer)
+	problems = checkReadmeLists(t, readme, all, fewer)
 	for _, l := range readmeLists {
 		want := fmt.Sprintf("README.md's %s names outbox, which it should not", l.name)
 		if got := slices.Contains(problems, want); got != l.only {
 			t.Errorf("problem %q reported %v, want %v (problems %q)", want, got, l.only, problems)
 		}
 	}
+}
+
+// readmeAndModules returns README.md, every module of the repository and
+// the published ones.
+func readmeAndModules(t *testing.T) (readme string, all, published []module) {
+	t.Helper()
+	root := repoRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all, err = findModules(root); err != nil {
+		t.Fatal(err)
+	}
+	if published, err = publishedModules(root); err != nil {
+		t.Fatal(err)
+	}
+	return string(b), all, published
 }
 
 // checkReadmeLists returns what README.md's lists miss or name wrongly, for
