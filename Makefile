@@ -1,8 +1,14 @@
 # The test command is `make test` (README.md). It starts what the tests need.
-.PHONY: test demo bench bench-compare bench-load bench-peers soak robustness fuzz lint vulncheck
+.PHONY: test test-under-load demo bench bench-compare bench-load bench-peers soak robustness fuzz lint vulncheck
 
 test:
 	./scripts/test.sh
+
+# make test beside a CPU-bound load of LOAD_WORKERS busy threads (default
+# 2 x the cores, tools/cpuload), as on a shared runner; prints make test's
+# wall time and the load average at its start and end.
+test-under-load:
+	./scripts/test-under-load.sh
 
 demo:
 	go run ./examples/demo

@@ -88,9 +88,10 @@ var (
 // reads it. It is safe for concurrent use and does no I/O until called.
 type Outbox struct {
 	d          Dialect
-	table      string // quoted
+	table      string // quoted, schema-qualified when name is
 	parts      string // quoted partitions table
-	name       string
+	name       string // as given to WithTable
+	base       string // name without its schema, for index names
 	partitions int
 	headers    func(context.Context, map[string]string)
 	q          queries
@@ -133,10 +134,13 @@ func (o *Outbox) buildQueries() {
 // Option configures [New].
 type Option func(*Outbox)
 
-// WithTable sets the outbox table's name (letters, digits and
-// underscores, at most 50, starting with a letter or an underscore); the
-// partitions table is the same name plus "_partitions". Optional. Default
-// is "idem_outbox".
+// WithTable sets the outbox table's name, "table" or "schema.table" (a
+// MySQL database for the schema), each part letters, digits and
+// underscores starting with a letter or an underscore, the table at most
+// 50 characters and the schema at most 63; the partitions table is the
+// same name plus "_partitions", in the same schema. Optional. Default is
+// "idem_outbox", in the connection's search_path (PostgreSQL) or database
+// (MySQL).
 func WithTable(name string) Option { return func(o *Outbox) { o.name = name } }
 
 // WithPartitions sets how many partitions messages are spread over by
@@ -156,7 +160,13 @@ func WithHeaders(fn func(ctx context.Context, headers map[string]string)) Option
 	return func(o *Outbox) { o.headers = fn }
 }
 
-var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,49}$`)
+// identifier is a table name of WithTable, schemaName its schema: 50 for
+// the table leaves room for the "_partitions" suffix within PostgreSQL's
+// 63-byte identifiers (MySQL's are 64).
+var (
+	identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,49}$`)
+	schemaName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+)
 
 // New returns the outbox table of dialect d.
 //
@@ -170,13 +180,21 @@ func New(d Dialect, opts ...Option) (*Outbox, error) {
 	if d != PostgreSQL && d != MySQL {
 		return nil, fmt.Errorf("%w: unknown dialect %d", ErrInvalidConfig, int(d))
 	}
-	if !identifier.MatchString(o.name) {
-		return nil, fmt.Errorf("%w: table name %q (letters, digits, underscores; at most 50)", ErrInvalidConfig, o.name)
+	schema, table, qualified := strings.Cut(o.name, ".")
+	if !qualified {
+		schema, table = "", o.name
+	}
+	if !identifier.MatchString(table) || qualified && !schemaName.MatchString(schema) {
+		return nil, fmt.Errorf("%w: table name %q (table or schema.table; letters, digits, underscores; the table at most 50, the schema at most 63)", ErrInvalidConfig, o.name)
 	}
 	if o.partitions < 1 || o.partitions > 1024 {
 		return nil, fmt.Errorf("%w: %d partitions (1 to 1024)", ErrInvalidConfig, o.partitions)
 	}
-	o.table, o.parts = o.quote(o.name), o.quote(o.name+"_partitions")
+	o.base = table
+	o.table, o.parts = o.quote(table), o.quote(table+"_partitions")
+	if qualified {
+		o.table, o.parts = o.quote(schema)+"."+o.table, o.quote(schema)+"."+o.parts
+	}
 	o.buildQueries()
 	return o, nil
 }
@@ -188,7 +206,8 @@ func (o *Outbox) quote(name string) string {
 	return `"` + name + `"`
 }
 
-// Table returns the outbox table's name, unquoted.
+// Table returns the outbox table's name as given to [WithTable]
+// ("schema.table" or "table"), unquoted.
 func (o *Outbox) Table() string { return o.name }
 
 // ph returns the n-th (1-based) placeholder.
@@ -330,8 +349,8 @@ func (o *Outbox) EnsureSchema(ctx context.Context, db *sql.DB) error {
 				payload bytea NOT NULL,
 				created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
 				sent_at timestamptz NULL)`,
-			`CREATE INDEX IF NOT EXISTS ` + o.quote(o.name+"_unsent") + ` ON ` + o.table + ` (part, id) WHERE sent_at IS NULL`,
-			`CREATE INDEX IF NOT EXISTS ` + o.quote(o.name+"_sent") + ` ON ` + o.table + ` (sent_at) WHERE sent_at IS NOT NULL`,
+			`CREATE INDEX IF NOT EXISTS ` + o.quote(o.base+"_unsent") + ` ON ` + o.table + ` (part, id) WHERE sent_at IS NULL`,
+			`CREATE INDEX IF NOT EXISTS ` + o.quote(o.base+"_sent") + ` ON ` + o.table + ` (sent_at) WHERE sent_at IS NOT NULL`,
 			`CREATE TABLE IF NOT EXISTS ` + o.parts + ` (part integer PRIMARY KEY, claimed_at timestamptz NOT NULL DEFAULT '-infinity')`,
 			`INSERT INTO ` + o.parts + ` (part) SELECT generate_series(0, ` + strconv.Itoa(o.partitions-1) + `) ON CONFLICT DO NOTHING`,
 		}

@@ -381,6 +381,17 @@ func testRelayed(t *testing.T, broker string) {
 	if total, distinct := w.count(); total != 5 || distinct != 5 {
 		t.Fatalf("%d receipts for %d payments, want 5 for 5\n%s", total, distinct, out)
 	}
+	// Again on the same tables: the count printed is this run's only.
+	out, err = exec.Command(bin, "-broker", broker, "-name", w.name, "-publish", "5").CombinedOutput()
+	if err != nil {
+		t.Fatalf("consumer -publish 5, a second time: %v\n%s", err, out)
+	}
+	if want := "5 receipts for this run's 5 payments in "; !strings.Contains(string(out), want) {
+		t.Errorf("a second run printed no %q:\n%s", want, out)
+	}
+	if total, distinct := w.count(); total != 10 || distinct != 10 {
+		t.Fatalf("%d receipts for %d payments after two runs, want 10 for 10\n%s", total, distinct, out)
+	}
 	var unsent int
 	if err := w.pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{w.name + "_events"}.Sanitize()+` WHERE sent_at IS NULL`).Scan(&unsent); err != nil || unsent != 0 {
 		t.Fatalf("%d events unsent (%v), want 0", unsent, err)

@@ -78,7 +78,7 @@ func main() {
 	flag.StringVar(&o.natsURL, "nats", env("IDEM_NATS_URL", nats.DefaultURL), "NATS server URL")
 	flag.StringVar(&o.amqpURL, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.StringVar(&o.pgURL, "postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL")
-	flag.StringVar(&o.name, "name", "payments", "stream (upper-cased) or queue name; also the prefix of the tables <name>_idem and <name>_outbox")
+	flag.StringVar(&o.name, "name", "payments", "stream (upper-cased) or queue name; also the prefix of the tables it creates: <name>_idem (idem's records) and <name>_outbox (the receipts), and with -publish <name>_payments, <name>_events and <name>_events_partitions (the payments and their outbox)")
 	flag.BoolVar(&o.useIdem, "idem", true, "handle messages through idem (false: plain at-least-once handling, for comparison)")
 	flag.IntVar(&o.publish, "publish", 0, "commit this many payments with their payment.created events in an outbox (table <name>_events) and relay them while consuming; then exit once idle")
 	flag.DurationVar(&o.exitIdle, "exit-idle", 0, "exit after this long without a message (default 2s with -publish, else never)")
@@ -109,6 +109,7 @@ type consumer struct {
 	pool   *pgxpool.Pool
 	engine *idem.Engine
 	outbox string
+	ran    []string     // ids of the payments this run made (-publish)
 	last   atomic.Int64 // unix nanos of the last message handled
 	seen   atomic.Int64 // messages handled, for -lose-acks
 }
@@ -226,8 +227,10 @@ func (c *consumer) exitWhenIdle(ctx context.Context, cancel context.CancelFunc) 
 	}
 }
 
+// printOutbox prints the receipts of the payments this run made; the
+// table may hold earlier runs' too.
 func (c *consumer) printOutbox() error {
-	rows, err := c.pool.Query(context.Background(), `SELECT payment_id, email FROM `+c.outbox+` ORDER BY id`)
+	rows, err := c.pool.Query(context.Background(), `SELECT payment_id, email FROM `+c.outbox+` WHERE payment_id = ANY($1) ORDER BY id`, c.ran)
 	if err != nil {
 		return err
 	}
@@ -241,7 +244,7 @@ func (c *consumer) printOutbox() error {
 		n++
 		fmt.Printf("receipt for %s to %s\n", id, email)
 	}
-	fmt.Printf("%d receipts in %s\n", n, c.outbox)
+	fmt.Printf("%d receipts for this run's %d payments in %s\n", n, len(c.ran), c.outbox)
 	return rows.Err()
 }
 
@@ -284,6 +287,7 @@ func (c *consumer) payments(ctx context.Context, subject string, pub outbox.Publ
 		if err != nil {
 			return err
 		}
+		c.ran = append(c.ran, p.ID)
 	}
 	relay, err := outbox.NewRelay(db, ob, pub, outbox.WithPollInterval(50*time.Millisecond))
 	if err != nil {

@@ -247,7 +247,8 @@ func TestPurgeAndPending(t *testing.T) {
 // TestInvalid checks configuration and message errors, and that a message
 // ID enqueued twice fails the second transaction.
 func TestInvalid(t *testing.T) {
-	for _, opts := range [][]outbox.Option{{outbox.WithTable("a-b")}, {outbox.WithTable("")}, {outbox.WithPartitions(0)}} {
+	for _, opts := range [][]outbox.Option{{outbox.WithTable("a-b")}, {outbox.WithTable("")}, {outbox.WithPartitions(0)},
+		{outbox.WithTable("s.")}, {outbox.WithTable(".t")}, {outbox.WithTable("a.b.c")}, {outbox.WithTable("s-x.t")}} {
 		if _, err := outbox.New(outbox.PostgreSQL, opts...); !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Errorf("New with a bad option: %v, want ErrInvalidConfig", err)
 		}
@@ -284,4 +285,86 @@ func TestInvalid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSchemaQualifiedTable runs an outbox whose WithTable names a schema
+// ("schema.table"; on MySQL the database): EnsureSchema creates both
+// tables in that schema, and messages enqueued there are relayed, counted
+// and purged.
+func TestSchemaQualifiedTable(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db, _ := openDB(t, d)
+			ctx := ctxT(t, 60*time.Second)
+			var schema string
+			if d == outbox.PostgreSQL { // a schema of its own, not on the search_path
+				schema = uniq("s")
+				if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+			} else if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&schema); err != nil {
+				t.Fatal(err)
+			}
+			table := uniq("t")
+			ob, err := outbox.New(d, outbox.WithTable(schema+"."+table))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ob.Table() != schema+"."+table {
+				t.Errorf("Table() = %q, want %q", ob.Table(), schema+"."+table)
+			}
+			if err := ob.EnsureSchema(ctx, db); err != nil {
+				t.Fatal(err)
+			}
+			if d == outbox.MySQL {
+				t.Cleanup(func() { dropTables(db, table, table+"_partitions") })
+			}
+			if err := ob.EnsureSchema(ctx, db); err != nil { // again, as every process does at start
+				t.Fatalf("EnsureSchema a second time: %v", err)
+			}
+			var n int
+			if err := db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_schema = "+ph(d, 1)+" AND table_name IN ("+ph(d, 2)+", "+ph(d, 3)+")",
+				schema, table, table+"_partitions").Scan(&n); err != nil || n != 2 {
+				t.Fatalf("tables in %s: %d, %v; want the outbox and its partitions", schema, n, err)
+			}
+			committed := enqueue(t, db, ob, 10, 2)
+			rec := newRecorder()
+			r, err := outbox.NewRelay(db, ob, rec, outbox.WithRetention(time.Millisecond), outbox.WithLogger(quiet))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p, _, err := r.Pending(ctx); err != nil || p != int64(len(committed)) {
+				t.Fatalf("Pending = %d, %v; want %d", p, err, len(committed))
+			}
+			for rec.count() < len(committed) {
+				if _, err := r.RelayOnce(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, m := range rec.published {
+				if !committed[m.ID] {
+					t.Errorf("published %s, which was not committed", m.ID)
+				}
+			}
+			waitFor(t, "the sent messages purged", 30*time.Second, func() bool {
+				if _, err := r.Purge(ctx); err != nil {
+					t.Fatal(err)
+				}
+				var left int
+				if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+ob.Table()).Scan(&left); err != nil {
+					t.Fatal(err)
+				}
+				return left == 0
+			})
+		})
+	}
+}
+
+// ph is dialect d's n-th placeholder.
+func ph(d outbox.Dialect, n int) string {
+	if d == outbox.MySQL {
+		return "?"
+	}
+	return fmt.Sprintf("$%d", n)
 }

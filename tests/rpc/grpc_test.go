@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,7 +249,10 @@ func testGRPCInProgress(t *testing.T, kind string) {
 
 // testGRPCDuplicates sends 40 concurrent calls with one key while the first
 // execution is held: one executes, 39 get Aborted with RetryInfo; the next
-// call gets the replay.
+// call gets the replay. A call answered Unavailable STORE_UNAVAILABLE (the
+// store did not answer within the engine's 500ms: a loaded machine) is
+// retried after its RetryInfo delay, as a client would, for up to a
+// minute.
 func testGRPCDuplicates(t *testing.T, kind string) {
 	ctx := ctxT(t)
 	s := startGRPC(t, newEngine(t, newStore(t, kind, "")), nil)
@@ -257,8 +261,22 @@ func testGRPCDuplicates(t *testing.T, kind string) {
 	const n = 40
 	results := make(chan call, n)
 	var wg sync.WaitGroup
+	var unavailable atomic.Int64
 	for range n {
-		wg.Go(func() { results <- create(ctx, cc, "alice", key, req(amountBlock, "x")) })
+		wg.Go(func() {
+			c := create(ctx, cc, "alice", key, req(amountBlock, "x"))
+			for deadline := time.Now().Add(time.Minute); status.Code(c.err) == codes.Unavailable; {
+				info, _ := detail[*errdetails.ErrorInfo](c.err)
+				retry, ok := detail[*errdetails.RetryInfo](c.err)
+				if info.GetReason() != "STORE_UNAVAILABLE" || !ok || time.Now().Add(retry.GetRetryDelay().AsDuration()).After(deadline) {
+					break
+				}
+				unavailable.Add(1)
+				time.Sleep(retry.GetRetryDelay().AsDuration())
+				c = create(ctx, cc, "alice", key, req(amountBlock, "x"))
+			}
+			results <- c
+		})
 	}
 	aborted := 0
 	for aborted < n-1 { // the held execution answers only after the gate opens
@@ -279,6 +297,9 @@ func testGRPCDuplicates(t *testing.T, kind string) {
 	}
 	if got := s.pay.total.Load(); got != 1 {
 		t.Fatalf("%d executions, want 1", got)
+	}
+	if u := unavailable.Load(); u > 0 {
+		t.Logf("%d calls answered Unavailable STORE_UNAVAILABLE were retried", u)
 	}
 }
 

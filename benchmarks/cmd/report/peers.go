@@ -173,7 +173,7 @@ func writeExecutions(w io.Writer, r *results) {
 	sort.Slice(names, func(i, j int) bool { return rank(names[i]) < rank(names[j]) })
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	p("\n### %s\n\n", hExec)
-	p("`TestPeersExecutions`: 50 fresh keys, each sent by 20 goroutines released together (1,000 requests), in process; each execution lasts 2 ms so that duplicates overlap it. With a Redis store the 20 copies are also spread over two instances (two apps, two engines or middlewares) sharing that Redis, as two replicas behind a load balancer would. The test fails if idem executes a key twice or answers anything but 201 or 409; the peers' counts are recorded, not asserted. A library that runs a key twice has charged twice: read its speed with this column.\n\n")
+	p("`TestPeersExecutions`: 50 fresh keys, each sent by 20 goroutines released together (1,000 requests), in process; each execution lasts 2 ms so that duplicates overlap it. With a Redis store the 20 copies are also spread over two instances (two apps, two engines or middlewares) sharing that Redis, as two replicas behind a load balancer would. Each goroutine is a client: an answer with Retry-After (idem's 409 in-progress and 503 store-unavailable) is re-sent after that delay, for up to 90 s; *answers* are the first answers. The test fails if idem executes a key twice or not at all, first answers anything but 201, 409 or 503, or leaves a client without its 201; the peers' counts are recorded, not asserted. A library that runs a key twice has charged twice: read its speed with this column.\n\n")
 	p("| library | store | instances | keys executed twice (of 50), per framework | answers |\n|---|---|---|---|---|\n")
 	type row struct {
 		lib, store, instances string

@@ -157,14 +157,14 @@ func (d *HTTPDriver) Do(method, key string) int {
 
 // ConcurrentHTTP returns a request function for h that goroutines may call
 // at the same time: a POST of ReqBody as Principal with the key given.
-func ConcurrentHTTP(h http.Handler) func(key string) int {
-	return func(key string) int {
+func ConcurrentHTTP(h http.Handler) func(key string) Answer {
+	return func(key string) Answer {
 		r := httptest.NewRequest(http.MethodPost, Route, bytes.NewReader(ReqBody))
 		r.Header.Set("Content-Type", "application/json")
 		r.Header.Set("X-User-Id", Principal)
 		r.Header.Set(idem.DefaultHeader, key)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
-		return w.Code
+		return Answer{Status: w.Code, RetryAfter: w.Header().Get("Retry-After")}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -82,17 +83,51 @@ const (
 	DupCopies = 20
 )
 
+// DupRetryBudget bounds how long Duplicates retries one request, as a
+// client would: the longest a key can stay in progress without an
+// execution (an acquire that timed out but landed holds the default lease,
+// 30s, unless its release lands first), plus a margin for a loaded machine.
+const DupRetryBudget = 90 * time.Second
+
+// An Answer is one response to a request of Duplicates: its status and its
+// Retry-After header value ("" when absent).
+type Answer struct {
+	Status     int
+	RetryAfter string
+}
+
+// RetryDelay reports whether a client retries a: idem's retryable answers,
+// 503 store-unavailable and 409 in-progress, both carrying Retry-After in
+// whole seconds (a 409 without it, such as operation-uncertain, is final),
+// and the delay it asks for.
+func (a Answer) RetryDelay() (time.Duration, bool) {
+	if a.Status != 503 && a.Status != 409 {
+		return 0, false
+	}
+	s, err := strconv.ParseUint(a.RetryAfter, 10, 16)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(s) * time.Second, true
+}
+
 // DupResult is what one library did with the concurrent duplicates.
 type DupResult struct {
 	Executions, KeysTwice, MaxPerKey, Missing int
-	Status                                    map[int]int // answers: status code -> count
+	Status                                    map[int]int // first answers: status code -> count
+	Final                                     map[int]int // last answers, after the retries: status code -> count
+	Retries                                   int         // requests re-sent after a retryable answer
 }
 
 // Duplicates sends DupCopies concurrent copies of each of DupKeys fresh
 // keys (all DupKeys*DupCopies goroutines released together), spread round
 // robin over the instances' request functions, and counts the handler's
-// executions per key (KeyCounts).
-func Duplicates(dos []func(key string) int) DupResult {
+// executions per key (KeyCounts). Each copy is a client: an answer a client
+// retries (503 or 409 with Retry-After) is re-sent to the same instance
+// after the delay it asks for, for up to DupRetryBudget, so that a machine
+// too loaded for the store to answer in time slows the run but does not
+// change what is counted.
+func Duplicates(dos []func(key string) Answer) DupResult {
 	counts := new(sync.Map)
 	KeyCounts.Store(counts)
 	defer KeyCounts.Store(nil)
@@ -103,7 +138,7 @@ func Duplicates(dos []func(key string) int) DupResult {
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	res := DupResult{Status: map[int]int{}}
+	res := DupResult{Status: map[int]int{}, Final: map[int]int{}}
 	for _, k := range keys {
 		for i := range DupCopies {
 			do := dos[i%len(dos)]
@@ -111,9 +146,20 @@ func Duplicates(dos []func(key string) int) DupResult {
 			go func() {
 				defer wg.Done()
 				<-start
-				code := do(k)
+				a := do(k)
+				first, retries := a.Status, 0
+				for deadline := time.Now().Add(DupRetryBudget); ; retries++ {
+					d, ok := a.RetryDelay()
+					if !ok || time.Now().Add(d).After(deadline) {
+						break
+					}
+					time.Sleep(d)
+					a = do(k)
+				}
 				mu.Lock()
-				res.Status[code]++
+				res.Status[first]++
+				res.Final[a.Status]++
+				res.Retries += retries
 				mu.Unlock()
 			}()
 		}
@@ -138,7 +184,8 @@ func Duplicates(dos []func(key string) int) DupResult {
 }
 
 // Line is res as a benchmark line named BenchmarkExecutions/<name>, the
-// form cmd/report reads.
+// form cmd/report reads: the counts, the retries and the first answers
+// (status-<code>).
 func (res DupResult) Line(name string) string {
 	codes := make([]int, 0, len(res.Status))
 	for c := range res.Status {
@@ -149,8 +196,8 @@ func (res DupResult) Line(name string) string {
 	for _, c := range codes {
 		fmt.Fprintf(&st, " %d status-%d", res.Status[c], c)
 	}
-	return fmt.Sprintf("BenchmarkExecutions/%s 1 %d requests %d keys %d executions %d keys-executed-twice %d max-executions/key%s",
-		name, DupKeys*DupCopies, DupKeys, res.Executions, res.KeysTwice, res.MaxPerKey, st.String())
+	return fmt.Sprintf("BenchmarkExecutions/%s 1 %d requests %d keys %d executions %d keys-executed-twice %d max-executions/key %d retries%s",
+		name, DupKeys*DupCopies, DupKeys, res.Executions, res.KeysTwice, res.MaxPerKey, res.Retries, st.String())
 }
 
 // AppendLines appends lines, one per line, to the file at path (created
