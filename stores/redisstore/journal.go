@@ -242,9 +242,9 @@ func (s *Store) journalKeys(key string) ([]string, error) {
 // eval runs sc on keys and args with EVALSHA, and with EVAL when the
 // server's script cache lacks it.
 func (s *Store) eval(ctx context.Context, sc *script, keys []string, args ...any) *redis.Cmd {
-	cmd := s.c.EvalSha(ctx, sc.sha, keys, args...)
+	cmd := s.p.EvalSha(ctx, sc.sha, keys, args...)
 	if isNoScript(cmd.Err()) {
-		cmd = s.c.Eval(ctx, sc.src, keys, args...)
+		cmd = s.p.Eval(ctx, sc.src, keys, args...)
 	}
 	return cmd
 }
@@ -397,7 +397,9 @@ func (s *Store) Steps(ctx context.Context, key string) ([]idem.StepEntry, error)
 
 // takeover is AcquireKeep's second step when its SET found a '5' value
 // (see takeoverScript). found is false when the record is no '5' value any
-// more: the SET goes again.
+// more: the SET goes again. A record found in progress under token is
+// taken over (acquired): tokens are unique, so it is this takeover's own
+// script run once more.
 func (s *Store) takeover(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (rec idem.Record, acquired, found bool, err error) {
 	keys, err := s.journalKeys(key)
 	if err != nil {
@@ -413,7 +415,10 @@ func (s *Store) takeover(ctx context.Context, key, token, fingerprint string, le
 	if err != nil {
 		return idem.Record{}, false, false, err
 	}
-	if len(v) == 3 {
+	// len(v) == 3: taken over. A record in progress under this token is
+	// this takeover too, its script sent again (a batch resent after a
+	// dropped connection): the second run finds the record token's.
+	if len(v) == 3 || (st.rec.State == idem.StateInProgress && st.rec.Token == token) {
 		lapsed := time.Duration(pttl-st.lapse()) * time.Millisecond
 		return idem.Record{State: idem.StateInProgress, Token: st.rec.Token, LeaseLeft: min(lapsed, -time.Millisecond)}, true, true, nil
 	}
