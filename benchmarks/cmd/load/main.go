@@ -57,7 +57,7 @@ func main() {
 		store     = flag.String("store", "memory", "-serve: memory, redis or postgres")
 		addr      = flag.String("addr", "127.0.0.1:0", "-serve: listen address")
 		out       = flag.String("out", "results/load.txt", "benchmark lines are written here")
-		levels    = flag.String("levels", "8,64", "comma-separated concurrency levels (workers, one request outstanding each)")
+		levels    = flag.String("levels", "8,64,256", "comma-separated concurrency levels (workers, one request outstanding each)")
 		duration  = flag.Duration("duration", 2*time.Second, "attack time per service and level")
 		count     = flag.Int("count", 3, "rounds over every service; the report takes the median of the rounds")
 		only      = flag.String("only", "", "run only the services whose name (fw=…/lib=…/store=…) contains this")

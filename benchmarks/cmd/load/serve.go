@@ -108,16 +108,16 @@ func openBackend(ctx context.Context, s service) (backend, error) {
 			return backend{storage: redisstorage.NewFromConnection(c), close: func() { c.Close() }}, nil
 		}
 		prefix := "idemload:" + tag + ":"
-		var rc redis.UniversalClient = c
+		sopts := []redisstore.Option{redisstore.WithPrefix(prefix)}
 		if s.store == "redis-ap" {
-			ap, err := c.AutoPipeline()
+			ap, err := c.AutoPipeline() // closed with c
 			if err != nil {
 				c.Close()
 				return backend{}, fmt.Errorf("redis: %w", err)
 			}
-			rc = ap
+			sopts = append(sopts, redisstore.WithPipeliner(ap))
 		}
-		return backend{store: redisstore.New(rc, redisstore.WithPrefix(prefix)), close: func() {
+		return backend{store: redisstore.New(c, sopts...), close: func() {
 			iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 			for iter.Next(ctx) {
 				c.Unlink(ctx, iter.Val())
