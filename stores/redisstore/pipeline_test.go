@@ -87,7 +87,8 @@ func (h *resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // ErrNotOwner, while the record holds the response (the engine then reads
 // it, "landed", and counts the completion); Release's second run finds no
 // key (ErrNotOwner, which the engine takes as released); Extend's second
-// PEXPIRE renews the same lease again. Through the engine, concurrent
+// PEXPIRE renews the same lease again; a takeover script's second run
+// finds the record its own and counts as the takeover. Through the engine, concurrent
 // duplicates over the resending client execute once and replay the
 // stored answer.
 func TestResentBatch(t *testing.T) {
@@ -128,6 +129,38 @@ func TestResentBatch(t *testing.T) {
 	}
 	if hook.resends.Load() < 6 {
 		t.Fatalf("%d commands or pipelines sent twice; the hook missed the auto-pipeliner's batches", hook.resends.Load())
+	}
+
+	// A takeover of a record with a step journal whose lease lapsed: its
+	// script's second run finds the record under its own token.
+	key, tok = storetest.Key(), storetest.Token()
+	hook.on.Store(false)
+	const lease = 200 * time.Millisecond
+	if _, acquired, err := s.Acquire(ctx, key, tok, fp, lease); err != nil || !acquired {
+		t.Fatalf("Acquire: acquired %v, %v", acquired, err)
+	}
+	if _, err := s.StartStep(ctx, key, tok, "charge", time.Minute); err != nil {
+		t.Fatalf("StartStep: %v", err)
+	}
+	hook.on.Store(true)
+	tok2 := storetest.Token()
+	for start := time.Now(); ; time.Sleep(lease / 4) {
+		rec, acquired, err := s.Acquire(ctx, key, tok2, fp, time.Minute)
+		if err != nil {
+			t.Fatalf("takeover sent twice: %v", err)
+		}
+		if acquired {
+			if rec.LeaseLeft >= 0 || rec.Token != "" && rec.Token != tok {
+				t.Errorf("takeover sent twice: %+v; want LeaseLeft < 0 and the previous token %q or none (unknown)", rec, tok)
+			}
+			break
+		}
+		if rec.Token == tok2 {
+			t.Fatalf("takeover sent twice answered its own record in progress: %+v", rec)
+		}
+		if time.Since(start) > 10*time.Second { // the lease is 200ms: long lapsed
+			t.Fatalf("no takeover 10s after a %v lease: %+v", lease, rec)
+		}
 	}
 
 	e, err := idem.New(s)

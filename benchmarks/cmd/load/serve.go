@@ -118,9 +118,21 @@ func openBackend(ctx context.Context, s service) (backend, error) {
 			sopts = append(sopts, redisstore.WithPipeliner(ap))
 		}
 		return backend{store: redisstore.New(c, sopts...), close: func() {
+			// Not ctx: serveMain's is cancelled by the SIGTERM that ends
+			// the server, which would leave every record behind (they
+			// expire with the retention, 10 minutes, filling the shared
+			// Redis meanwhile).
+			ctx := context.Background()
+			var keys []string
 			iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 			for iter.Next(ctx) {
-				c.Unlink(ctx, iter.Val())
+				if keys = append(keys, iter.Val()); len(keys) == 1000 {
+					c.Unlink(ctx, keys...)
+					keys = keys[:0]
+				}
+			}
+			if len(keys) > 0 {
+				c.Unlink(ctx, keys...)
 			}
 			c.Close()
 		}}, nil
