@@ -34,11 +34,12 @@ EXEC=$OUT/executions.txt
 LOAD=$OUT/load.txt
 PEERS=$OUT/peers.txt
 GOPEERS=$OUT/go-peers.txt
+LOADPEERS=$OUT/load-go-peers.txt # the Go peers' load rows: a record (RESULTS.md section 9 says when and how)
 COMPARE=$OUT/compare.txt # benchstat of `scripts/bench.sh compare REV`
 
 report() { # RESULTS.md (today's numbers; it links benchstat's and compare's files), overhead.png and load.png from every result file there is
   local in=$RAW stat=$OUT/benchstat.txt
-  for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
+  for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD" "$LOADPEERS"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
   for f in "$OUT/peers-benchstat.txt" "$OUT/go-peers-benchstat.txt"; do if [ -f "$f" ]; then stat="$stat,$f"; fi; done
   local cmp=()
   if [ -f "$COMPARE" ]; then cmp=(-compare "$COMPARE"); fi
@@ -115,7 +116,7 @@ if [ "${1:-}" = load ]; then
   mkdir -p "$(dirname "$BIN")"
   go build -o "$BIN" ./cmd/load
   # The generator re-executes itself on CPU 1 and starts each server on CPU 0 (taskset).
-  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}"
+  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64,256}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}"
   report
   exit 0
 fi

@@ -245,9 +245,9 @@ func (s *Store) journalKeys(key string) ([]string, error) {
 // eval runs sc on keys and args with EVALSHA, and with EVAL when the
 // server's script cache lacks it.
 func (s *Store) eval(ctx context.Context, sc *script, keys []string, args ...any) *redis.Cmd {
-	cmd := s.c.EvalSha(ctx, sc.sha, keys, args...)
+	cmd := s.p.EvalSha(ctx, sc.sha, keys, args...)
 	if isNoScript(cmd.Err()) {
-		cmd = s.c.Eval(ctx, sc.src, keys, args...)
+		cmd = s.p.Eval(ctx, sc.src, keys, args...)
 	}
 	return cmd
 }
@@ -406,7 +406,9 @@ func (s *Store) Steps(ctx context.Context, key string) ([]idem.StepEntry, error)
 
 // takeover is AcquireKeep's second step when its SET found a '5' value
 // (see takeoverScript). found is false when the record is no '5' value any
-// more: the SET goes again.
+// more: the SET goes again. A record found in progress under token is
+// taken over (acquired, the previous Token unknown: empty): tokens are
+// unique, so it is this takeover's own script run once more.
 func (s *Store) takeover(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (rec idem.Record, acquired, found bool, err error) {
 	keys, err := s.journalKeys(key)
 	if err != nil {
@@ -422,9 +424,16 @@ func (s *Store) takeover(ctx context.Context, key, token, fingerprint string, le
 	if err != nil {
 		return idem.Record{}, false, false, err
 	}
+	// len(v) == 3: taken over. A record in progress under this token is
+	// this takeover too, its script sent again (a batch resent after a
+	// dropped connection): the second run finds the record token's, and
+	// the previous holder's token is lost with the first run's reply.
 	if len(v) == 3 {
 		lapsed := time.Duration(pttl-st.lapse()) * time.Millisecond
 		return idem.Record{State: idem.StateInProgress, Token: st.rec.Token, LeaseLeft: min(lapsed, -time.Millisecond)}, true, true, nil
+	}
+	if st.rec.State == idem.StateInProgress && st.rec.Token == token { // the previous holder is unknown
+		return idem.Record{State: idem.StateInProgress, LeaseLeft: -time.Millisecond}, true, true, nil
 	}
 	rec, _ = st.at(pttl, "", false, 0)
 	return rec, false, true, nil

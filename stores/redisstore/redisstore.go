@@ -47,7 +47,11 @@ var (
 // Store is an idem.Store on Redis, safe for concurrent use. It borrows its
 // client and never closes it.
 type Store struct {
-	c           redis.UniversalClient
+	c redis.UniversalClient
+	// p sends the commands on one record (Acquire, Complete, Release,
+	// Extend, Get, Resolve, the step journal's): c, or the client of
+	// [WithPipeliner].
+	p           redis.UniversalClient
 	prefix      string
 	timeout     time.Duration
 	waitN       int
@@ -79,6 +83,27 @@ func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefi
 // default in go-redis v9.23), whatever the context says. Set
 // ContextTimeoutEnabled, or ReadTimeout below the engine's store timeout.
 func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
+
+// WithPipeliner sends the store's commands on one record (those of
+// Acquire, Complete, Release, Extend, Get, Resolve and the step journal)
+// through p instead of the client given to [New]: typically the client's
+// auto-pipeliner, client.AutoPipeline() (go-redis v9.22 and later), which
+// coalesces the commands of concurrent requests into pipelines over a few
+// connections, so that a fresh request costs a share of a write and a read
+// system call instead of two of each, and no request waits for a pooled
+// connection. The commands that span servers or hold a connection (Check,
+// Eviction, List, Inspect, Evict, and WithWaitReplicas' script and WAIT
+// pipeline) keep going through the client given to New.
+//
+// p must reach the same Redis as that client (its AutoPipeline() does).
+// Every command the store sends through p is safe to run twice, as an
+// auto-pipeliner does when it resends a batch after a dropped connection:
+// see the README's "Pipelining". An auto-pipeliner does not end a queued
+// command when its context ends: set the client's ReadTimeout and
+// WriteTimeout below the engine's store timeout ([idem.WithStoreTimeout],
+// 2s by default). The store never closes p. Optional. Default is the
+// client given to New.
+func WithPipeliner(p redis.UniversalClient) Option { return func(s *Store) { s.p = p } }
 
 // WithWaitReplicas makes Complete wait until n replicas acknowledged the
 // completed record, with Redis WAIT n timeout, before it returns. WAIT is
@@ -114,6 +139,9 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{c: client, prefix: DefaultPrefix}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.p == nil {
+		s.p = client
 	}
 	s.tagged = hasHashTag(s.prefix)
 	_, cluster := client.(*redis.ClusterClient)
@@ -485,7 +513,7 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 // decision stands). It costs a round trip on this path only, so that
 // Acquire's SET (the path of every fresh request) stays one command.
 func (s *Store) leaseLeft(ctx context.Context, key string) time.Duration {
-	left, err := s.c.PTTL(ctx, key).Result()
+	left, err := s.p.PTTL(ctx, key).Result()
 	if err != nil || left <= 0 { // -1ns: no TTL, -2ns: no key
 		return 0
 	}
@@ -507,9 +535,9 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 	if !withResp {
 		keys = keys[:1]
 	}
-	v, err := s.c.EvalSha(ctx, peekScript.sha, keys).Slice()
+	v, err := s.p.EvalSha(ctx, peekScript.sha, keys).Slice()
 	if isNoScript(err) {
-		v, err = s.c.Eval(ctx, peekScript.src, keys).Slice()
+		v, err = s.p.Eval(ctx, peekScript.src, keys).Slice()
 	}
 	if err != nil {
 		return idem.Record{}, 0, false, err
@@ -551,7 +579,7 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 // reads as acquired.
 func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists bool, err error) {
 	raw := set.rawCommand(ctx)
-	_ = s.c.Process(ctx, raw)
+	_ = s.p.Process(ctx, raw)
 	b, err := raw.Result()
 	if err != nil {
 		return "", false, err
@@ -563,7 +591,7 @@ func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists b
 		return "", false, fmt.Errorf("%w: the key holds another type than a string (%s)", ErrCorrupt, bytes.TrimSpace(b[1:]))
 	}
 	cmd := set.command(ctx)
-	_ = s.c.Process(ctx, cmd)
+	_ = s.p.Process(ctx, cmd)
 	old, err = cmd.Result()
 	switch {
 	case err == nil:
@@ -677,10 +705,10 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 		return s.completeAndWait(ctx, keys[0], run)
 	}
 	cmd := run(ctx, false)
-	_ = s.c.Process(ctx, cmd)
+	_ = s.p.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
 		cmd = run(ctx, true)
-		_ = s.c.Process(ctx, cmd)
+		_ = s.p.Process(ctx, cmd)
 	}
 	ok, err := cmd.Result()
 	switch {
@@ -696,10 +724,10 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 // server's script cache lacks the script (restart, failover, SCRIPT FLUSH).
 func (s *Store) run(ctx context.Context, sc *script, ev *evalCmd) (int64, error) {
 	cmd := ev.command(ctx, sc, false)
-	_ = s.c.Process(ctx, cmd)
+	_ = s.p.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
 		cmd = ev.command(ctx, sc, true)
-		_ = s.c.Process(ctx, cmd)
+		_ = s.p.Process(ctx, cmd)
 	}
 	return cmd.Result()
 }
@@ -879,7 +907,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	v, err := s.c.Get(ctx, s.prefix+key).Result()
+	v, err := s.p.Get(ctx, s.prefix+key).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return idem.Record{}, false, nil

@@ -24,6 +24,7 @@ type result struct {
 	errors, conflicts     int
 	duplicates, replays   int
 	executions, keysTwice int64
+	cpuPerReq             time.Duration // the server process's CPU time per request (0: not measured)
 	codes                 map[string]int
 	firstError            string
 	fresh                 int

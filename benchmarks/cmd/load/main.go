@@ -34,9 +34,11 @@ import (
 	"log"
 	"net"
 	"net/http"
+	_ "net/http/pprof" // -serve -pprof
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -55,17 +57,20 @@ func main() {
 		store     = flag.String("store", "memory", "-serve: memory, redis or postgres")
 		addr      = flag.String("addr", "127.0.0.1:0", "-serve: listen address")
 		out       = flag.String("out", "results/load.txt", "benchmark lines are written here")
-		levels    = flag.String("levels", "8,64", "comma-separated concurrency levels (workers, one request outstanding each)")
+		levels    = flag.String("levels", "8,64,256", "comma-separated concurrency levels (workers, one request outstanding each)")
 		duration  = flag.Duration("duration", 2*time.Second, "attack time per service and level")
 		count     = flag.Int("count", 3, "rounds over every service; the report takes the median of the rounds")
 		only      = flag.String("only", "", "run only the services whose name (fw=…/lib=…/store=…) contains this")
 		pin       = flag.Bool("pin", true, "pin the generator to CPU 1 and each server to CPU 0 (taskset), GOMAXPROCS=1 each")
 		cpuprof   = flag.String("cpuprofile", "", "-serve: write the server's CPU profile here")
+		pprofAddr = flag.String("pprof", "", "-serve: serve net/http/pprof at this address (e.g. 127.0.0.1:6060), with block and mutex profiling on")
+		conns     = flag.Int("sqlconns", sqlConns, "connection pool size of the PostgreSQL and MySQL stores (0: the driver's default)")
 		target    = flag.String("url", "", "attack the service already serving at this URL (e.g. one started with -serve -cpuprofile) instead of starting each")
 	)
 	flag.Parse()
+	sqlConns = *conns
 	if *serveMode {
-		if err := serveMain(service{fw: *fw, lib: *lib, store: *store}, *addr, *cpuprof); err != nil {
+		if err := serveMain(service{fw: *fw, lib: *lib, store: *store}, *addr, *cpuprof, *pprofAddr); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -83,7 +88,7 @@ func main() {
 	}
 	if *target != "" {
 		for _, c := range lv {
-			line, err := attackLine(*target, "BenchmarkLoad/url/c="+strconv.Itoa(c), c, *duration)
+			line, err := attackLine(*target, 0, "BenchmarkLoad/url/c="+strconv.Itoa(c), c, *duration)
 			if err != nil {
 				log.Fatal(err)
 			}
@@ -117,8 +122,19 @@ func repin() int {
 }
 
 // serveMain serves s on addr until SIGTERM or SIGINT, with a CPU profile
-// written to cpuprof if it is not empty.
-func serveMain(s service, addr, cpuprof string) error {
+// written to cpuprof if it is not empty, and net/http/pprof (block and
+// mutex profiles on) at pprofAddr if it is not empty.
+func serveMain(s service, addr, cpuprof, pprofAddr string) error {
+	if pprofAddr != "" {
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+		runtime.SetMutexProfileFraction(10)
+		pln, err := net.Listen("tcp", pprofAddr)
+		if err != nil {
+			return err
+		}
+		defer pln.Close()
+		go func() { _ = http.Serve(pln, nil) }() // nil: DefaultServeMux, where net/http/pprof registers
+	}
 	if cpuprof != "" {
 		f, err := os.Create(cpuprof)
 		if err != nil {
@@ -146,9 +162,11 @@ func serveMain(s service, addr, cpuprof string) error {
 	return srv.shutdown()
 }
 
-// drive runs every service at every level, count rounds (each round goes
-// over every service, so that a drift of the machine's load reaches all of
-// them alike), and writes the benchmark lines.
+// drive runs every service at every level, count rounds, and writes the
+// benchmark lines. Each round goes over every service, so that a drift of
+// the machine's load reaches all of them alike, starting one place further
+// along the list each round (round r starts at service r×n/count of n):
+// no service always runs first, or always right after the same one.
 func drive(out string, levels []int, d time.Duration, count int, only string, pin bool) error {
 	self, err := os.Executable()
 	if err != nil {
@@ -161,15 +179,20 @@ func drive(out string, levels []int, d time.Duration, count int, only string, pi
 	defer f.Close()
 	pinning := "none (-pin=false): generator and servers share both CPUs"
 	if pin {
-		pinning = "generator on CPU 1, server on CPU 0 (taskset), GOMAXPROCS=1 each; Redis and PostgreSQL unpinned"
+		pinning = "generator on CPU 1, server on CPU 0 (taskset), GOMAXPROCS=1 each; Redis, PostgreSQL and MySQL unpinned"
 	}
-	fmt.Fprintf(f, "loadrun-date: %s\nloadrun-pinning: %s\nloadrun-levels: %s workers x %s each, %d rounds (medians), closed loop\nloadrun-mix: %s\nloadrun-start: %s\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), pinning, strings.Trim(fmt.Sprint(levels), "[]"), d, count, mixText, loadavg())
-	for range count {
-		for _, s := range services {
-			if only != "" && !strings.Contains(s.String(), only) {
-				continue
-			}
+	fmt.Fprintf(f, "loadrun-date: %s\nloadrun-pinning: %s\nloadrun-levels: %s workers x %s each, %d rounds (medians), closed loop, the services' order rotated each round\nloadrun-mix: %s\nloadrun-sqlconns: %d\nloadrun-start: %s\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), pinning, strings.Trim(fmt.Sprint(levels), "[]"), d, count, mixText, sqlConns, loadavg())
+	var run []service
+	for _, s := range services {
+		if only == "" || strings.Contains(s.String(), only) {
+			run = append(run, s)
+		}
+	}
+	for round := range count {
+		start := round * len(run) / max(count, 1)
+		for i := range run {
+			s := run[(start+i)%len(run)]
 			lines, err := runService(self, s, levels, d, pin)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s, err)
@@ -192,7 +215,7 @@ func loadavg() string {
 // runService starts s as a process of binary bin (this command with
 // -serve) and attacks it at each level.
 func runService(bin string, s service, levels []int, d time.Duration, pin bool) ([]string, error) {
-	args := []string{"-serve", "-fw", s.fw, "-lib", s.lib, "-store", s.store}
+	args := []string{"-serve", "-fw", s.fw, "-lib", s.lib, "-store", s.store, "-sqlconns", strconv.Itoa(sqlConns)}
 	name, env := bin, os.Environ()
 	if pin {
 		name, args = "taskset", append([]string{"-c", "0", bin}, args...)
@@ -244,7 +267,7 @@ func runService(bin string, s service, levels []int, d time.Duration, pin bool) 
 	defer stop()
 	var lines []string
 	for _, c := range levels {
-		line, err := attackLine(url, "BenchmarkLoad/"+s.String()+"/c="+strconv.Itoa(c), c, d)
+		line, err := attackLine(url, cmd.Process.Pid, "BenchmarkLoad/"+s.String()+"/c="+strconv.Itoa(c), c, d)
 		if err != nil {
 			return nil, err
 		}
@@ -254,16 +277,23 @@ func runService(bin string, s service, levels []int, d time.Duration, pin bool) 
 }
 
 // attackLine attacks the service at url with c workers for d and returns
-// the benchmark line, with the executions its GET /stats counted meanwhile.
-func attackLine(url, name string, c int, d time.Duration) (string, error) {
+// the benchmark line, with the executions its GET /stats counted meanwhile
+// and, when pid > 0 (the server's process), the CPU time the server
+// process used meanwhile.
+func attackLine(url string, pid int, name string, c int, d time.Duration) (string, error) {
 	before, err := getStats(url)
 	if err != nil {
 		return "", err
 	}
+	cpu0 := procCPU(pid)
 	r := attack(url, c, d, 0)
+	cpu1 := procCPU(pid)
 	after, err := getStats(url)
 	if err != nil {
 		return "", err
+	}
+	if cpu0 >= 0 && cpu1 >= 0 && r.requests > 0 {
+		r.cpuPerReq = (cpu1 - cpu0) / time.Duration(r.requests)
 	}
 	r.keysTwice = after.KeysTwice - before.KeysTwice
 	r.executions = after.Executions - before.Executions
@@ -287,8 +317,43 @@ func getStats(url string) (payments.Stats, error) {
 
 // line renders r as a benchmark line cmd/report reads.
 func (r result) line(name string) string {
-	return fmt.Sprintf("%s %d %.0f req/s %d p50-ns %d p99-ns %d errors %d conflicts %d duplicates %d replays %d executions %d keys-executed-twice",
-		name, r.requests, r.rps, r.p50.Nanoseconds(), r.p99.Nanoseconds(), r.errors, r.conflicts, r.duplicates, r.replays, r.executions, r.keysTwice)
+	cpu := ""
+	if r.cpuPerReq > 0 {
+		cpu = fmt.Sprintf(" %d server-cpu-ns/req", r.cpuPerReq.Nanoseconds())
+	}
+	return fmt.Sprintf("%s %d %.0f req/s %d p50-ns %d p99-ns %d errors %d conflicts %d duplicates %d replays %d executions %d keys-executed-twice%s",
+		name, r.requests, r.rps, r.p50.Nanoseconds(), r.p99.Nanoseconds(), r.errors, r.conflicts, r.duplicates, r.replays, r.executions, r.keysTwice, cpu)
+}
+
+// userHz is the unit of the CPU times in /proc/<pid>/stat: USER_HZ, 100
+// on every Linux architecture's user ABI.
+const userHz = 100
+
+// procCPU returns the user+system CPU time process pid used so far (all
+// its threads, from /proc/<pid>/stat), or -1 when pid <= 0 or it cannot
+// be read (not Linux).
+func procCPU(pid int) time.Duration {
+	if pid <= 0 {
+		return -1
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return -1
+	}
+	// The command name (field 2) is in parentheses and may hold spaces:
+	// the fields after its closing parenthesis start at field 3 (state);
+	// utime and stime are fields 14 and 15.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b)[i+1:])
+	if i < 0 || len(f) < 13 {
+		return -1
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return time.Duration(ut+st) * time.Second / userHz
 }
 
 // sortedCodes is for messages.

@@ -9,7 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"database/sql"
+
 	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/idempotency"
 	redisstorage "github.com/gofiber/storage/redis/v3"
@@ -23,6 +26,7 @@ import (
 	"github.com/idemkit/idem/benchmarks/internal/payments"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/memstore"
+	"github.com/idemkit/idem/stores/mysqlstore"
 	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
@@ -38,20 +42,35 @@ func (s service) String() string { return "fw=" + s.fw + "/lib=" + s.lib + "/sto
 // service (lib none), idem on every store, and the peers this module can
 // build on the stores they have (Fiber's built-in middleware with its
 // in-memory storage and with gofiber/storage's Redis; on Gin the floor of
-// internal/floor).
+// internal/floor). Store redis is a go-redis client with its default
+// options (a pool of 10 connections per GOMAXPROCS: 10 here); redis-ap is
+// the same client's AutoPipeline(), as stores/redisstore's README
+// recommends under concurrency.
 var services = []service{
 	{"gin", "none", "memory"},
 	{"gin", "floor", "memory"},
 	{"gin", "idem", "memory"},
 	{"gin", "idem", "redis"},
+	{"gin", "idem", "redis-ap"},
 	{"gin", "idem", "postgres"},
+	{"gin", "idem", "mysql"},
 	{"fiber", "none", "memory"},
 	{"fiber", "builtin", "memory"},
 	{"fiber", "builtin", "redis"},
 	{"fiber", "idem", "memory"},
 	{"fiber", "idem", "redis"},
+	{"fiber", "idem", "redis-ap"},
 	{"fiber", "idem", "postgres"},
+	{"fiber", "idem", "mysql"},
 }
+
+// sqlConns is the connection pool size of the PostgreSQL and MySQL rows
+// (-sqlconns, default 16); 0 keeps the driver's default: pgxpool's (the
+// larger of 4 and the number of CPUs) and database/sql's (unbounded open
+// connections, two kept idle, so that at 64 workers most requests open a
+// connection of their own). See stores/pgstore's and stores/mysqlstore's
+// READMEs.
+var sqlConns = 16
 
 // backend is what a service needs from its store: an idem.Store, or a
 // Fiber storage for the built-in middleware, and how to let them go.
@@ -63,7 +82,9 @@ type backend struct {
 
 // openBackend opens the store named by s.store for s.lib: memory, Redis
 // (IDEM_REDIS_URL, a fresh key prefix for idem) or PostgreSQL
-// (IDEM_POSTGRES_URL, a fresh table in schema idem_bench, dropped on close).
+// (IDEM_POSTGRES_URL, a fresh table in schema idem_bench, dropped on close)
+// or MySQL (IDEM_MYSQL_DSN, a fresh table and its procedure, dropped on
+// close); redis-ap is Redis through the client's AutoPipeline().
 func openBackend(ctx context.Context, s service) (backend, error) {
 	tag := strings.ToLower(rand.Text()[:8])
 	switch s.store {
@@ -73,7 +94,7 @@ func openBackend(ctx context.Context, s service) (backend, error) {
 		}
 		m := memstore.New()
 		return backend{store: m, close: func() { m.Close() }}, nil
-	case "redis":
+	case "redis", "redis-ap":
 		opts, err := redis.ParseURL(os.Getenv("IDEM_REDIS_URL"))
 		if err != nil {
 			return backend{}, fmt.Errorf("IDEM_REDIS_URL: %w", err)
@@ -87,17 +108,45 @@ func openBackend(ctx context.Context, s service) (backend, error) {
 			return backend{storage: redisstorage.NewFromConnection(c), close: func() { c.Close() }}, nil
 		}
 		prefix := "idemload:" + tag + ":"
-		return backend{store: redisstore.New(c, redisstore.WithPrefix(prefix)), close: func() {
+		sopts := []redisstore.Option{redisstore.WithPrefix(prefix)}
+		if s.store == "redis-ap" {
+			ap, err := c.AutoPipeline() // closed with c
+			if err != nil {
+				c.Close()
+				return backend{}, fmt.Errorf("redis: %w", err)
+			}
+			sopts = append(sopts, redisstore.WithPipeliner(ap))
+		}
+		return backend{store: redisstore.New(c, sopts...), close: func() {
+			// Not ctx: serveMain's is cancelled by the SIGTERM that ends
+			// the server, which would leave every record behind (they
+			// expire with the retention, 10 minutes, filling the shared
+			// Redis meanwhile).
+			ctx := context.Background()
+			var keys []string
 			iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 			for iter.Next(ctx) {
-				c.Unlink(ctx, iter.Val())
+				if keys = append(keys, iter.Val()); len(keys) == 1000 {
+					c.Unlink(ctx, keys...)
+					keys = keys[:0]
+				}
+			}
+			if len(keys) > 0 {
+				c.Unlink(ctx, keys...)
 			}
 			c.Close()
 		}}, nil
 	case "postgres":
-		pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_URL"))
+		cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_URL"))
 		if err != nil {
 			return backend{}, fmt.Errorf("IDEM_POSTGRES_URL: %w", err)
+		}
+		if sqlConns > 0 {
+			cfg.MaxConns = int32(sqlConns)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return backend{}, fmt.Errorf("postgres: %w", err)
 		}
 		if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS idem_bench`); err != nil {
 			pool.Close()
@@ -112,6 +161,33 @@ func openBackend(ctx context.Context, s service) (backend, error) {
 		return backend{store: st, close: func() {
 			_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+pgx.Identifier{"idem_bench", table}.Sanitize())
 			pool.Close()
+		}}, nil
+	case "mysql":
+		cfg, err := mysql.ParseDSN(os.Getenv("IDEM_MYSQL_DSN"))
+		if err != nil {
+			return backend{}, fmt.Errorf("IDEM_MYSQL_DSN: %w", err)
+		}
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			return backend{}, fmt.Errorf("IDEM_MYSQL_DSN: %w", err)
+		}
+		db := sql.OpenDB(conn)
+		if sqlConns > 0 {
+			db.SetMaxOpenConns(sqlConns)
+			db.SetMaxIdleConns(sqlConns)
+		}
+		table := "idem_load_" + tag
+		st := mysqlstore.New(db, mysqlstore.WithTable(table))
+		if err := st.EnsureSchema(ctx); err != nil {
+			db.Close()
+			return backend{}, fmt.Errorf("mysql: %w", err)
+		}
+		return backend{store: st, close: func() {
+			_ = st.Close()
+			for _, q := range []string{"DROP TABLE IF EXISTS " + "`" + table + "`", "DROP PROCEDURE IF EXISTS `" + table + mysqlstore.ProcSuffix + "`"} {
+				_, _ = db.Exec(q)
+			}
+			db.Close()
 		}}, nil
 	}
 	return backend{}, fmt.Errorf("unknown store %q", s.store)

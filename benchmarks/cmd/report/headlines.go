@@ -263,6 +263,22 @@ func writeHeadlines(w io.Writer, r *results) {
 		}
 		line("Keys executed twice under load over real sockets (duplicates and replays mixed in)",
 			fmt.Sprintf("idem %s; the peers %s in all; requests/s and p99 per library in the table", num(idemTwice), num(peerTwice)), hLoad)
+		var redis []string
+		for _, svc := range services {
+			f := fields(svc)
+			if f["lib"] != "idem" || !strings.HasPrefix(f["store"], "redis") {
+				continue
+			}
+			idem, ok1 := r.get(fmt.Sprintf("BenchmarkLoad/%s/c=64", svc), "req/s")
+			none, ok2 := r.get(fmt.Sprintf("BenchmarkLoad/fw=%s/lib=none/store=memory/c=64", f["fw"]), "req/s")
+			if ok1 && ok2 && none > 0 {
+				redis = append(redis, fmt.Sprintf("%s %s %.2f", f["fw"], f["store"], idem/none))
+			}
+		}
+		if len(redis) > 0 {
+			line("Requests/s under load at 64 workers, idem on Redis ÷ the same service without idempotency (redis-ap: auto-pipelined client)",
+				strings.Join(redis, ", "), hLoad)
+		}
 	}
 	fmt.Fprintln(w)
 }

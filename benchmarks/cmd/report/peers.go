@@ -256,7 +256,7 @@ func loadCases(r *results) (services []string, levels []int) {
 	order := func(svc string) string { // bare, peers, then idem by store
 		f := fields(svc)
 		rank := map[string]string{"none": "0", "floor": "1", "builtin": "1", "gopotency": "1", "brightroom": "1", "idemlease": "1", "idem": "2"}[f["lib"]]
-		st := map[string]string{"memory": "0", "redis": "1", "postgres": "2"}[f["store"]]
+		st := map[string]string{"memory": "0", "redis": "1", "redis-ap": "2", "postgres": "3", "mysql": "4"}[f["store"]]
 		fw := map[string]string{"gin": "0", "fiber": "1"}[f["fw"]]
 		return fw + rank + st
 	}
@@ -274,9 +274,12 @@ func writeLoad(w io.Writer, r *results, png string) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	p("\n## %s\n\n", hLoad)
 	p("`benchmarks/cmd/load`: a payments service as in `examples/` (POST /v1/payments `{\"amount\": N}` with `Idempotency-Key` and `X-User-Id`, 201 with the payment and a `Location`; the handler counts its executions per key) on Gin and on Fiber v2, as its own process, one process per row: no idempotency (*none*), idem on each store, and each peer (Fiber's built-in middleware with its memory storage and with `gofiber/storage/redis`; on Gin the floor of section 2b; the Go peers of section 2b, gopotency, bright-room/idem and idemlease, with their memory and Redis stores on Gin and gopotency also on Fiber, from the record of section 2b's harness run: `make bench-load` measures only the rows this tree builds). vegeta (as a library, keep-alive, one connection per worker) runs closed loop: each of the *workers* keeps one request outstanding, for the same time per row; every row is the median of the rounds, each round going over every row in turn. Traffic: %s.\n\n", r.config["loadrun-mix"])
-	p("**Keeping the generator and the server apart on 2 cores**: %s. Redis and PostgreSQL are shared servers of this machine, not pinned: their CPU comes out of both halves, so the Redis and PostgreSQL rows also measure how much of the server's CPU the store takes. Closed loop means the generator never queues work the server has not answered. The generator has one core too, so the highest rows may be bounded by vegeta rather than by the server. *none* executes every request, duplicates and replays included, so it is no upper bound: a stored answer can be cheaper than running the handler again. Run %s: %s; machine load %s at the start, %s at the end.\n\n", r.config["loadrun-pinning"], r.config["loadrun-date"], r.config["loadrun-levels"], r.config["loadrun-start"], r.config["loadrun-end"])
-	p("*errors*: transport errors and answers other than 201 or 409; *409*: duplicates answered in progress; *keys executed twice*: keys the handler ran more than once (duplicates and replays re-executed).\n\n")
-	p("| framework | library | store | workers | requests/s | p50 | p99 | errors | 409 | keys executed twice |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	p("**Keeping the generator and the server apart on 2 cores**: %s. Redis, PostgreSQL and MySQL are shared servers of this machine, not pinned: their CPU comes out of both halves, so the rows on them also measure how much of the server's CPU the store takes. Closed loop means the generator never queues work the server has not answered. The generator has one core too, so the highest rows may be bounded by vegeta rather than by the server. *none* executes every request, duplicates and replays included, so it is no upper bound: a stored answer can be cheaper than running the handler again. Run %s: %s; machine load %s at the start, %s at the end.\n\n", r.config["loadrun-pinning"], r.config["loadrun-date"], r.config["loadrun-levels"], r.config["loadrun-start"], r.config["loadrun-end"])
+	p("*errors*: transport errors and answers other than 201 or 409; *409*: duplicates answered in progress; *keys executed twice*: keys the handler ran more than once (duplicates and replays re-executed); *server CPU/req*: the server process's user+system CPU time (`/proc/<pid>/stat`) over the attack ÷ its requests (not Redis's, PostgreSQL's or MySQL's own CPU). Store *redis* is a go-redis client with its default options (pool of 10 connections per GOMAXPROCS: 10 here); *redis-ap* is the same client with `redisstore.WithPipeliner(client.AutoPipeline())` (stores/redisstore README, Pipelining); *postgres* and *mysql* have a pool of %s connections (`-sqlconns`).", r.config["loadrun-sqlconns"])
+	if d := r.config["loadpeers-date"]; d != "" {
+		p(" The Go peers' rows (gopotency, brightroom, idemlease) are a record, not re-measured by `make bench-load` (this tree no longer builds them): %s.", r.config["loadpeers-how"])
+	}
+	p("\n\n| framework | library | store | workers | requests/s | p50 | p99 | server CPU/req | errors | 409 | keys executed twice |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, svc := range services {
 		f := fields(svc)
 		for _, c := range levels {
@@ -290,9 +293,18 @@ func writeLoad(w io.Writer, r *results, png string) {
 			errs, _ := r.get(n, "errors")
 			conf, _ := r.get(n, "conflicts")
 			twice, _ := r.get(n, "keys-executed-twice")
-			p("| %s | %s | %s | %d | %.0f | %s | %s | %s | %s | %s |\n", f["fw"], f["lib"], f["store"], c, rps, dur(p50), dur(p99), num(errs), num(conf), num(twice))
+			cpu := "–"
+			if v, ok := r.get(n, "server-cpu-ns/req"); ok {
+				cpu = dur(v)
+			}
+			lib := f["lib"]
+			if loadRecordPeers[lib] {
+				lib += " (record)"
+			}
+			p("| %s | %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s |\n", f["fw"], lib, f["store"], c, rps, dur(p50), dur(p99), cpu, num(errs), num(conf), num(twice))
 		}
 	}
+	writeLoadRatios(w, r, services, levels)
 	if png != "" {
 		p("\n![load: throughput and p99 per library](%s)\n", png)
 	}
@@ -368,4 +380,121 @@ func loadChart(r *results, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// loadRecordPeers are the Go peers whose load rows are a record
+// (results/load-go-peers.txt), not measured by make bench-load.
+var loadRecordPeers = map[string]bool{"gopotency": true, "brightroom": true, "idemlease": true}
+
+// writeLoadRatios writes idem ÷ no idempotency per framework, store and
+// level (requests/s, server CPU per request, from the same run's medians),
+// and how idem's requests/s and CPU per request move from the lowest level
+// to the others.
+func writeLoadRatios(w io.Writer, r *results, services []string, levels []int) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	get := func(svc string, c int, unit string) (float64, bool) {
+		return r.get("BenchmarkLoad/"+svc+"/c="+strconv.Itoa(c), unit)
+	}
+	var rows []string
+	for _, svc := range services {
+		if fields(svc)["lib"] == "idem" {
+			rows = append(rows, svc)
+		}
+	}
+	if len(rows) == 0 || len(levels) == 0 {
+		return
+	}
+	p("\n**idem ÷ no idempotency**, same framework, same run (medians of the rounds): requests/s (higher is better) and server CPU per request (lower is better), per store and workers; then idem's own requests/s and CPU per request at each level ÷ at %d workers.\n\n", levels[0])
+	p("| framework | store |")
+	for _, c := range levels {
+		p(" req/s ÷ none, %d |", c)
+	}
+	for _, c := range levels {
+		p(" CPU/req ÷ none, %d |", c)
+	}
+	for _, c := range levels[1:] {
+		p(" req/s %d ÷ %d | CPU/req %d ÷ %d |", c, levels[0], c, levels[0])
+	}
+	p("\n|---|---|%s\n", strings.Repeat("---|", 2*len(levels)+2*(len(levels)-1)))
+	ratio := func(a, b float64, okA, okB bool) string {
+		if !okA || !okB || b == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f", a/b)
+	}
+	for _, svc := range rows {
+		f := fields(svc)
+		none := "fw=" + f["fw"] + "/lib=none/store=memory"
+		p("| %s | %s |", f["fw"], f["store"])
+		for _, c := range levels {
+			a, okA := get(svc, c, "req/s")
+			b, okB := get(none, c, "req/s")
+			p(" %s |", ratio(a, b, okA, okB))
+		}
+		for _, c := range levels {
+			a, okA := get(svc, c, "server-cpu-ns/req")
+			b, okB := get(none, c, "server-cpu-ns/req")
+			p(" %s |", ratio(a, b, okA, okB))
+		}
+		r0, ok0 := get(svc, levels[0], "req/s")
+		c0, okc0 := get(svc, levels[0], "server-cpu-ns/req")
+		for _, c := range levels[1:] {
+			a, okA := get(svc, c, "req/s")
+			b, okB := get(svc, c, "server-cpu-ns/req")
+			p(" %s | %s |", ratio(a, r0, okA, ok0), ratio(b, c0, okB, okc0))
+		}
+		p("\n")
+	}
+	writeLoadTargets(w, r, rows)
+}
+
+// writeLoadTargets checks issue #42's targets on the load run, per
+// framework and store, at 8 and 64 workers (when the run has both):
+// idem's requests/s at 64 ≥ at 8 on every store but memory; on Redis
+// also ≥ 0.5 of no idempotency at 64 and CPU per request at 64 ≤ 1.2× at
+// 8.
+func writeLoadTargets(w io.Writer, r *results, rows []string) {
+	get := func(svc string, c int, unit string) (float64, bool) {
+		return r.get("BenchmarkLoad/"+svc+"/c="+strconv.Itoa(c), unit)
+	}
+	mark := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "**missed**"
+	}
+	var lines []string
+	for _, svc := range rows {
+		f := fields(svc)
+		if f["store"] == "memory" {
+			continue
+		}
+		r8, ok8 := get(svc, 8, "req/s")
+		r64, ok64 := get(svc, 64, "req/s")
+		if !ok8 || !ok64 {
+			continue
+		}
+		l := fmt.Sprintf("| %s | %s | %.2f (%s)", f["fw"], f["store"], r64/r8, mark(r64 >= r8))
+		if strings.HasPrefix(f["store"], "redis") {
+			none, okN := get("fw="+f["fw"]+"/lib=none/store=memory", 64, "req/s")
+			c8, okc8 := get(svc, 8, "server-cpu-ns/req")
+			c64, okc64 := get(svc, 64, "server-cpu-ns/req")
+			if okN && okc8 && okc64 {
+				l += fmt.Sprintf(" | %.2f (%s) | %.2f (%s)", r64/none, mark(r64 >= 0.5*none), c64/c8, mark(c64 <= 1.2*c8))
+			} else {
+				l += " | – | –"
+			}
+		} else {
+			l += " | | "
+		}
+		lines = append(lines, l+" |")
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n**Targets of issue #42** on this run (a benchmark, not a test; one run on a shared machine, see the load averages above):\n\n")
+	fmt.Fprintf(w, "| framework | store | req/s at 64 ÷ at 8 (target ≥ 1) | Redis: req/s at 64 ÷ none at 64 (≥ 0.5) | Redis: CPU/req at 64 ÷ at 8 (≤ 1.2) |\n|---|---|---|---|---|\n")
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
 }
