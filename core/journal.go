@@ -57,8 +57,9 @@ type StepEntry struct {
 // [Inspector.Evict] and expiry delete it. An Acquire that takes over a lapsed
 // in-progress record with the same fingerprint keeps it; one with another
 // fingerprint takes the record over (journal emptied) only when the journal
-// is empty, else answers the in-progress record unchanged, acquired = false
-// (the engine answers 422: the key's first request left effects).
+// is empty (and the record has no [Recoverable] payload), else answers the
+// in-progress record unchanged, acquired = false (the engine answers 422:
+// the key's first request left effects, or will).
 //
 // A Journal store also reports takeovers: Acquire and AcquireKeep that
 // take over a lapsed in-progress record return acquired = true with rec's

@@ -54,11 +54,15 @@ type RecoveryClaim struct {
 // A record with a recovery payload lives as a record with a started step
 // does ([Journal]): it outlives a lapse of its lease by the retain given,
 // and dies with Release, [Inspector.Evict], expiry, or completion (its
-// payload is dropped when it completes). A record that turns uncertain
-// ([Journal.Suspend], or a lapse under [Keep.Uncertain]) keeps its payload
-// but is not due: once an operator settles its step ([StepResolver]) it
-// is in progress with a lapsed lease again, and due. Each method is
-// one atomic operation; core/storetest.RunRecovery checks implementations.
+// payload is dropped when it completes). Once its lease lapsed,
+// [Store.Acquire] or [Keeper.AcquireKeep] with another fingerprint gets it
+// unchanged, acquired = false, as for a non-empty journal, so that the
+// recoverer finishes the original request and its client's retry gets the
+// replay. A record that turns uncertain ([Journal.Suspend], or a lapse under
+// [Keep.Uncertain]) keeps its payload but is not due: once an operator
+// settles its step ([StepResolver]) it is in progress with a lapsed lease
+// again, and due. Each method is one atomic operation;
+// core/storetest.RunRecovery checks implementations.
 type Recoverable interface {
 	// SetRecovery stores payload (opaque to stores; not empty; at most
 	// [MaxRecoveryBytes], else [ErrTooLarge]; the store keeps a copy) in

@@ -13,23 +13,24 @@ import (
 	idem "github.com/idemkit/idem/core"
 )
 
-// RunRecovery checks [idem.Recoverable] and [idem.StepResolver] on the
-// store (which must also be an [idem.Journal], [idem.Keeper] and
-// [idem.Extender]): SetRecovery fenced by the lease and its limits; a
-// record with a payload kept past its lapse for its retain, reported by
-// Lapsed once lapsed and no longer after Complete, Release, Suspend,
-// Evict or its retain's end; Claim taking a due record over as a client's
-// Acquire would (the new token owns it, the old one is fenced off, the
-// journal and payload kept, attempts counted, the previous token reported,
-// the backoff honoured after the claim's own lease lapses), refusing every
-// record that is not due and leaving it unchanged, with exactly one winner
-// among racing claims; Lapsed's hint property (a due record behind more
-// than limit entries that are not due is returned once claims took them
-// out of the way); ResolveStep on uncertain and lapsed records, then a
-// takeover that resumes after the resolved step, and [idem.ErrRecordChanged]
-// for every other record; cancelled contexts. newStore is called once per
-// subtest, as for [Run]; each store must be isolated from the others
-// (Lapsed sees only its own records). The cases wait for leases together.
+// RunRecovery checks [idem.Recoverable] and [idem.StepResolver] on the store
+// (which must also be an [idem.Journal], [idem.Keeper] and [idem.Extender]):
+// SetRecovery fenced by the lease and its limits; a record with a payload
+// kept past its lapse for its retain, reported by Lapsed once lapsed and no
+// longer after Complete, Release, Suspend, Evict or its retain's end; Claim
+// taking a due record over as a client's Acquire would (the new token owns
+// it, the old one is fenced off, the journal and payload kept, attempts
+// counted, the previous token reported, the backoff honoured after the
+// claim's own lease lapses); an Acquire with another fingerprint answered a
+// lapsed record with a payload unchanged; Claim refusing every record that
+// is not due and leaving it unchanged, with exactly one winner among racing
+// claims; Lapsed's hint property (a due record behind more than limit
+// entries that are not due is returned once claims took them out of the
+// way); ResolveStep on uncertain and lapsed records, then a takeover that
+// resumes after the resolved step, and [idem.ErrRecordChanged] for every
+// other record; cancelled contexts. newStore is called once per subtest, as
+// for [Run]; each store must be isolated from the others (Lapsed sees only
+// its own records). The cases wait for leases together.
 func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	tests := []storeCase{
 		{"SetRecoveryFencing", testRecoveryFencing},
@@ -483,9 +484,9 @@ func testRacingClaims(t *testing.T, s idem.Store) {
 
 // testAcquireKeepsPayload: a client's Acquire with the record's
 // fingerprint takes the lapsed record over with its payload and attempts
-// (a recoverer claims it when that holder stops too); one with another
-// fingerprint is answered the record, or takes a record without a journal
-// over afresh, payload gone.
+// (a recoverer claims it when that holder stops too); Acquire and
+// AcquireKeep with another fingerprint are answered the record unchanged,
+// as for a record with a started step, and its recoverer claims it.
 func testAcquireKeepsPayload(t *testing.T, s idem.Store) {
 	r := recoverable(t, s)
 	key, other, tok, fp := Key(), Key(), Token(), fingerprint("a")
@@ -508,18 +509,30 @@ func testAcquireKeepsPayload(t *testing.T, s idem.Store) {
 	if !bytes.Equal(c.Payload, payloadOf(key)) || c.Attempts != 2 || c.PreviousToken != client {
 		t.Fatalf("Claim after a client's takeover = %+v; want the payload, attempts 2, previous token the client's", c)
 	}
-	// Another fingerprint's Acquire is answered the record (as one of a
-	// record with a journal is) or takes it over afresh, payload gone.
-	if _, ok, err := s.Acquire(ctx(t), other, Token(), fingerprint("b"), shortLease); err != nil {
-		t.Fatalf("Acquire with another fingerprint: %v", err)
-	} else if ok {
-		waitLapse()
-		if _, ok := lapsed(t, r)[other]; ok {
-			t.Fatal("Lapsed reported a record taken over afresh by another fingerprint")
+	// Another fingerprint's Acquire and AcquireKeep are answered the record
+	// unchanged (a payload counts as a started step), and its recoverer
+	// claims it with its payload.
+	k := keeperOf(t, s)
+	for _, a := range []struct {
+		name    string
+		acquire func() (idem.Record, bool, error)
+	}{
+		{"Acquire", func() (idem.Record, bool, error) {
+			return s.Acquire(ctx(t), other, Token(), fingerprint("b"), longLease)
+		}},
+		{"AcquireKeep", func() (idem.Record, bool, error) {
+			return k.AcquireKeep(ctx(t), other, Token(), fingerprint("b"), longLease, idem.Keep{Uncertain: time.Hour, Tombstone: time.Hour})
+		}},
+	} {
+		rec, ok, err := a.acquire()
+		if err != nil || ok || rec.State != idem.StateInProgress || rec.Fingerprint != fp || rec.Token != tok {
+			t.Fatalf("%s with another fingerprint of a lapsed record with a payload = %+v, %v, %v; want it answered unchanged, not acquired", a.name, rec, ok, err)
 		}
-		mustNotClaim(t, r, other, "a record taken over afresh by another fingerprint")
-	} else if c := waitClaim(t, r, other, Token(), 0); !bytes.Equal(c.Payload, payloadOf(other)) {
-		t.Fatalf("Claim of a record another fingerprint was refused = %+v; want its payload", c)
+	}
+	waitListed(t, r, other)
+	c = waitClaim(t, r, other, Token(), 0)
+	if !bytes.Equal(c.Payload, payloadOf(other)) || c.Fingerprint != fp || c.Attempts != 1 || c.PreviousToken != tok {
+		t.Fatalf("Claim after another fingerprint's acquires = %+v; want the payload, fingerprint, attempts 1, previous token the holder's", c)
 	}
 }
 

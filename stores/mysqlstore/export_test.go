@@ -6,3 +6,6 @@ import "context"
 func PurgeCounts(s *Store, ctx context.Context) (deleted, freed int64, err error) {
 	return s.purge(ctx)
 }
+
+// ProcVersion is the acquire procedure's COMMENT that EnsureSchema writes.
+const ProcVersion = procVersion

@@ -21,16 +21,18 @@ const PurgeBatch = 1000
 // version, so that a version whose procedure takes other arguments creates
 // a procedure of its own and leaves the earlier one to the instances still
 // running it during a rolling deploy: v5 keeps the recovery payload of a
-// lapsed record it takes over ([idem.Recoverable]) as it does its journal;
-// v4 keeps the step journal of a lapsed record it takes over
-// ([idem.Journal]) and reports the previous holder; v3 took the record's keep ([idem.Keep]) and knew uncertain
-// records and tombstones; v1 and v2 were named table + "_acquire".
+// lapsed record it takes over ([idem.Recoverable]) as it does its journal,
+// and answers another fingerprint such a record unchanged; v4 keeps the
+// step journal of a lapsed record it takes over ([idem.Journal]) and
+// reports the previous holder; v3 took the record's keep ([idem.Keep]) and
+// knew uncertain records and tombstones; v1 and v2 were named table +
+// "_acquire".
 const ProcSuffix = "_acquire_v5"
 
 // procVersion is the acquire procedure's COMMENT: EnsureSchema replaces a
 // procedure of this name whose comment differs (a body written by another
 // build of the same version).
-const procVersion = "idem mysqlstore acquire v5"
+const procVersion = "idem mysqlstore acquire v5.1"
 
 // keepColumns are the columns v3 and later added to the table, in order,
 // with their definitions: EnsureSchema adds those missing from a table
@@ -112,9 +114,11 @@ func (s *Store) dueIndex() string {
 func (s *Store) SchemaSQL() []string {
 	t := s.table
 	gone := `NOT ` + live
-	// held: a lapsed row kept for its journal, taken over by a request of
-	// its fingerprint (resuming the journal), or by any when it has none.
-	held := `(state = 1 AND keep_uncertain IS NULL AND ends_at <= ` + now + ` AND (fingerprint = p_fp OR steps IS NULL))`
+	// held: a lapsed row kept for its journal or recovery payload, taken
+	// over by a request of its fingerprint (resuming it), or by any when it
+	// has neither (a payload counts as a started step: its recoverer
+	// finishes the request).
+	held := `(state = 1 AND keep_uncertain IS NULL AND ends_at <= ` + now + ` AND (fingerprint = p_fp OR (steps IS NULL AND recovery IS NULL)))`
 	cond := `(` + gone + ` OR (state = 1 AND token = p_token) OR ` + held + `)`
 	// resumes, read before the assignments below change the row: the
 	// journal of a row still kept, with this fingerprint, goes on.

@@ -163,8 +163,9 @@ const (
 	owned = `state = 1 AND token = $2 AND expires_at > n.t AND (keep_uncertain > 0 OR coalesce(until_at, expires_at) > n.t)`
 	// leased is true for the in-progress row of token $2 whose lease is live.
 	leased = `state = 1 AND token = $2 AND coalesce(until_at, expires_at) > n.t`
-	// held is true for a row r whose lease lapsed and which is kept for
-	// its step journal: taken over by the next acquire.
+	// held is true for a row r whose lease lapsed and which is kept (for
+	// its step journal or recovery payload): an acquire takes it over when
+	// takeable.
 	held = `(r.state = 1 AND r.keep_uncertain IS NULL AND coalesce(r.until_at <= n.t, false))`
 	// lapse is how long an in-progress row outlives its lease, in µs.
 	lapse = `coalesce(nullif(keep_uncertain, 0), retain, 0)`
@@ -178,6 +179,14 @@ func completion(resp, ret string) string {
   expires_at = n.t + (` + ret + `::float8 + coalesce(keep_tombstone, 0)) * interval '1 microsecond',
   until_at = CASE WHEN keep_tombstone > 0 THEN n.t + ` + ret + `::float8 * interval '1 microsecond' END,
   keep_uncertain = NULL, keep_tombstone = NULL, recovery = NULL, due_at = NULL`
+}
+
+// takeable is true, for a held row r (see held), when an acquire with
+// fingerprint fp may take it over: with r's fingerprint (resuming it), or
+// with another when r has neither a journal nor a recovery payload (a
+// payload counts as a started step: its recoverer finishes the request).
+func takeable(fp string) string {
+	return `(r.fingerprint = ` + fp + ` OR (r.steps IS NULL AND r.recovery IS NULL))`
 }
 
 // resumes is true, in an acquire's ON CONFLICT update of row r, when the
@@ -201,7 +210,7 @@ func newQueries(t string) queries {
   SELECT ` + stateOf + ` AS state, ` + tokenOf + ` AS token, r.fingerprint, ` + responseOf + ` AS response,
     (extract(epoch FROM ` + phaseEnd + ` - n.t) * 1000000)::bigint AS left_us FROM ` + t + ` r, n
   WHERE r.key = $1::text AND r.expires_at > n.t AND NOT (r.state = 1 AND r.token = $2::text)
-    AND NOT (` + held + ` AND (r.fingerprint = $3::text OR r.steps IS NULL))
+    AND NOT (` + held + ` AND ` + takeable("$3::text") + `)
 ), prev AS MATERIALIZED (
   SELECT r.token, (extract(epoch FROM ` + phaseEnd + ` - n.t) * 1000000)::bigint AS left_us FROM ` + t + ` r, n
   WHERE r.key = $1::text AND r.state = 1 AND r.token <> $2::text AND ` + phaseEnd + ` <= n.t
@@ -223,7 +232,7 @@ func newQueries(t string) queries {
       THEN r.retain::float8 * interval '1 microsecond' ELSE interval '0' END,
     until_at = CASE WHEN ` + resumes + ` AND EXCLUDED.until_at IS NULL THEN EXCLUDED.expires_at ELSE EXCLUDED.until_at END
   WHERE r.expires_at <= clock_timestamp() OR (r.state = 1 AND r.token = EXCLUDED.token)
-    OR (r.state = 1 AND r.keep_uncertain IS NULL AND r.until_at <= clock_timestamp() AND (r.fingerprint = EXCLUDED.fingerprint OR r.steps IS NULL))
+    OR (r.state = 1 AND r.keep_uncertain IS NULL AND r.until_at <= clock_timestamp() AND ` + takeable("EXCLUDED.fingerprint") + `)
   RETURNING 1
 )
 SELECT true, 0::smallint, coalesce((SELECT token FROM prev), ''), ''::text, NULL::bytea, coalesce((SELECT left_us FROM prev), 0) FROM ins
