@@ -89,7 +89,7 @@ func main() {
 	flag.StringVar(&o.natsURL, "nats", env("IDEM_NATS_URL", nats.DefaultURL), "NATS server URL")
 	flag.StringVar(&o.amqpURL, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.StringVar(&o.kafka, "kafka", os.Getenv("IDEM_KAFKA_BROKERS"), "Kafka seed brokers, comma-separated (empty: a kfake cluster started in this process, gone when it exits)")
-	flag.DurationVar(&o.session, "kafka-session", 45*time.Second, "Kafka group session timeout: how long a killed consumer keeps its partitions")
+	flag.DurationVar(&o.session, "kafka-session", 45*time.Second, "Kafka group session and rebalance timeout: how long a killed consumer keeps its partitions, and a rebalance waits for members to rejoin")
 	flag.StringVar(&o.pgURL, "postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL")
 	flag.StringVar(&o.name, "name", "payments", "stream (upper-cased) or queue name; also the prefix of the tables <name>_idem and <name>_outbox")
 	flag.BoolVar(&o.useIdem, "idem", true, "handle messages through idem (false: plain at-least-once handling, for comparison)")
@@ -532,7 +532,7 @@ func (c *consumer) runKafka(ctx context.Context, logger *slog.Logger) error {
 	}
 	opts := []kgo.Opt{
 		brokers, kgo.ConsumerGroup("receipts"), kgo.ConsumeTopics(c.o.name),
-		kgo.SessionTimeout(c.o.session), kgo.HeartbeatInterval(c.o.session / 4), kgo.AutoCommitInterval(500 * time.Millisecond),
+		kgo.SessionTimeout(c.o.session), kgo.RebalanceTimeout(c.o.session), kgo.HeartbeatInterval(c.o.session / 4), kgo.AutoCommitInterval(500 * time.Millisecond),
 	}
 	if c.o.ackDelay > 0 {
 		opts = append(opts, kgo.Dialer(c.dialKafka))
