@@ -36,8 +36,8 @@ const (
 
 // Defaults of [Consumer]'s options.
 const (
-	DefaultRetryDelay      = time.Second
-	DefaultInProgressLimit = 2 * time.Minute
+	DefaultRetryDelay       = time.Second
+	DefaultInProgressLimit  = 2 * time.Minute
 	DefaultDeadLetterSuffix = ".DLT"
 )
 

@@ -74,8 +74,8 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) []e
 				errs[r.i] = fmt.Errorf("idemkafka: publish %q to %s: %w", msgs[r.i].ID, msgs[r.i].Subject, r.err)
 			}
 		case <-ctx.Done():
-			for i, ok := range acked {
-				if !ok {
+			for i := range msgs {
+				if !acked[i] {
 					errs[i] = fmt.Errorf("idemkafka: publish %q to %s: no ack: %w", msgs[i].ID, msgs[i].Subject, ctx.Err())
 				}
 			}

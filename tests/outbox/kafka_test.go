@@ -43,7 +43,7 @@ func newKafkaCluster(t testing.TB, topic string) *kafkaCluster {
 // batch the broker holds (its idempotent producer's sequence numbers make
 // the broker drop the copy).
 func (k *kafkaCluster) start() {
-	opts := []kfake.Opt{kfake.NumBrokers(3), kfake.DataDir(k.dir), kfake.SeedTopics(4, k.topic), kfake.GroupMinSessionTimeout(500 * time.Millisecond)}
+	opts := []kfake.Opt{kfake.NumBrokers(3), kfake.DataDir(k.dir), kfake.SeedTopics(4, k.topic, k.topic+idemkafka.DefaultDeadLetterSuffix), kfake.GroupMinSessionTimeout(500 * time.Millisecond)}
 	if k.ports != nil {
 		opts = append(opts, kfake.Ports(k.ports...))
 	}
@@ -67,11 +67,6 @@ func (k *kafkaCluster) start() {
 		}
 		return false
 	}})
-}
-
-func (k *kafkaCluster) restart() {
-	k.c.Close()
-	k.start()
 }
 
 func (k *kafkaCluster) client(opts ...kgo.Opt) *kgo.Client {
@@ -261,7 +256,7 @@ func checkKafkaOrder(t testing.TB, k *kafkaCluster, topic string) int {
 		total += int(e)
 	}
 	seen := map[string]bool{}
-	last := map[string]string{}      // key -> last first-copy payment id
+	last := map[string]string{}     // key -> last first-copy payment id
 	partition := map[string]int32{} // key -> its partition
 	read := 0
 	for read < total {
@@ -288,4 +283,57 @@ func checkKafkaOrder(t testing.TB, k *kafkaCluster, topic string) int {
 		})
 	}
 	return total
+}
+
+// TestKafkaDeadLetter: a record whose key was used with another payload,
+// and one without a key (idemkafka.HeaderKey), are produced to the
+// dead-letter topic with the outcome in a header, and the records after
+// them in their partition are handled: the partition is not blocked.
+func TestKafkaDeadLetter(t *testing.T) {
+	_, pool := openDB(t, outbox.PostgreSQL)
+	topic := uniq("k")
+	k := newKafkaCluster(t, topic)
+	fx := newEffects(t, pool)
+	c := idemkafka.NewConsumer(fx.engine, "apply", func(ctx context.Context, r *kgo.Record) error {
+		return fx.apply(ctx, idemkafka.HeaderKey(r), r.Value)
+	}, idemkafka.WithKey(idemkafka.HeaderKey), idemkafka.WithRetryDelay(100*time.Millisecond), idemkafka.WithLogger(quiet))
+	cl := k.client(append(c.ClientOpts(), kgo.ConsumerGroup("fx"), kgo.ConsumeTopics(topic), kgo.SessionTimeout(3*time.Second))...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx, cl) }()
+	defer func() { cancel(); <-done; cl.Close() }()
+	rec := func(key, value string) *kgo.Record {
+		r := &kgo.Record{Topic: topic, Key: []byte("customer1"), Value: []byte(value)}
+		if key != "" {
+			r.Headers = []kgo.RecordHeader{{Key: idemkafka.KeyHeader, Value: []byte(key)}}
+		}
+		return r
+	}
+	pcl := k.client()
+	defer pcl.Close()
+	// One record key: one partition, in this order.
+	if err := pcl.ProduceSync(ctxT(t, 30*time.Second), rec("a", "1"), rec("a", "2"), rec("", "3"), rec("b", "4")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the effect of the record after the dead-lettered ones", 60*time.Second, func() bool { return fx.counts()["b"] == 1 })
+	fx.checkExactlyOnce([]string{"a", "b"})
+	dl := k.client(kgo.ConsumeTopics(topic+idemkafka.DefaultDeadLetterSuffix), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	defer dl.Close()
+	var got []string
+	rctx := ctxT(t, 60*time.Second)
+	for len(got) < 2 && rctx.Err() == nil {
+		dl.PollFetches(rctx).EachRecord(func(r *kgo.Record) {
+			outcome := ""
+			for _, h := range r.Headers {
+				if h.Key == idemkafka.HeaderOutcome {
+					outcome = string(h.Value)
+				}
+			}
+			got = append(got, string(r.Value)+":"+outcome)
+		})
+	}
+	if len(got) != 2 || got[0] != "2:key-reused" || !strings.HasPrefix(got[1], "3:") {
+		t.Fatalf("dead-letter topic holds %q; want the reused key's record (2:key-reused) and the keyless one (3:...)", got)
+	}
+	t.Logf("dead-lettered: %q", got)
 }
