@@ -190,10 +190,11 @@ type tp struct {
 //
 // Kafka has no per-record acknowledgement: a partition is consumed in
 // order and its committed offset means "everything before is done". So a
-// record that cannot be handled now is retried in place, holding its
-// partition (not the others) until it is handled, until the partition is
-// revoked, or, for a key in progress elsewhere, until the in-progress
-// limit parks it.
+// record that cannot be handled now is retried in place until it is
+// handled, until the partition is revoked, or, for a key in progress
+// elsewhere, until the in-progress limit parks it. The other partitions'
+// records of the same poll go on meanwhile (and their offsets are
+// committed), but the next poll waits for the retried partition's batch.
 //
 // A consumer that dies after a record completed but before its offset
 // commit leaves the record completed; the redelivery is committed without
