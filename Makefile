@@ -63,4 +63,4 @@ vulncheck:
 soak:
 	bash -c 'source scripts/services.sh && cd tests/chaos && go test -race -count=1 -timeout 30m -run "TestSoak|TestSentinelFailover" -v -soak=$${SOAK:-3m} .'
 	bash -c 'source scripts/services.sh && cd examples/consumer && go test -count=1 -timeout 30m -run TestExactlyOnce -v -payments 300 -duplicates 100 -kills 60 .'
-	bash -c 'source scripts/services.sh && cd tests/outbox && go test -count=1 -timeout 30m -run "TestChaosOutbox|TestClusterRelay|TestLoad" -v -soak .'
+	bash -c 'source scripts/services.sh && cd tests/outbox && go test -count=1 -timeout 30m -run "TestChaosOutbox|TestClusterRelay|TestKafkaRelay|TestLoad" -v -soak .'

@@ -17,6 +17,7 @@ require (
 	github.com/idemkit/idem/adapters/idemgin v0.1.0
 	github.com/idemkit/idem/adapters/idemgrpc v0.1.0
 	github.com/idemkit/idem/adapters/idemhttp v0.1.0
+	github.com/idemkit/idem/adapters/idemkafka v0.1.0
 	github.com/idemkit/idem/adapters/idemnats v0.1.0
 	github.com/idemkit/idem/client/idemclient v0.1.0
 	github.com/idemkit/idem/core v0.1.0
@@ -34,6 +35,10 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kadm v1.20.0
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1
 	go.mongodb.org/mongo-driver/v2 v2.10.0
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.72.0
 	go.opentelemetry.io/otel v1.47.0
@@ -89,6 +94,7 @@ require (
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/pelletier/go-toml/v2 v2.2.4 // indirect
 	github.com/philhofer/fwd v1.2.0 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/otlptranslator v1.0.0 // indirect
@@ -129,6 +135,7 @@ replace (
 	github.com/idemkit/idem/adapters/idemgin => ../adapters/idemgin
 	github.com/idemkit/idem/adapters/idemgrpc => ../adapters/idemgrpc
 	github.com/idemkit/idem/adapters/idemhttp => ../adapters/idemhttp
+	github.com/idemkit/idem/adapters/idemkafka => ../adapters/idemkafka
 	github.com/idemkit/idem/adapters/idemnats => ../adapters/idemnats
 	github.com/idemkit/idem/adapters/idemrpc => ../adapters/idemrpc
 	github.com/idemkit/idem/client/idemclient => ../client/idemclient

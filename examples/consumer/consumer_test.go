@@ -71,6 +71,10 @@ func TestExactlyOnceNATS(t *testing.T) { testExactlyOnce(t, "nats") }
 func TestExactlyOnceAMQP(t *testing.T) { testExactlyOnce(t, "amqp") }
 
 func testExactlyOnce(t *testing.T, broker string) {
+	chaos := chaos
+	if broker == "kafka" {
+		chaos = chaosKafka // kafka_test.go
+	}
 	t.Run("idem", func(t *testing.T) {
 		total, distinct := chaos(t, broker, true)
 		if total != *payments || distinct != *payments {
@@ -127,6 +131,7 @@ type world struct {
 	js     jetstream.JetStream
 	ch     *amqp.Channel
 	logs   string
+	kafka  *kafkaWorld // kafka_test.go
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -188,6 +193,8 @@ func newWorld(t *testing.T, broker string) *world {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _, _ = w.ch.QueueDelete(w.name, false, false, false) })
+	case "kafka":
+		w.kafka = newKafka(t, w.name)
 	}
 	return w
 }
@@ -204,6 +211,10 @@ func (w *world) publish() {
 }
 
 func (w *world) send(ps []Payment) {
+	if w.kafka != nil {
+		w.kafka.send(ps)
+		return
+	}
 	ctx := ctxT(w.t)
 	for _, p := range ps {
 		b, _ := json.Marshal(p)
@@ -255,6 +266,10 @@ func (w *world) drain(args ...string) {
 			}
 			return info.NumPending == 0 && info.NumAckPending == 0
 		})
+	case "kafka":
+		p := w.start(args...)
+		defer p.stop()
+		w.kafka.drained()
 	case "amqp": // unacked deliveries show only once their channel closes
 		waitFor(w.t, "every delivery acked", func() bool {
 			p := w.start(args...)
@@ -294,7 +309,11 @@ type proc struct {
 // start runs the consumer on w's broker objects and waits for its "ready" line.
 func (w *world) start(args ...string) *proc {
 	w.t.Helper()
-	cmd := exec.Command(bin, append([]string{"-broker", w.broker, "-name", w.name}, args...)...)
+	base := []string{"-broker", w.broker, "-name", w.name}
+	if w.kafka != nil {
+		base = append(base, w.kafka.args()...)
+	}
+	cmd := exec.Command(bin, append(base, args...)...)
 	logs, err := os.OpenFile(w.logs, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		w.t.Fatal(err)

@@ -6,7 +6,11 @@
 // once even when the consumer is killed between the write and the ack.
 // Run it against the local brokers with one command:
 //
-//	go run ./examples/consumer -broker nats -publish 5   # or -broker amqp
+//	go run ./examples/consumer -broker nats -publish 5   # or -broker amqp, -broker kafka
+//
+// No Kafka broker is needed for -broker kafka: without -kafka (seed
+// brokers) the command starts kfake, franz-go's Kafka written in Go, in
+// its own process (topic <name>, 4 partitions), gone when it exits.
 //
 // It plays the payments service first: 5 payments, each committed with its
 // payment.created event in one transaction (outbox.Enqueue into the table
@@ -20,11 +24,13 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -39,9 +45,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel"
 
 	"github.com/idemkit/idem/adapters/idemamqp"
+	"github.com/idemkit/idem/adapters/idemkafka"
 	"github.com/idemkit/idem/adapters/idemnats"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/observability/idemotel"
@@ -57,12 +67,13 @@ type Payment struct {
 }
 
 type options struct {
-	broker, natsURL, amqpURL, pgURL, name string
-	useIdem                               bool
-	publish                               int
-	exitIdle, slow, ackDelay, ackWait     time.Duration
-	lease, storeTimeout, retryDelay       time.Duration
-	loseAcks, prefetch                    int
+	broker, natsURL, amqpURL, kafka, pgURL, name string
+	useIdem                                      bool
+	publish                                      int
+	exitIdle, slow, ackDelay, ackWait            time.Duration
+	session                                      time.Duration
+	lease, storeTimeout, retryDelay              time.Duration
+	loseAcks, prefetch                           int
 }
 
 func env(name, def string) string {
@@ -74,16 +85,18 @@ func env(name, def string) string {
 
 func main() {
 	var o options
-	flag.StringVar(&o.broker, "broker", "nats", "nats (JetStream) or amqp (RabbitMQ)")
+	flag.StringVar(&o.broker, "broker", "nats", "nats (JetStream), amqp (RabbitMQ) or kafka")
 	flag.StringVar(&o.natsURL, "nats", env("IDEM_NATS_URL", nats.DefaultURL), "NATS server URL")
 	flag.StringVar(&o.amqpURL, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.StringVar(&o.kafka, "kafka", os.Getenv("IDEM_KAFKA_BROKERS"), "Kafka seed brokers, comma-separated (empty: a kfake cluster started in this process, gone when it exits)")
+	flag.DurationVar(&o.session, "kafka-session", 45*time.Second, "Kafka group session and rebalance timeout: how long a killed consumer keeps its partitions, and a rebalance waits for members to rejoin")
 	flag.StringVar(&o.pgURL, "postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL")
 	flag.StringVar(&o.name, "name", "payments", "stream (upper-cased) or queue name; also the prefix of the tables it creates: <name>_idem (idem's records) and <name>_outbox (the receipts), and with -publish <name>_payments, <name>_events and <name>_events_partitions (the payments and their outbox)")
 	flag.BoolVar(&o.useIdem, "idem", true, "handle messages through idem (false: plain at-least-once handling, for comparison)")
 	flag.IntVar(&o.publish, "publish", 0, "commit this many payments with their payment.created events in an outbox (table <name>_events) and relay them while consuming; then exit once idle")
 	flag.DurationVar(&o.exitIdle, "exit-idle", 0, "exit after this long without a message (default 2s with -publish, else never)")
 	flag.DurationVar(&o.slow, "slow", 0, "handler time after its outbox write (a window to be killed in)")
-	flag.DurationVar(&o.ackDelay, "ack-delay", 0, "pause before each ack (a window to be killed in after the commit)")
+	flag.DurationVar(&o.ackDelay, "ack-delay", 0, "pause before each ack, Kafka: before each offset commit request (a window to be killed in after the commit)")
 	flag.IntVar(&o.loseAcks, "lose-acks", 0, "lose the ack of every n-th message handled (NATS: not sent, redelivered after -ack-wait; AMQP: channel closed without it, requeued)")
 	flag.IntVar(&o.prefetch, "prefetch", 8, "messages buffered per consumer (NATS PullMaxMessages, AMQP Qos); keep prefetch × handler time below the ack wait, or buffered messages are redelivered elsewhere")
 	flag.DurationVar(&o.ackWait, "ack-wait", 30*time.Second, "NATS consumer AckWait")
@@ -155,8 +168,10 @@ func run(ctx context.Context, o options) error {
 		err = c.runNATS(ctx, logger)
 	case "amqp":
 		err = c.runAMQP(ctx, logger)
+	case "kafka":
+		err = c.runKafka(ctx, logger)
 	default:
-		return fmt.Errorf("-broker %q: want nats or amqp", o.broker)
+		return fmt.Errorf("-broker %q: want nats, amqp or kafka", o.broker)
 	}
 	if err != nil || o.publish == 0 {
 		return err
@@ -484,4 +499,106 @@ func (a *amqpAcker) Ack(tag uint64, multiple bool) error {
 		return nil
 	}
 	return a.Acknowledger.Ack(tag, multiple)
+}
+
+// --- Kafka ---
+
+func (c *consumer) runKafka(ctx context.Context, logger *slog.Logger) error {
+	seeds := c.o.kafka
+	if seeds == "" {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, c.o.name))
+		if err != nil {
+			return err
+		}
+		defer cluster.Close()
+		seeds = strings.Join(cluster.ListenAddrs(), ",")
+	}
+	brokers := kgo.SeedBrokers(strings.Split(seeds, ",")...)
+	producer, err := kgo.NewClient(brokers) // kgo's default: the idempotent producer, acks=all
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+	if err := c.payments(ctx, c.o.name, idemkafka.NewPublisher(producer)); err != nil { // the topic is the subject
+		return err
+	}
+	handle := func(ctx context.Context, r *kgo.Record) error {
+		ctx = idemotel.ExtractTraceContext(ctx, func(k string) string {
+			for _, h := range r.Headers {
+				if h.Key == k {
+					return string(h.Value)
+				}
+			}
+			return ""
+		})
+		c.loseAck() // the idle clock; a Kafka test loses offset commits at the broker (kfake faults)
+		return c.sendReceipt(ctx, r.Value)
+	}
+	opts := []kgo.Opt{
+		brokers, kgo.ConsumerGroup("receipts"), kgo.ConsumeTopics(c.o.name),
+		kgo.SessionTimeout(c.o.session), kgo.RebalanceTimeout(c.o.session), kgo.HeartbeatInterval(c.o.session / 4), kgo.AutoCommitInterval(500 * time.Millisecond),
+	}
+	if c.o.ackDelay > 0 {
+		opts = append(opts, kgo.Dialer(c.dialKafka))
+	}
+	if !c.o.useIdem {
+		return c.consumeKafkaPlain(ctx, handle, opts)
+	}
+	kc := idemkafka.NewConsumer(c.engine, "send-receipt", handle, idemkafka.WithRetryDelay(c.o.retryDelay), idemkafka.WithLogger(logger))
+	cl, err := kgo.NewClient(append(kc.ClientOpts(), opts...)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	fmt.Println("ready")
+	kc.Run(ctx, cl)
+	return nil
+}
+
+// consumeKafkaPlain is at-least-once handling without idem: each polled
+// batch handled (a failed record retried in place), then its offsets
+// committed.
+func (c *consumer) consumeKafkaPlain(ctx context.Context, handle func(context.Context, *kgo.Record) error, opts []kgo.Opt) error {
+	cl, err := kgo.NewClient(append(opts, kgo.DisableAutoCommit())...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	fmt.Println("ready")
+	for {
+		fs := cl.PollFetches(ctx)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			return nil
+		}
+		for _, r := range fs.Records() {
+			for handle(ctx, r) != nil && ctx.Err() == nil {
+				time.Sleep(c.o.retryDelay)
+			}
+		}
+		_ = cl.CommitUncommittedOffsets(ctx)
+	}
+}
+
+// dialKafka dials a broker through a connection that pauses -ack-delay
+// before each offset commit request it writes.
+func (c *consumer) dialKafka(ctx context.Context, network, host string) (net.Conn, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	return commitPause{Conn: conn, c: c}, nil
+}
+
+type commitPause struct {
+	net.Conn
+	c *consumer
+}
+
+// Write pauses before a request whose API key (after the 4-byte length)
+// is OffsetCommit's: kgo writes each request whole.
+func (w commitPause) Write(b []byte) (int, error) {
+	if len(b) >= 6 && int16(binary.BigEndian.Uint16(b[4:6])) == int16(kmsg.OffsetCommit) {
+		w.c.pauseBeforeAck()
+	}
+	return w.Conn.Write(b)
 }
