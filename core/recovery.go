@@ -114,7 +114,9 @@ type StepResolver interface {
 	// that is not done: with a result (not nil, at most [MaxStepBytes],
 	// else [ErrTooLarge]) the entry becomes done with it, as
 	// [Journal.FinishStep] would have made it; with nil the entry is
-	// removed (the step did not happen: it runs when the handler resumes).
+	// removed (the step did not happen: it runs when the handler resumes,
+	// its [Journal.StartStep] a new entry of the new holder's token, after
+	// the entries kept, which stay in start order).
 	// The record becomes (or stays) in progress with its lease lapsed, its
 	// token, fingerprint, journal and payload kept, for the retain it had,
 	// so that the next [Store.Acquire] with its fingerprint, or a

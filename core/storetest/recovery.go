@@ -28,7 +28,10 @@ import (
 // entries that are not due is returned once claims took them out of the
 // way); ResolveStep on uncertain and lapsed records, then a takeover that
 // resumes after the resolved step, and [idem.ErrRecordChanged] for every
-// other record; cancelled contexts. newStore is called once per subtest, as
+// other record; a step resolved as not done (the journal's only entry, or
+// one amid others) started again by the next holder as a fresh entry of
+// its token that it finishes, Steps in start order throughout; cancelled
+// contexts. newStore is called once per subtest, as
 // for [Run]; each store must be isolated from the others (Lapsed sees only
 // its own records). The cases wait for leases together.
 func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store) {
@@ -45,6 +48,7 @@ func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"ResolveStepUncertain", testResolveStepUncertain},
 		{"ResolveStepLapsed", testResolveStepLapsed},
 		{"ResolveStepRefused", testResolveStepRefused},
+		{"ResolveStepRestart", testResolveStepRestart},
 		{"RecoveryCancelledContext", testRecoveryCancelled},
 	}
 	for _, tt := range tests {
@@ -747,5 +751,107 @@ func testRecoveryCancelled(t *testing.T, s idem.Store) {
 	}
 	if st := steps(t, j, key); len(st) != 1 || st[0].Done {
 		t.Fatalf("journal after a cancelled ResolveStep = %+v; want email not done", st)
+	}
+}
+
+// resolveLapsed calls ResolveStep until the record's lease has lapsed (it
+// answers ErrRecordChanged while the lease is live), within recoveryWait.
+func resolveLapsed(t *testing.T, res idem.StepResolver, key, name string, result []byte) {
+	t.Helper()
+	deadline := time.Now().Add(recoveryWait)
+	for {
+		err := res.ResolveStep(ctx(t), key, name, result)
+		switch {
+		case err == nil:
+			return
+		case !errors.Is(err, idem.ErrRecordChanged) || time.Now().After(deadline):
+			t.Fatalf("ResolveStep(%q) of a lapsed record: %v", name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// wantSteps fails unless key's journal holds exactly the entries named,
+// in that order.
+func wantSteps(t *testing.T, j idem.Journal, key, what string, names ...string) []idem.StepEntry {
+	t.Helper()
+	st := steps(t, j, key)
+	got := make([]string, len(st))
+	for i, e := range st {
+		got[i] = e.Name
+	}
+	if !slices.Equal(got, names) {
+		t.Fatalf("journal %s = %v; want %v (start order)", what, got, names)
+	}
+	return st
+}
+
+func testResolveStepRestart(t *testing.T, s idem.Store) {
+	res := stepResolver(t, s)
+	j := journal(t, s)
+	fp := fingerprint("a")
+	// Two journals: "charge" alone, and "charge" amid finished steps and a
+	// parallel step left open, enough entries (17) that a store ordering
+	// them by an index two entries share may answer them out of order.
+	var before []string
+	for i := range 13 {
+		before = append(before, "p"+string(rune('a'+i)))
+	}
+	cases := []struct {
+		key, tok      string
+		before, after []string // started before "charge"; after it, the last one left open
+	}{
+		{Key(), Token(), nil, nil},
+		{Key(), Token(), before, []string{"q0", "q1"}},
+	}
+	for _, c := range cases {
+		mustAcquire(t, s, c.key, c.tok, fp, longLease)
+		for _, name := range c.before {
+			startStep(t, j, c.key, c.tok, name)
+			if err := j.FinishStep(ctx(t), c.key, c.tok, name, []byte(name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		startStep(t, j, c.key, c.tok, "charge")
+		for i, name := range c.after {
+			startStep(t, j, c.key, c.tok, name)
+			if i < len(c.after)-1 {
+				if err := j.FinishStep(ctx(t), c.key, c.tok, name, []byte(name)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		shorten(t, s, c.key, c.tok)
+	}
+	for _, c := range cases {
+		resolveLapsed(t, res, c.key, "charge", nil)
+		kept := slices.Concat(c.before, c.after)
+		wantSteps(t, j, c.key, "after ResolveStep not done", kept...)
+		next := Token()
+		rec, ok, err := s.Acquire(ctx(t), c.key, next, fp, longLease)
+		if err != nil || !ok || rec.Token != c.tok {
+			t.Fatalf("Acquire after ResolveStep = %+v, %v, %v; want taken over from %s", rec, ok, err, c.tok)
+		}
+		fresh := []string{"charge"}
+		if c.after != nil {
+			fresh = []string{"r0", "charge"}
+			startStep(t, j, c.key, next, "r0")
+		}
+		if e := startStep(t, j, c.key, next, "charge"); e.Name != "charge" || e.Token != next || e.Done || e.Result != nil {
+			t.Fatalf("the new holder's StartStep of the removed step = %+v; want a fresh entry of token %s", e, next)
+		}
+		if err := j.FinishStep(ctx(t), c.key, next, "charge", []byte("ch_2")); err != nil {
+			t.Fatalf("FinishStep of the restarted step: %v", err)
+		}
+		st := wantSteps(t, j, c.key, "after the restart", slices.Concat(kept, fresh)...)
+		if e := st[len(st)-1]; e.Token != next || !e.Done || string(e.Result) != "ch_2" {
+			t.Fatalf("the restarted step = %+v; want done by %s with its result", e, next)
+		}
+		for _, e := range st[:len(kept)] {
+			if e.Token != c.tok || e.Done != (e.Name != "q1") {
+				t.Fatalf("an entry kept by ResolveStep = %+v; want %s's, done unless q1", e, c.tok)
+			}
+		}
+		mustComplete(t, s, c.key, next, sampleResponse(), retention)
 	}
 }

@@ -1,6 +1,7 @@
 package mongostore
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -21,6 +22,11 @@ import (
 //	retain: <the journal's retain, ms>, nsteps: <number of steps>,
 //	steps: { <hex of the step's name>: { i: <index, in start order>,
 //	         t: <token that started it>, d: <done>, r: <result, BSON binary> } }
+//
+// The indexes are 0 to nsteps-1, and nsteps is absent for an empty
+// journal: StartStep gives a new entry the index nsteps, pinned to it, and
+// ResolveStep, removing an entry, moves each later one down by one in the
+// same update.
 //
 // A record with a journal also holds until (the end of its lease), and its
 // expiresAt is until plus its Keep.Uncertain, else its retain: past until
@@ -50,8 +56,17 @@ func leaseLive(now time.Time) bson.E {
 	return bson.E{Key: fieldUntil, Value: bson.D{{Key: "$gt", Value: date(now)}}}
 }
 
-// steps decodes d's journal, in start order; Results are the caller's.
-func (d *record) steps() ([]idem.StepEntry, error) {
+// indexedStep is one entry of a record's journal with its field (the hex
+// of its name) and index.
+type indexedStep struct {
+	field string
+	i     int32
+	e     idem.StepEntry
+}
+
+// indexedSteps decodes d's journal, in start order (by index); Results
+// are the caller's.
+func (d *record) indexedSteps() ([]indexedStep, error) {
 	if len(d.Steps) == 0 {
 		return nil, nil
 	}
@@ -59,11 +74,7 @@ func (d *record) steps() ([]idem.StepEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mongostore: %w: record %.16s: journal: %w", idem.ErrCorrupt, d.ID, err)
 	}
-	type indexed struct {
-		i int32
-		e idem.StepEntry
-	}
-	all := make([]indexed, 0, len(elems))
+	all := make([]indexedStep, 0, len(elems))
 	for _, el := range elems {
 		name, err1 := hex.DecodeString(el.Key())
 		var st step
@@ -75,9 +86,18 @@ func (d *record) steps() ([]idem.StepEntry, error) {
 		if st.D {
 			e.Result = append([]byte{}, st.R...)
 		}
-		all = append(all, indexed{st.I, e})
+		all = append(all, indexedStep{el.Key(), st.I, e})
 	}
-	slices.SortFunc(all, func(a, b indexed) int { return int(a.i - b.i) })
+	slices.SortStableFunc(all, func(a, b indexedStep) int { return cmp.Compare(a.i, b.i) })
+	return all, nil
+}
+
+// steps decodes d's journal, in start order; Results are the caller's.
+func (d *record) steps() ([]idem.StepEntry, error) {
+	all, err := d.indexedSteps()
+	if err != nil || len(all) == 0 {
+		return nil, err
+	}
 	out := make([]idem.StepEntry, len(all))
 	for i, x := range all {
 		out[i] = x.e

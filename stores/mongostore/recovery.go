@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -253,7 +254,8 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 // ResolveStep implements [idem.StepResolver.ResolveStep] in two round
 // trips: a find of the record, then, when it is uncertain or lapsed and
 // holds the step not done, an update pinned to the version read that
-// marks the step done (or removes it), drops the Keep.Uncertain (in
+// marks the step done (or removes it, moving each later entry's index
+// down by one: pinned to nsteps too), drops the Keep.Uncertain (in
 // progress, lapsed; kept for the retain from now when it was uncertain)
 // and, with a payload, sets dueAt. Twice: the second finds the step done
 // or gone, [idem.ErrRecordChanged].
@@ -279,25 +281,34 @@ func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte
 	if d.State != stateInProgress || d.ExpiresAt <= date(now) || d.until() > date(now) {
 		return idem.ErrRecordChanged
 	}
-	steps, err := d.steps()
+	all, err := d.indexedSteps()
 	if err != nil {
 		return err
 	}
-	open := false
-	for _, e := range steps {
-		open = open || e.Name == name && !e.Done
-	}
-	if !open {
+	at := slices.IndexFunc(all, func(x indexedStep) bool { return x.e.Name == name })
+	if at < 0 || all[at].e.Done {
 		return idem.ErrRecordChanged
 	}
 	field := stepField(name)
+	filter := append(pinned(&d), bson.E{Key: field + ".d", Value: false})
 	set := bson.D{}
 	unset := bson.D{{Key: fieldKeepU, Value: ""}}
-	if result != nil {
+	switch {
+	case result != nil:
 		set = append(set, bson.E{Key: field + ".d", Value: true}, bson.E{Key: field + ".r", Value: result})
-	} else {
+	case len(all) == 1:
+		unset = append(unset, bson.E{Key: fieldSteps, Value: ""}, bson.E{Key: fieldNSteps, Value: ""})
+	default:
+		// The later entries move down by one: the indexes stay 0 to
+		// nsteps-1, in start order (see journal.go), pinned to nsteps.
+		filter = append(filter, bson.E{Key: fieldNSteps, Value: msIs(int64(d.NSteps))})
 		unset = append(unset, bson.E{Key: field, Value: ""})
-		set = append(set, bson.E{Key: fieldNSteps, Value: max(d.NSteps-1, 0)})
+		set = append(set, bson.E{Key: fieldNSteps, Value: int32(len(all) - 1)})
+		for i, x := range slices.Delete(all, at, at+1) {
+			if x.i != int32(i) {
+				set = append(set, bson.E{Key: fieldSteps + "." + x.field + ".i", Value: int32(i)})
+			}
+		}
 	}
 	if d.KeepU > 0 {
 		set = append(set, bson.E{Key: fieldExpiresAt, Value: date(now.Add(time.Duration(d.Retain) * time.Millisecond))})
@@ -309,7 +320,7 @@ func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte
 	if len(set) > 0 {
 		update = append(update, bson.E{Key: "$set", Value: set})
 	}
-	res, err := s.coll.UpdateOne(ctx, append(pinned(&d), bson.E{Key: field + ".d", Value: false}), update)
+	res, err := s.coll.UpdateOne(ctx, filter, update)
 	if err != nil {
 		return fmt.Errorf("mongostore: resolve step: %w", err)
 	}

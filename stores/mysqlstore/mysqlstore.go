@@ -160,11 +160,11 @@ func New(db *sql.DB, opts ...Option) *Store {
 // completion at the end of a long transaction judges its lease by the time
 // it runs). Durations are passed in microseconds.
 type queries struct {
-	acquire, acquireKeep, complete, release, extend, get, completedBy, inspect, evict, list string
-	resolveRelease, resolveComplete                                                         string
-	startStep, stepOf, finishStep, suspend, steps                                           string
-	setRecovery, leasedBy, lapsed, claimRead, claim, resolveStepDone, resolveStepUndone     string
-	purgeSelect, purgeDelete, purgeFree                                                     string
+	acquire, acquireKeep, complete, release, extend, get, completedBy, inspect, evict, list              string
+	resolveRelease, resolveComplete                                                                      string
+	startStep, stepOf, finishStep, suspend, steps                                                        string
+	setRecovery, leasedBy, lapsed, claimRead, claim, resolveStepDone, resolveStepRead, resolveStepUndone string
+	purgeSelect, purgeDelete, purgeFree                                                                  string
 }
 
 // SQL fragments on a row, by the server's clock (see [Store.SchemaSQL] for

@@ -1,10 +1,15 @@
 package mysqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	idem "github.com/idemkit/idem/core"
@@ -62,13 +67,15 @@ WHERE ` + leased
 	q.claim = `UPDATE ` + t + ` SET token = ?, attempts = IFNULL(attempts, 0) + 1, backoff = ?,
   ends_at = ` + now + ` + INTERVAL ? MICROSECOND, expires_at = ends_at + INTERVAL IFNULL(retain, 0) MICROSECOND,
   due_at = ends_at + INTERVAL backoff MICROSECOND WHERE ` + "`key` = ? AND " + due
-	// resolveStepDone and resolveStepUndone settle the step at path (the
-	// first parameter) of an uncertain or lapsed row. Twice: the step is
-	// then done or absent, so the second changes nothing.
+	// resolveStepDone marks the step at path (the first parameter) of an
+	// uncertain or lapsed row done. resolveStepRead locks such a row and
+	// reads its journal; resolveStepUndone then writes the journal without
+	// the step (NULL when empty), in the same transaction. Twice: the step
+	// is then done or absent, so the second changes nothing.
 	q.resolveStepDone = `UPDATE ` + t + ` SET steps = JSON_SET(steps, CONCAT(?, '.r'), TO_BASE64(?)), ` + resumable +
 		" WHERE `key` = ? AND " + settled
-	q.resolveStepUndone = `UPDATE ` + t + ` SET steps = IF(JSON_LENGTH(JSON_REMOVE(steps, ?)) = 0, NULL, JSON_REMOVE(steps, ?)), ` + resumable +
-		" WHERE `key` = ? AND " + settled
+	q.resolveStepRead = `SELECT steps FROM ` + t + " WHERE `key` = ? AND " + settled + ` FOR UPDATE`
+	q.resolveStepUndone = `UPDATE ` + t + ` SET steps = ?, ` + resumable + " WHERE `key` = ?"
 }
 
 // SetRecovery implements [idem.Recoverable]: one conditional UPDATE of the
@@ -216,8 +223,10 @@ func (s *Store) claim(ctx context.Context, key, token string, lease, backoff tim
 	return c, true, nil
 }
 
-// ResolveStep implements [idem.StepResolver]: one conditional UPDATE of
-// the uncertain or lapsed row holding step name, not done.
+// ResolveStep implements [idem.StepResolver]: with a result, one
+// conditional UPDATE of the uncertain or lapsed row holding step name, not
+// done; without, a SELECT … FOR UPDATE of that row and an UPDATE in one
+// transaction (see [Store.resolveStepUndone]).
 func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte) error {
 	if len(result) > idem.MaxStepBytes {
 		return fmt.Errorf("mysqlstore: step result of %d bytes: %w", len(result), idem.ErrTooLarge)
@@ -232,17 +241,76 @@ func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte
 	if err != nil {
 		return err
 	}
-	var res sql.Result
 	if result == nil {
-		res, err = s.exec(ctx, s.q.resolveStepUndone, path, path, key, path, path)
-	} else {
-		res, err = s.exec(ctx, s.q.resolveStepDone, path, result, key, path, path)
+		return s.resolveStepUndone(ctx, key, name, path)
 	}
+	res, err := s.exec(ctx, s.q.resolveStepDone, path, result, key, path, path)
 	if err != nil {
 		return fmt.Errorf("mysqlstore: resolve step: %w", err)
 	}
 	if ownedRow(res, "resolve step") != nil {
 		return idem.ErrRecordChanged
+	}
+	return nil
+}
+
+// resolveStepUndone removes step name (at path) from the journal of key's
+// uncertain or lapsed row, where it is started and not done, and moves each
+// later entry's index down by one: the indexes stay 0 to n-1 in start
+// order, as StartStep gives a new entry the index n (the journal's
+// length). The row is read locked and written in one transaction.
+func (s *Store) resolveStepUndone(ctx context.Context, key, name, path string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: resolve step: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var raw string
+	err = tx.QueryRowContext(ctx, s.q.resolveStepRead, key, path, path).Scan(&raw)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return idem.ErrRecordChanged
+	case err != nil:
+		return fmt.Errorf("mysqlstore: resolve step: %w", err)
+	}
+	var m map[string]map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &m); err != nil {
+		return fmt.Errorf("%w: steps: %w", ErrCorrupt, err)
+	}
+	delete(m, name)
+	var steps any // NULL for an empty journal
+	if len(m) > 0 {
+		type entry struct {
+			name string
+			i    int
+		}
+		order := make([]entry, 0, len(m))
+		for n, e := range m {
+			var i int
+			if err := json.Unmarshal(e["i"], &i); err != nil {
+				return fmt.Errorf("%w: steps: entry %q: %w", ErrCorrupt, n, err)
+			}
+			order = append(order, entry{n, i})
+		}
+		slices.SortFunc(order, func(a, b entry) int { return cmp.Or(cmp.Compare(a.i, b.i), strings.Compare(a.name, b.name)) })
+		for i, e := range order {
+			m[e.name]["i"] = json.RawMessage(strconv.Itoa(i))
+		}
+		b, err := json.Marshal(m)
+		if err != nil {
+			return fmt.Errorf("mysqlstore: resolve step: %w", err)
+		}
+		steps = string(b)
+	}
+	res, err := tx.ExecContext(ctx, s.q.resolveStepUndone, steps, key)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: resolve step: %w", err)
+	}
+	if err := ownedRow(res, "resolve step"); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("mysqlstore: resolve step: %w", err)
 	}
 	return nil
 }

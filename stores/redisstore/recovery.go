@@ -142,7 +142,9 @@ return {1, pl, fp, a + 1, tok, lapsed}
 // name, '1' (done with ARGV[3]) or '0' (not done). It returns {0} unless
 // the record is a '5' value, uncertain (lapsed under its u) or lapsed
 // within its retain, whose journal holds the step, not done; else it
-// marks the step done or removes it, rewrites the record with u = 0 (in
+// marks the step done or removes it (moving each later entry's index down
+// by one: the indexes stay 0 to n-1 in start order, as startScript gives
+// a new entry the index n), rewrites the record with u = 0 (in
 // progress, lapsed: its TTL unchanged, or its retain when it was
 // uncertain), and returns {1, 1 when it has a recovery payload}. Twice:
 // the step is then done or absent: {0}.
@@ -164,6 +166,16 @@ if ARGV[2] == '1' then
   redis.call('HSET', KEYS[3], ARGV[1], string.sub(e, 1, 2) .. '1' .. string.sub(e, 4) .. ARGV[3])
 else
   redis.call('HDEL', KEYS[3], ARGV[1])
+  local at = tonumber(string.sub(e, 1, 2))
+  for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
+    if f ~= '#' then
+      local v = redis.call('HGET', KEYS[3], f)
+      local i = tonumber(string.sub(v, 1, 2))
+      if i > at then
+        redis.call('HSET', KEYS[3], f, string.format('%02d', i - 1) .. string.sub(v, 3))
+      end
+    end
+  end
 end
 local px = uncertain and tonumber(r) or p
 redis.call('SET', KEYS[1], '5' .. lp(tok) .. lp(fp) .. lp('0') .. lp(t) .. lp(r), 'PX', string.format('%d', math.max(px, 1)))
