@@ -322,7 +322,7 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 		_, _ = x.Write([]byte(err.Error()))
 	case err != nil:
 		x.Fail()
-		return zero, err
+		return zero, x.uncertainOr(err)
 	default:
 		b, merr := codec.Marshal(v)
 		if merr != nil {
@@ -352,6 +352,8 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 		}
 	}
 	switch {
+	case x.suspending() != "": // a step's outcome is unknown: ended uncertain, whatever fn returned
+		return zero, x.uncertainOr(err)
 	case err != nil: // permanent: returned whether or not it was stored
 		return zero, err
 	case errors.Is(cerr, ErrUncertain): // a step's outcome is unknown: ended uncertain, not completed
@@ -362,6 +364,20 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 		return zero, fmt.Errorf("idem: the operation's transaction was rolled back: %w", cerr)
 	}
 	return zero, fmt.Errorf("%w: the operation's transaction was not committed: %w", ErrUnavailable, cerr)
+}
+
+// uncertainOr returns err when x has no step of unknown outcome, else
+// an error matching [ErrStepUncertain] (fn's own error kept in the text):
+// the execution ended uncertain whatever fn returned.
+func (x *Execution) uncertainOr(err error) error {
+	step := x.suspending()
+	if step == "" || errors.Is(err, ErrUncertain) {
+		return err
+	}
+	if err == nil {
+		return fmt.Errorf("step %q: %w", step, ErrStepUncertain)
+	}
+	return fmt.Errorf("step %q: %w (the function returned: %v)", step, ErrStepUncertain, err)
 }
 
 // storedResult returns the status and body of a completed record, read in
