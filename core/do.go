@@ -377,7 +377,7 @@ func (x *Execution) uncertainOr(err error) error {
 	if err == nil {
 		return fmt.Errorf("step %q: %w", step, ErrStepUncertain)
 	}
-	return fmt.Errorf("step %q: %w (the function returned: %v)", step, ErrStepUncertain, err)
+	return fmt.Errorf("step %q: %w (the function returned: %w)", step, ErrStepUncertain, err)
 }
 
 // storedResult returns the status and body of a completed record, read in

@@ -246,7 +246,7 @@ func (r *Recoverer) Run(ctx context.Context) error {
 }
 
 func (r *Recoverer) jitter() time.Duration {
-	return r.interval*3/4 + rand.N(r.interval/2+1)
+	return r.interval*3/4 + rand.N(r.interval/2+1) //nolint:gosec // jitter, not a secret
 }
 
 // RecoverOnce runs one pass: it asks the store for up to the batch of due

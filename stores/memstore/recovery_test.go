@@ -201,3 +201,181 @@ func TestRecoveryNeedsRecoverableStore(t *testing.T) {
 		t.Fatal("NewRecoverer under WithUncertainAfterCrash: accepted")
 	}
 }
+
+// TestRecoverersRace: three recoverers and a client retrying, all on the
+// same lapsed records: each record runs again exactly once (the store's
+// Claim and Acquire are the fence), never twice at a time.
+func TestRecoverersRace(t *testing.T) {
+	e, _, _ := recoveryEngine(t)
+	const records = 6
+	hold := make(chan struct{})
+	var first sync.WaitGroup
+	var mu sync.Mutex
+	runs := map[string]int{}
+	inflight := map[string]int{}
+	overlap := 0
+	fn := func(key string) func(context.Context) (string, error) {
+		return func(context.Context) (string, error) {
+			mu.Lock()
+			runs[key]++
+			n := runs[key]
+			if n > 1 {
+				inflight[key]++
+				if inflight[key] > 1 {
+					overlap++
+				}
+			}
+			mu.Unlock()
+			if n == 1 {
+				<-hold // the first holder stops
+				return "first", nil
+			}
+			time.Sleep(20 * time.Millisecond)
+			mu.Lock()
+			inflight[key]--
+			mu.Unlock()
+			return "done-" + key, nil
+		}
+	}
+	op := func(i int) idem.Operation {
+		return idem.Operation{Name: "charge", Key: "k" + string(rune('a'+i)), Recover: true}
+	}
+	for i := range records {
+		first.Add(1)
+		go func() {
+			defer first.Done()
+			_, _ = idem.Do(context.Background(), e, op(i), fn(op(i).Key))
+		}()
+	}
+	t.Cleanup(first.Wait)
+	t.Cleanup(func() { close(hold) })
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		n := len(runs)
+		mu.Unlock()
+		if n == records {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first runs never started")
+		}
+	}
+	var recs []*idem.Recoverer
+	for range 3 {
+		r, err := idem.NewRecoverer(e, idem.RecoverBackoff(10*time.Millisecond, 50*time.Millisecond), idem.RecoverConcurrency(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Handle("charge", func(ctx context.Context, o idem.Operation) error {
+			_, err := idem.Do(ctx, e, o, fn(o.Key))
+			return err
+		})
+		recs = append(recs, r)
+	}
+	done := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range runs {
+			if n < 2 {
+				return false
+			}
+		}
+		return true
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for _, r := range recs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := r.RecoverOnce(context.Background()); err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // a client retrying every record
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for i := range records {
+				_, _ = idem.Do(context.Background(), e, op(i), fn(op(i).Key))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	for deadline := time.Now().Add(20 * time.Second); !done(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // let any duplicate run show
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for k, n := range runs {
+		if n != 2 {
+			t.Errorf("record %s ran %d times, want 2 (the stopped holder, then one takeover or recovery)", k, n)
+		}
+	}
+	if overlap != 0 {
+		t.Errorf("%d runs overlapped another run of the same record", overlap)
+	}
+	for i := range records {
+		v, err := idem.Do(context.Background(), e, op(i), fn(op(i).Key))
+		if err != nil || v != "done-"+op(i).Key {
+			t.Errorf("record %d after recovery: %q %v", i, v, err)
+		}
+	}
+}
+
+// TestRecovererStartStop: Start runs passes in the background until Stop,
+// which leaves no goroutine behind (goleak).
+func TestRecovererStartStop(t *testing.T) {
+	e, _, events := recoveryEngine(t)
+	op := idem.Operation{Name: "bg", Key: "k", Recover: true}
+	hold := make(chan struct{})
+	var runs atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = idem.Do(context.Background(), e, op, func(context.Context) (int, error) { runs.Add(1); <-hold; return 1, nil })
+	}()
+	t.Cleanup(wg.Wait)
+	t.Cleanup(func() { close(hold) })
+	r, err := idem.NewRecoverer(e, idem.RecoverEvery(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Handle("bg", func(ctx context.Context, o idem.Operation) error {
+		_, err := idem.Do(ctx, e, o, func(context.Context) (int, error) { runs.Add(1); return 2, nil })
+		return err
+	})
+	r.Start()
+	r.Start() // no second loop
+	for deadline := time.Now().Add(20 * time.Second); count(events, idem.EventRecovered) < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery within 20s (runs %d)", runs.Load())
+		}
+	}
+	r.Stop()
+	r.Stop()
+	if v, err := idem.Do(context.Background(), e, op, func(context.Context) (int, error) { return 3, nil }); err != nil || v != 2 || runs.Load() != 2 {
+		t.Fatalf("after the background recovery: %d %v, runs %d", v, err, runs.Load())
+	}
+}
