@@ -18,10 +18,10 @@ var (
 	// completing or releasing ([StateUncertain]) whatever the handler
 	// answers, until an operator resolves the key (cmd/idemctl) or the keep
 	// ([WithUncertainAfterCrash], else the retention) ends: later retries
-	// get 409 "operation-uncertain", [Do] returns it. A handler answers
-	// the request that got it best with the same problem
-	// ([OutcomeUncertain]'s ProblemType and Status). errors.Is(err,
-	// [ErrUncertain]) is true.
+	// get 409 "operation-uncertain", [Do] returns it. The request that got
+	// it is answered by idem with that problem too, whatever its handler
+	// writes ([Execution.Override]), and later Steps of the execution
+	// return it without running. errors.Is(err, [ErrUncertain]) is true.
 	ErrStepUncertain = fmt.Errorf("%w: a step started before a crash has an unknown outcome", ErrUncertain)
 	// ErrNoJournal: the step runs in an execution whose store does not
 	// implement [Journal]; fn did not run.
