@@ -35,3 +35,11 @@ func TestRecovery(t *testing.T) {
 		return s
 	})
 }
+
+func TestRecoverer(t *testing.T) {
+	storetest.RunRecoverer(t, func(t *testing.T) idem.Store {
+		s := memstore.New()
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
