@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +17,8 @@ import (
 var recoverFlags = []string{"-recover", "-recover-every", "300ms"}
 
 // TestRecoverWithoutClient SIGKILLs the payments service (-provider-url,
-// lease 2s) mid-payment and restarts it, on every shared store, and no
+// lease 2s; on FerretDB 8s with 2s store calls, in a collection of its
+// own) mid-payment and restarts it, on every shared store, and no
 // client retries: with -recover the restarted instance's recoverer
 // finishes the payment on its own (a crash after the charge: one charge,
 // one receipt, one ledger row on the SQL stores, and the client's late
@@ -75,6 +77,9 @@ func (env *crashEnv) crashUnattended(t *testing.T, point string, recover bool) (
 	var extra []string
 	if recover {
 		extra = recoverFlags
+	}
+	if slices.Contains(env.args, "mongo") { // a collection of its own (no other test's records to recover), and FerretDB's slower calls
+		extra = append(slices.Clip(extra), "-mongo-collection", "recover_"+strings.ToLower(rand.Text()[:10]), "-store-timeout", "2s", "-lease", "8s")
 	}
 	before := env.stats(t)
 	user, key := "unattended-"+rand.Text()[:8], rand.Text()
