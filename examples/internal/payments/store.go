@@ -47,7 +47,7 @@ type Config struct {
 	RedisURL      string
 	RedisPrefix   string // redisstore.WithPrefix
 	MongoURI      string
-	MongoColl     string // the collection of database idem, for -store mongo
+	MongoColl     string        // the collection of database idem, for -store mongo
 	ChargeLatency time.Duration // every operation's provider call
 	TTL           time.Duration // idem.WithRetention
 	Lease         time.Duration // idem.WithLease
