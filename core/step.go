@@ -18,10 +18,10 @@ var (
 	// completing or releasing ([StateUncertain]) whatever the handler
 	// answers, until an operator resolves the key (cmd/idemctl) or the keep
 	// ([WithUncertainAfterCrash], else the retention) ends: later retries
-	// get 409 "operation-uncertain", [Do] returns it. A handler answers
-	// the request that got it best with the same problem
-	// ([OutcomeUncertain]'s ProblemType and Status). errors.Is(err,
-	// [ErrUncertain]) is true.
+	// get 409 "operation-uncertain", [Do] returns it. The request that got
+	// it is answered by idem with that problem too, whatever its handler
+	// writes ([Execution.Override]), and later Steps of the execution
+	// return it without running. errors.Is(err, [ErrUncertain]) is true.
 	ErrStepUncertain = fmt.Errorf("%w: a step started before a crash has an unknown outcome", ErrUncertain)
 	// ErrNoJournal: the step runs in an execution whose store does not
 	// implement [Journal]; fn did not run.
@@ -95,6 +95,9 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	j := x.e.journal
 	if j == nil {
 		return zero, ErrNoJournal
+	}
+	if earlier := x.suspending(); earlier != "" { // nothing runs after a step whose outcome is unknown
+		return zero, fmt.Errorf("step %q after step %q: %w", name, earlier, ErrStepUncertain)
 	}
 	if !x.claimStep(name) {
 		return zero, fmt.Errorf("%w: step %q is running in this execution", ErrStepName, name)
@@ -312,6 +315,7 @@ func (x *Execution) suspend(step string) {
 			"key", x.ev.Key, "step", step, "method", x.ev.Method, "route", x.ev.Route)
 		x.e.emit(x.ctx, ev)
 	}
+	x.tell(ErrStepUncertain)
 	if x.reported != nil {
 		x.reported(fmt.Errorf("step %q: %w", step, ErrStepUncertain))
 	}

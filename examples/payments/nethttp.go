@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemhttp"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
@@ -28,12 +29,18 @@ func nethttpServer(app *payments.App) (payments.Server, error) {
 	for _, rt := range payments.Routes(app.Service) {
 		h := http.Handler(httpRoute(rt))
 		if rt.Protected {
-			h = httpAuthenticate(idempotent(h))
+			h = httpAuthenticate(app, idempotent(h))
 		}
 		mux.Handle(rt.Method+" "+rt.Path, h)
 	}
 	mux.Handle("GET /metrics", app.Metrics)
-	return &http.Server{Handler: otelhttp.NewHandler(httpRequestID(httpRecoverer(mux)), "payments"), ReadHeaderTimeout: 10 * time.Second}, nil
+	handler := otelhttp.NewHandler(httpRequestID(httpRecoverer(mux)), "payments")
+	if app.Config.Recover {
+		if err := app.StartRecovery(handler); err != nil {
+			return nil, err
+		}
+	}
+	return &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}, nil
 }
 
 // httpRoute adapts rt to net/http.
@@ -61,9 +68,14 @@ func writeHTTP(w http.ResponseWriter, res payments.Response) {
 type httpUserKey struct{}
 
 // httpAuthenticate stands in for real authentication: it trusts X-User-ID.
-func httpAuthenticate(next http.Handler) http.Handler {
+// A recovery run (-recover) is authenticated as its stored principal by the
+// engine's hook instead; a forged Idem-Recovery header is not.
+func httpAuthenticate(app *payments.App, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user := r.Header.Get("X-User-ID")
+		user, ok := app.Engine.RecoveryPrincipal(r.Header.Get(idem.RecoveryHeader))
+		if !ok {
+			user = r.Header.Get("X-User-ID")
+		}
 		if user == "" {
 			writeHTTP(w, payments.ProblemResponse(payments.Unauthenticated))
 			return

@@ -27,3 +27,19 @@ func TestJournal(t *testing.T) {
 		return s
 	})
 }
+
+func TestRecovery(t *testing.T) {
+	storetest.RunRecovery(t, func(t *testing.T) idem.Store {
+		s := memstore.New()
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+func TestRecoverer(t *testing.T) {
+	storetest.RunRecoverer(t, func(t *testing.T) idem.Store {
+		s := memstore.New()
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

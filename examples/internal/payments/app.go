@@ -32,7 +32,22 @@ type App struct {
 	// Metrics serves GET /metrics (Prometheus text format), to be mounted
 	// outside authentication.
 	Metrics http.Handler
-	closers []func()
+	// Recoverer finishes abandoned requests (-recover), once started by
+	// the wiring with its handler chain (StartRecovery).
+	Recoverer *idem.Recoverer
+	closers   []func()
+}
+
+// StartRecovery starts a recoverer that runs abandoned requests through
+// h, the service's whole handler chain (-recover); Serve stops it.
+func (a *App) StartRecovery(h http.Handler) error {
+	r, err := idem.NewRecoverer(a.Engine, idem.RecoverRequests(idem.HTTPRunner(h)), idem.RecoverEvery(a.Config.RecoverEvery))
+	if err != nil {
+		return err
+	}
+	a.Recoverer = r
+	r.Start()
+	return nil
 }
 
 // Open opens what f names: the store (openStore), telemetry (metrics,
@@ -60,13 +75,17 @@ func Open(f Config) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
-	app.Engine, err = idem.New(b.store,
+	opts := []idem.Option{
 		idem.WithRetention(f.TTL),
 		idem.WithLease(f.Lease),
 		idem.WithStoreTimeout(f.StoreTimeout),
 		idem.WithUncertainAfterCrash(f.UncertainAfterCrash),
 		idem.WithEventHook(hook),
-	)
+	}
+	if f.Recover {
+		opts = append(opts, idem.WithRecovery())
+	}
+	app.Engine, err = idem.New(b.store, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +142,9 @@ func (a *App) Serve(srv Server) error {
 	defer cancel()
 	if err := srv.Shutdown(shutdown); err != nil {
 		return err
+	}
+	if a.Recoverer != nil {
+		a.Recoverer.Stop()
 	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

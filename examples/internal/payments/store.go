@@ -47,6 +47,7 @@ type Config struct {
 	RedisURL      string
 	RedisPrefix   string // redisstore.WithPrefix
 	MongoURI      string
+	MongoColl     string        // the collection of database idem, for -store mongo
 	ChargeLatency time.Duration // every operation's provider call
 	TTL           time.Duration // idem.WithRetention
 	Lease         time.Duration // idem.WithLease
@@ -75,6 +76,10 @@ type Config struct {
 	// payment row is written, printing "paused", until SIGUSR1.
 	NoRenewal        bool
 	PauseAfterRecord bool
+	// Recover makes every route recoverable and runs an idem.Recoverer in
+	// this instance every RecoverEvery (-framework nethttp).
+	Recover      bool
+	RecoverEvery time.Duration
 	// ProviderURL is examples/cardprovider's base URL: payments charge
 	// it and mail a receipt through it, in durable steps (idem.Step); ""
 	// simulates the provider in process.
@@ -101,7 +106,8 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis, mongo, postgres or mysql")
 	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
 	flag.StringVar(&f.RedisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key, for -store redis")
-	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection idempotency)")
+	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection -mongo-collection)")
+	flag.StringVar(&f.MongoColl, "mongo-collection", "idempotency", "collection of database idem for -store mongo")
 	flag.DurationVar(&f.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated provider latency of every operation")
 	flag.DurationVar(&f.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
 	flag.DurationVar(&f.Lease, "lease", idem.DefaultLease, "lease of an in-progress request")
@@ -113,6 +119,8 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.PostgresSchema, "postgres-schema", "public", "PostgreSQL schema of the tables idem_records, payments and signups (created if missing)")
 	flag.BoolVar(&f.PaymentsPostgres, "payments-postgres", false, "record payments and sign-ups as rows in PostgreSQL (always with -store postgres, through the execution's transaction)")
 	flag.StringVar(&f.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/test", "MySQL/MariaDB DSN (go-sql-driver) for -store mysql: tables idem_records, payments and signups (created if missing)")
+	flag.BoolVar(&f.Recover, "recover", false, "finish requests whose instance crashed, without their client: every route keeps what running it again takes, and a recoverer runs in this instance (-framework nethttp; README: Recovery without a client)")
+	flag.DurationVar(&f.RecoverEvery, "recover-every", idem.DefaultRecoverInterval, "with -recover: how often the recoverer looks for abandoned requests")
 	flag.BoolVar(&f.NoRenewal, "no-renewal", false, "test hook: never renew leases")
 	flag.BoolVar(&f.PauseAfterRecord, "pause-after-record", false, "test hook: hold each handler after its payment row is written, print \"paused\", go on at SIGUSR1")
 	flag.StringVar(&f.ProviderURL, "provider-url", "", "charge cards and mail receipts through examples/cardprovider at this URL (http://HOST:PORT), in durable steps; default: a provider simulated in process")
@@ -123,6 +131,9 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.Outbox, "outbox", "", "publish payment.created through a transactional outbox relayed to this broker: nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ); needs -store postgres, -store mysql or -payments-postgres")
 	flag.StringVar(&f.OutboxName, "outbox-name", "payments", "with -outbox: the stream (upper-cased) or queue name, as examples/consumer's -name; the outbox table is <name>_events")
 	flag.Parse()
+	if f.Recover && f.Framework != "nethttp" {
+		return f, fmt.Errorf("-recover: this example wires the recoverer for -framework nethttp only")
+	}
 	if !slices.Contains(Frameworks, f.Framework) {
 		return f, fmt.Errorf("-framework %q: want one of %s", f.Framework, strings.Join(Frameworks, ", "))
 	}
@@ -180,7 +191,7 @@ func openNamedStore(f Config) (backing, error) {
 		if err != nil {
 			return backing{}, fmt.Errorf("-mongo-uri: %w", err)
 		}
-		s := mongostore.New(client.Database("idem").Collection("idempotency"))
+		s := mongostore.New(client.Database("idem").Collection(f.MongoColl))
 		go func() { // index creation must not block start-up while the server is down
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
