@@ -2,6 +2,7 @@ package model_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -122,6 +123,7 @@ type target struct {
 	margin time.Duration // tolerance around phase ends
 
 	leases, retentions, advances, keeps []time.Duration
+	retains                             []time.Duration // of StartStep
 
 	// reacquire is how Acquire by the token that holds the record's lease
 	// (an engine's acquire sent again after its reply was lost) answers.
@@ -152,7 +154,8 @@ const (
 	reacquireNone reacquireMode = iota
 	// reacquireSame: with the record's fingerprint and keep, in progress
 	// or uncertain, acquired, record unchanged (redisstore: its SET NX GET
-	// sent again finds its own value: token, fingerprint and keep).
+	// sent again finds its own value: token, fingerprint and keep), unless
+	// the record was written since (a journal entry, Suspend): then held.
 	reacquireSame
 	// reacquireReplace: in progress or uncertain, acquired, the record
 	// written again with the call's fingerprint, lease and keep (pgstore,
@@ -180,22 +183,94 @@ type rec struct {
 	resp   []byte
 	keep   idem.Keep
 	lo, hi time.Time // window in which this phase ends
+
+	// steps is the record's step journal (idem.Journal); retain, the
+	// largest retain of the StartSteps that created its entries.
+	steps  []idem.StepEntry
+	retain time.Duration
+	// lapsed: an in-progress record whose lease lapsed, kept with its
+	// journal for retain (taken over by the next Acquire with its
+	// fingerprint, refused to another, fenced against every holder).
+	lapsed bool
+	// suspended: Suspend made it uncertain (the stored record is no longer
+	// what an Acquire writes: no same-token re-acquire, reacquireSame).
+	suspended bool
+	// ghost (absent only): the token of the in-progress or uncertain
+	// record whose lapse or keep ended, whose row the store may still
+	// hold: an Acquire may report taking it over ("*": any token).
+	ghost string
 }
 
-// next is the phase after r ends: uncertain, tombstone, or absent.
+// next is the phase after r ends: uncertain, lapsed (kept for its
+// journal), tombstone, or absent.
 func (r rec) next() rec {
 	switch {
-	case r.state == idem.StateInProgress && r.keep.Uncertain > 0:
-		return rec{state: idem.StateUncertain, token: r.token, fp: r.fp, keep: r.keep, lo: r.lo.Add(r.keep.Uncertain), hi: r.hi.Add(r.keep.Uncertain)}
+	case r.state == idem.StateInProgress && !r.lapsed && r.keep.Uncertain > 0:
+		return rec{state: idem.StateUncertain, token: r.token, fp: r.fp, keep: r.keep, steps: r.steps, retain: r.retain, suspended: r.suspended, lo: r.lo.Add(r.keep.Uncertain), hi: r.hi.Add(r.keep.Uncertain)}
+	case r.state == idem.StateInProgress && !r.lapsed && len(r.steps) > 0:
+		n := r
+		n.lapsed, n.lo, n.hi = true, r.lo.Add(r.retain), r.hi.Add(r.retain)
+		return n
+	case r.state == idem.StateInProgress || r.state == idem.StateUncertain:
+		return rec{ghost: r.token}
 	case r.state == idem.StateCompleted && r.keep.Tombstone > 0:
 		return rec{state: idem.StateExpired, fp: r.fp, keep: r.keep, lo: r.lo.Add(r.keep.Tombstone), hi: r.hi.Add(r.keep.Tombstone)}
 	}
 	return rec{}
 }
 
-// same reports whether a and b are the same record, windows aside.
+// same reports whether a and b are the same record, windows (and ghosts)
+// aside.
 func same(a, b rec) bool {
-	return a.state == b.state && a.token == b.token && a.fp == b.fp && bytes.Equal(a.resp, b.resp) && a.keep == b.keep
+	return a.state == b.state && a.token == b.token && a.fp == b.fp && bytes.Equal(a.resp, b.resp) && a.keep == b.keep &&
+		a.lapsed == b.lapsed && a.suspended == b.suspended && a.retain == b.retain && stepsView(a.steps) == stepsView(b.steps)
+}
+
+// stepsView is a journal as a string: "none", or each entry's name,
+// starting token, and result when done.
+func stepsView(steps []idem.StepEntry) string {
+	if len(steps) == 0 {
+		return "none"
+	}
+	var b strings.Builder
+	for i, e := range steps {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s/%s", e.Name, e.Token)
+		if e.Done {
+			fmt.Fprintf(&b, "=%q", e.Result)
+		}
+	}
+	return b.String()
+}
+
+// journalView is what Steps answers for r: its journal while it is live
+// and not a tombstone.
+func (r rec) journalView() string {
+	if r.state == 0 || r.state == idem.StateExpired {
+		return "none"
+	}
+	return stepsView(r.steps)
+}
+
+// describe is r for the log: its view, and whether its lease lapsed and
+// its journal.
+func (r rec) describe() string {
+	d := r.view()
+	if r.lapsed {
+		d += " (lapsed)"
+	}
+	if r.suspended {
+		d += " (suspended)"
+	}
+	if len(r.steps) > 0 {
+		d += " steps " + stepsView(r.steps)
+	}
+	if r.ghost != "" {
+		d += " (ghost " + r.ghost + ")"
+	}
+	return d
 }
 
 // view is what a store answers about a record: the fields a caller may
@@ -228,6 +303,7 @@ func viewOf(got idem.Record) string {
 // effect is what an action does to a candidate record.
 type effect struct {
 	answer string
+	alt    string // another answer with the same effect ("": none)
 	next   rec
 	pres   presence // presNo: delete the row, presYes: write one, presMaybe: leave it
 }
@@ -242,6 +318,10 @@ type machine struct {
 	ctx   context.Context
 	stats map[string]int // outcome counts, logged at the end of run
 	log   []string       // the actions so far, for failure messages
+	// checking: Check's reads, not counted among the actions' targets.
+	checking bool
+	// former is each key's holder before its current one (or its last).
+	former []string
 }
 
 // logf logs an action and keeps it for a failure message (rapid prints
@@ -263,7 +343,8 @@ func (mc *machine) fatalf(t *rapid.T, format string, args ...any) {
 // phase first, absent last.
 func (mc *machine) cands(i int, start, end time.Time) []rec {
 	var out []rec
-	for r := mc.m[i]; r.state != 0; r = r.next() {
+	r := mc.m[i]
+	for ; r.state != 0; r = r.next() {
 		if start.Add(-mc.tg.margin).Before(r.hi) {
 			out = append(out, r)
 		}
@@ -271,7 +352,7 @@ func (mc *machine) cands(i int, start, end time.Time) []rec {
 			return out
 		}
 	}
-	return append(out, rec{})
+	return append(out, r) // absent, with its ghost
 }
 
 // decide checks the store's answer got to an action on key i over
@@ -283,8 +364,12 @@ func (mc *machine) decide(t *rapid.T, op string, i int, start, end time.Time, go
 	var wants []string
 	for _, c := range cs {
 		e := f(c)
-		wants = append(wants, fmt.Sprintf("[%s: %s]", c.view(), e.answer))
-		if e.answer == got {
+		want := e.answer
+		if e.alt != "" {
+			want += " | " + e.alt
+		}
+		wants = append(wants, fmt.Sprintf("[%s: %s]", c.describe(), want))
+		if matches(e, got) {
 			match, effs = append(match, c), append(effs, e)
 		}
 	}
@@ -293,6 +378,9 @@ func (mc *machine) decide(t *rapid.T, op string, i int, start, end time.Time, go
 		kind = "near"
 	}
 	mc.stats[fmt.Sprintf("%s %s → %s", op, kind, short(got))]++
+	if !mc.checking {
+		mc.stats[targetOf(cs[0])]++
+	}
 	if len(match) == 0 {
 		mc.fatalf(t, "%s(k%d) = %s; the model allows %s", op, i, got, strings.Join(wants, " or "))
 	}
@@ -315,15 +403,49 @@ func (mc *machine) decide(t *rapid.T, op string, i int, start, end time.Time, go
 		if n.state != 0 {
 			n.lo, n.hi = minTime(n.lo, e.next.lo), maxTime(n.hi, e.next.hi)
 		}
+		if n.state == 0 && n.ghost != e.next.ghost {
+			n.ghost = cmp.Or(n.ghost, e.next.ghost)
+			if e.next.ghost != "" && e.next.ghost != n.ghost {
+				n.ghost = "*"
+			}
+		}
 		if e.pres != p {
 			p = presMaybe
 			mc.pres[i] = presMaybe // written by one candidate, left or deleted by another
 		}
 	}
+	if old := mc.m[i].token; old != "" && old != n.token {
+		mc.former[i] = old
+	}
 	mc.m[i] = n
 	if p != presMaybe {
 		mc.pres[i] = p
 	}
+}
+
+// Targets of the actions, by the record they find (the current phase at
+// their start): contended ones find it in progress, its lease live or
+// lapsed, or uncertain.
+const (
+	targetLive      = "target: in progress, lease live"
+	targetLapsed    = "target: in progress, lease lapsed"
+	targetUncertain = "target: uncertain"
+	targetCompleted = "target: completed or tombstone"
+	targetAbsent    = "target: absent"
+)
+
+func targetOf(c rec) string {
+	switch {
+	case c.lapsed:
+		return targetLapsed
+	case c.state == idem.StateInProgress:
+		return targetLive
+	case c.state == idem.StateUncertain:
+		return targetUncertain
+	case c.state == 0:
+		return targetAbsent
+	}
+	return targetCompleted
 }
 
 // disambiguate keeps, when an answer near a phase's end matched candidates
@@ -424,18 +546,34 @@ func errAnswer(err error) string {
 }
 
 // owns reports whether token may Complete, Release or Extend c: it holds
-// its live lease, or the record is uncertain and was its (Keep.Uncertain).
+// its live lease, or the record is uncertain and was its (Keep.Uncertain,
+// Suspend).
 func owns(c rec, token string) bool {
-	return (c.state == idem.StateInProgress || c.state == idem.StateUncertain) && c.token == token
+	return (c.state == idem.StateInProgress && !c.lapsed || c.state == idem.StateUncertain) && c.token == token
+}
+
+// leased reports whether token holds c's live lease: it may write the
+// journal (StartStep, FinishStep, Suspend).
+func leased(c rec, token string) bool {
+	return c.state == idem.StateInProgress && !c.lapsed && c.token == token
 }
 
 // acquireEffect is what Acquire(token, fp, lease, keep) over [start, end]
 // does to candidate c.
 func (mc *machine) acquireEffect(c rec, tok, fp string, lease time.Duration, keep idem.Keep, start, end time.Time) effect {
+	fresh := rec{state: idem.StateInProgress, token: tok, fp: fp, keep: keep, lo: start.Add(lease), hi: end.Add(lease)}
 	switch {
 	case c.state == 0:
-		return effect{answer: "acquired", next: rec{state: idem.StateInProgress, token: tok, fp: fp, keep: keep, lo: start.Add(lease), hi: end.Add(lease)}, pres: presYes}
-	case (c.state == idem.StateInProgress || c.state == idem.StateUncertain) && mc.tg.reacquire == reacquireSame &&
+		e := effect{answer: "acquired", next: fresh, pres: presYes}
+		if c.ghost != "" {
+			e.alt = "acquired over " + c.ghost
+		}
+		return e
+	case c.lapsed && c.fp == fp: // a takeover: the journal (and its retain) go on
+		fresh.steps, fresh.retain = c.steps, c.retain
+		return effect{answer: "acquired over " + c.token, next: fresh, pres: presYes}
+	case c.lapsed: // refused to another fingerprint: the journal left effects
+	case (c.state == idem.StateInProgress || c.state == idem.StateUncertain) && mc.tg.reacquire == reacquireSame && !c.suspended && len(c.steps) == 0 &&
 		c.token == tok && c.fp == fp && c.keep == keep:
 		e := keepAs(c)
 		e.answer = "acquired"
@@ -448,14 +586,25 @@ func (mc *machine) acquireEffect(c rec, tok, fp string, lease time.Duration, kee
 	return e
 }
 
+// acquireAnswer is an Acquire's answer: "acquired", "acquired over"
+// the token whose lapsed lease it took over, "held:" the live record, or
+// the error.
 func acquireAnswer(got idem.Record, acquired bool, err error) string {
 	switch {
 	case err != nil:
 		return errAnswer(err)
+	case acquired && got.Token != "":
+		return "acquired over " + got.Token
 	case acquired:
 		return "acquired"
 	}
 	return "held: " + viewOf(got)
+}
+
+// matches reports whether the store's answer got is e's (a ghost "*"
+// allows a takeover of any token).
+func matches(e effect, got string) bool {
+	return e.answer == got || e.alt != "" && (e.alt == got || e.alt == "acquired over *" && strings.HasPrefix(got, "acquired over "))
 }
 
 // reacquireKeep is the keep of an Acquire of key i: under
@@ -469,13 +618,68 @@ func (mc *machine) reacquireKeep(i int, keep idem.Keep) idem.Keep {
 	return keep
 }
 
+// contend skips an action that needs a record to act on while no key
+// holds one (before any draw: rapid then picks another action), so that
+// the actions that end records (Complete, Release, Resolve, Suspend) do
+// not leave most of a sequence acting on absent keys.
+func (mc *machine) contend(t *rapid.T) {
+	for _, r := range mc.m {
+		if r.state == idem.StateInProgress || r.state == idem.StateUncertain {
+			return
+		}
+	}
+	t.Skip("no record in progress or uncertain")
+}
+
+// drawKey draws the key of an action: mostly one whose record is in
+// progress (its lease live or lapsed) or uncertain, when there is one, so
+// that most actions contend for a held record rather than land on a
+// completed or absent one.
+func (mc *machine) drawKey(t *rapid.T) int {
+	var held []int
+	for i, r := range mc.m {
+		if r.state == idem.StateInProgress || r.state == idem.StateUncertain {
+			held = append(held, i)
+		}
+	}
+	if len(held) > 0 && rapid.IntRange(0, 3).Draw(t, "contend") > 0 {
+		return rapid.SampledFrom(held).Draw(t, "held key")
+	}
+	return rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
+}
+
+// drawStep draws a step name: mostly one the key's journal holds.
+func (mc *machine) drawStep(t *rapid.T, i int) string {
+	if st := mc.m[i].steps; len(st) > 0 && rapid.IntRange(0, 2).Draw(t, "started step") > 0 {
+		return rapid.SampledFrom(st).Draw(t, "step").Name
+	}
+	return rapid.SampledFrom(stepNames).Draw(t, "step")
+}
+
+// drawToken draws the token of an action on key i: mostly its holder's
+// (or last holder's) or the one it had before, so that most actions
+// contend for the record and former holders are fenced off.
+func (mc *machine) drawToken(t *rapid.T, i int) string {
+	switch rapid.IntRange(0, 3).Draw(t, "whose") {
+	case 0, 1:
+		if tok := mc.m[i].token; tok != "" {
+			return tok
+		}
+	case 2:
+		if tok := mc.former[i]; tok != "" {
+			return tok
+		}
+	}
+	return rapid.SampledFrom(tokens).Draw(t, "token")
+}
+
 func (mc *machine) drawKeep(t *rapid.T) idem.Keep {
 	return idem.Keep{Uncertain: drawDur(t, mc.tg.keeps, "uncertain"), Tombstone: drawDur(t, mc.tg.keeps, "tombstone")}
 }
 
 func (mc *machine) Acquire(t *rapid.T) {
-	i := rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
-	tok := rapid.SampledFrom(tokens).Draw(t, "token")
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
 	fp := rapid.SampledFrom(fingerprints).Draw(t, "fp")
 	lease := drawDur(t, mc.tg.leases, "lease")
 	keep := idem.Keep{}
@@ -495,7 +699,7 @@ func (mc *machine) Acquire(t *rapid.T) {
 		got, acquired, err = mc.tg.store.(idem.Keeper).AcquireKeep(mc.ctx, mc.keys[i], tok, fp, lease, keep)
 	}
 	end := mc.tg.clk.Now()
-	mc.logf(t, "AcquireKeep(k%d, %s, %.4s, %v, %+v) = %s, %v, %v [model %s]", i, tok, fp, lease, keep, viewOf(got), acquired, err, mc.m[i].view())
+	mc.logf(t, "AcquireKeep(k%d, %s, %.4s, %v, %+v) = %s, %v, %v [model %s]", i, tok, fp, lease, keep, viewOf(got), acquired, err, mc.m[i].describe())
 
 	if mc.tg.maxRecords > 0 && mc.pres[i] != presYes && mc.present() >= mc.tg.maxRecords {
 		if !errors.Is(err, memstore.ErrFull) {
@@ -507,39 +711,44 @@ func (mc *machine) Acquire(t *rapid.T) {
 	if got.State == idem.StateInProgress && !acquired && (got.LeaseLeft < 0 || got.LeaseLeft > lease && got.LeaseLeft > time.Hour) {
 		mc.fatalf(t, "Acquire returned LeaseLeft %v", got.LeaseLeft)
 	}
+	if acquired && got.Token != "" && (got.State != idem.StateInProgress || got.LeaseLeft >= 0) {
+		mc.fatalf(t, "Acquire reported a takeover of %s as %v with LeaseLeft %v; want in-progress, < 0", got.Token, got.State, got.LeaseLeft)
+	}
 	mc.decide(t, "Acquire", i, start, end, acquireAnswer(got, acquired, err), func(c rec) effect {
 		return mc.acquireEffect(c, tok, fp, lease, keep, start, end)
 	})
 }
 
 func (mc *machine) Complete(t *rapid.T) {
-	i := rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
-	tok := rapid.SampledFrom(tokens).Draw(t, "token")
+	mc.contend(t)
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
 	ri := rapid.IntRange(0, len(responses)-1).Draw(t, "response")
 	ret := drawDur(t, mc.tg.retentions, "retention")
 
 	start := mc.tg.clk.Now()
 	err := mc.tg.store.Complete(mc.ctx, mc.keys[i], tok, responses[ri], ret)
 	end := mc.tg.clk.Now()
-	mc.logf(t, "Complete(k%d, %s, r%d, %v) = %v [model %s]", i, tok, ri, ret, err, mc.m[i].view())
+	mc.logf(t, "Complete(k%d, %s, r%d, %v) = %v [model %s]", i, tok, ri, ret, err, mc.m[i].describe())
 	mc.decide(t, "Complete", i, start, end, errAnswer(err), func(c rec) effect {
 		if !owns(c, tok) {
 			e := keepAs(c)
 			e.answer = "ErrNotOwner"
 			return e
 		}
-		return effect{answer: "ok", pres: presYes, next: rec{state: idem.StateCompleted, token: tok, fp: c.fp, resp: slices.Clone(responses[ri]), keep: c.keep, lo: start.Add(ret), hi: end.Add(ret)}}
+		return effect{answer: "ok", pres: presYes, next: rec{state: idem.StateCompleted, token: tok, fp: c.fp, resp: slices.Clone(responses[ri]), keep: c.keep, steps: c.steps, lo: start.Add(ret), hi: end.Add(ret)}}
 	})
 }
 
 func (mc *machine) Release(t *rapid.T) {
-	i := rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
-	tok := rapid.SampledFrom(tokens).Draw(t, "token")
+	mc.contend(t)
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
 
 	start := mc.tg.clk.Now()
 	err := mc.tg.store.Release(mc.ctx, mc.keys[i], tok)
 	end := mc.tg.clk.Now()
-	mc.logf(t, "Release(k%d, %s) = %v [model %s]", i, tok, err, mc.m[i].view())
+	mc.logf(t, "Release(k%d, %s) = %v [model %s]", i, tok, err, mc.m[i].describe())
 	mc.decide(t, "Release", i, start, end, errAnswer(err), func(c rec) effect {
 		if !owns(c, tok) {
 			e := keepAs(c)
@@ -551,28 +760,30 @@ func (mc *machine) Release(t *rapid.T) {
 }
 
 func (mc *machine) Extend(t *rapid.T) {
-	i := rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
-	tok := rapid.SampledFrom(tokens).Draw(t, "token")
+	mc.contend(t)
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
 	lease := drawDur(t, mc.tg.leases, "lease")
 
 	start := mc.tg.clk.Now()
 	err := mc.tg.store.(idem.Extender).Extend(mc.ctx, mc.keys[i], tok, lease)
 	end := mc.tg.clk.Now()
-	mc.logf(t, "Extend(k%d, %s, %v) = %v [model %s]", i, tok, lease, err, mc.m[i].view())
+	mc.logf(t, "Extend(k%d, %s, %v) = %v [model %s]", i, tok, lease, err, mc.m[i].describe())
 	mc.decide(t, "Extend", i, start, end, errAnswer(err), func(c rec) effect {
 		if !owns(c, tok) {
 			e := keepAs(c)
 			e.answer = "ErrNotOwner"
 			return e
 		}
-		return effect{answer: "ok", pres: presYes, next: rec{state: idem.StateInProgress, token: tok, fp: c.fp, keep: c.keep, lo: start.Add(lease), hi: end.Add(lease)}}
+		return effect{answer: "ok", pres: presYes, next: rec{state: idem.StateInProgress, token: tok, fp: c.fp, keep: c.keep, steps: c.steps, retain: c.retain, suspended: c.suspended, lo: start.Add(lease), hi: end.Add(lease)}}
 	})
 }
 
 // Resolve ends an uncertain record: nil response deletes it, else it
 // completes with the response.
 func (mc *machine) Resolve(t *rapid.T) {
-	i := rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
+	mc.contend(t)
+	i := mc.drawKey(t)
 	ri := rapid.IntRange(-1, len(responses)-1).Draw(t, "response")
 	ret := drawDur(t, mc.tg.retentions, "retention")
 	var resp []byte
@@ -583,7 +794,7 @@ func (mc *machine) Resolve(t *rapid.T) {
 	start := mc.tg.clk.Now()
 	err := mc.tg.store.(idem.Keeper).Resolve(mc.ctx, mc.keys[i], resp, ret)
 	end := mc.tg.clk.Now()
-	mc.logf(t, "Resolve(k%d, r%d, %v) = %v [model %s]", i, ri, ret, err, mc.m[i].view())
+	mc.logf(t, "Resolve(k%d, r%d, %v) = %v [model %s]", i, ri, ret, err, mc.m[i].describe())
 	mc.decide(t, "Resolve", i, start, end, errAnswer(err), func(c rec) effect {
 		switch {
 		case c.state != idem.StateUncertain:
@@ -593,12 +804,153 @@ func (mc *machine) Resolve(t *rapid.T) {
 		case resp == nil:
 			return effect{answer: "ok", pres: presNo}
 		}
-		return effect{answer: "ok", pres: presYes, next: rec{state: idem.StateCompleted, token: c.token, fp: c.fp, resp: slices.Clone(resp), keep: c.keep, lo: start.Add(ret), hi: end.Add(ret)}}
+		return effect{answer: "ok", pres: presYes, next: rec{state: idem.StateCompleted, token: c.token, fp: c.fp, resp: slices.Clone(resp), keep: c.keep, steps: c.steps, lo: start.Add(ret), hi: end.Add(ret)}}
+	})
+}
+
+// Step names and results of the journal actions.
+var (
+	stepNames   = []string{"charge", "email", "ledger"}
+	stepResults = [][]byte{[]byte(`{"id":"ch_1"}`), {}, {0, 0xff}}
+)
+
+func (mc *machine) journal(t *rapid.T) idem.Journal {
+	j, ok := mc.tg.store.(idem.Journal)
+	if !ok {
+		t.Skip("not a Journal")
+	}
+	return j
+}
+
+// StartStep starts (or returns) a step of the record whose live lease the
+// token holds; a new entry raises the record's retain.
+func (mc *machine) StartStep(t *rapid.T) {
+	mc.contend(t)
+	j := mc.journal(t)
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
+	name := mc.drawStep(t, i)
+	retain := drawDur(t, mc.tg.retains, "retain")
+
+	start := mc.tg.clk.Now()
+	got, err := j.StartStep(mc.ctx, mc.keys[i], tok, name, retain)
+	end := mc.tg.clk.Now()
+	answer := errAnswer(err)
+	if err == nil {
+		answer = "entry " + stepsView([]idem.StepEntry{got})
+		if got.Name != name || !got.Done && got.Result != nil {
+			mc.fatalf(t, "StartStep(k%d, %s) returned %+v", i, name, got)
+		}
+	}
+	mc.logf(t, "StartStep(k%d, %s, %s, %v) = %s [model %s]", i, tok, name, retain, answer, mc.m[i].describe())
+	mc.decide(t, "StartStep", i, start, end, answer, func(c rec) effect {
+		if !leased(c, tok) {
+			e := keepAs(c)
+			e.answer = "ErrNotOwner"
+			return e
+		}
+		for _, st := range c.steps {
+			if st.Name == name {
+				e := keepAs(c)
+				e.answer = "entry " + stepsView([]idem.StepEntry{st})
+				return e
+			}
+		}
+		st := idem.StepEntry{Name: name, Token: tok}
+		n := c
+		n.steps, n.retain = append(slices.Clip(c.steps), st), max(c.retain, retain)
+		return effect{answer: "entry " + stepsView([]idem.StepEntry{st}), next: n, pres: presYes}
+	})
+}
+
+// FinishStep marks a started step done, once: a done one stays as it was.
+func (mc *machine) FinishStep(t *rapid.T) {
+	mc.contend(t)
+	j := mc.journal(t)
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
+	name := mc.drawStep(t, i)
+	ri := rapid.IntRange(0, len(stepResults)-1).Draw(t, "result")
+
+	start := mc.tg.clk.Now()
+	err := j.FinishStep(mc.ctx, mc.keys[i], tok, name, stepResults[ri])
+	end := mc.tg.clk.Now()
+	mc.logf(t, "FinishStep(k%d, %s, %s, %q) = %v [model %s]", i, tok, name, stepResults[ri], err, mc.m[i].describe())
+	mc.decide(t, "FinishStep", i, start, end, errAnswer(err), func(c rec) effect {
+		e := keepAs(c)
+		e.answer = "ErrNotOwner"
+		if !leased(c, tok) {
+			return e
+		}
+		for k, st := range c.steps {
+			if st.Name != name {
+				continue
+			}
+			e.answer = "ok"
+			if !st.Done {
+				n := c
+				n.steps = slices.Clone(c.steps)
+				n.steps[k].Done, n.steps[k].Result = true, slices.Clone(stepResults[ri])
+				return effect{answer: "ok", next: n, pres: presYes}
+			}
+		}
+		return e
+	})
+}
+
+// Suspend turns the record whose live lease the token holds uncertain for
+// keep, its token and journal kept.
+func (mc *machine) Suspend(t *rapid.T) {
+	mc.contend(t)
+	j := mc.journal(t)
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
+	keep := drawDur(t, mc.tg.retentions, "keep")
+
+	start := mc.tg.clk.Now()
+	err := j.Suspend(mc.ctx, mc.keys[i], tok, keep)
+	end := mc.tg.clk.Now()
+	mc.logf(t, "Suspend(k%d, %s, %v) = %v [model %s]", i, tok, keep, err, mc.m[i].describe())
+	mc.decide(t, "Suspend", i, start, end, errAnswer(err), func(c rec) effect {
+		if !leased(c, tok) {
+			e := keepAs(c)
+			e.answer = "ErrNotOwner"
+			return e
+		}
+		n := c
+		n.state, n.keep.Uncertain, n.suspended, n.lo, n.hi = idem.StateUncertain, keep, true, start.Add(keep), end.Add(keep)
+		return effect{answer: "ok", next: n, pres: presYes}
+	})
+}
+
+// Steps reads key i's journal.
+func (mc *machine) Steps(t *rapid.T) {
+	mc.contend(t)
+	mc.journal(t)
+	mc.steps(t, mc.drawKey(t))
+}
+
+// steps compares the store's journal of key i with the model's.
+func (mc *machine) steps(t *rapid.T, i int) {
+	start := mc.tg.clk.Now()
+	got, err := mc.tg.store.(idem.Journal).Steps(mc.ctx, mc.keys[i])
+	end := mc.tg.clk.Now()
+	answer := errAnswer(err)
+	if err == nil {
+		answer = "journal " + stepsView(got)
+		if got != nil && len(got) == 0 {
+			mc.fatalf(t, "Steps(k%d) = an empty journal, not nil", i)
+		}
+	}
+	mc.readBy(t, "Steps", i, start, end, answer, func(c rec) effect {
+		e := keepAs(c)
+		e.answer = "journal " + c.journalView()
+		return e
 	})
 }
 
 func (mc *machine) Get(t *rapid.T) {
-	mc.get(t, rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key"))
+	mc.get(t, mc.drawKey(t))
 }
 
 // readEffect is a read's effect: found or not, the candidate unchanged.
@@ -632,10 +984,15 @@ func (mc *machine) get(t *rapid.T, i int) {
 // read moves the model to the candidate a read saw: reads leave records
 // unchanged, but tell which phase the store is in.
 func (mc *machine) read(t *rapid.T, op string, i int, start, end time.Time, got string) {
+	mc.readBy(t, op, i, start, end, got, readEffect)
+}
+
+// readBy is read with the read's own answers (eff).
+func (mc *machine) readBy(t *rapid.T, op string, i int, start, end time.Time, got string, eff func(rec) effect) {
 	cs := mc.cands(i, start, end)
-	mc.decide(t, op, i, start, end, got, readEffect)
+	mc.decide(t, op, i, start, end, got, eff)
 	for _, c := range cs {
-		if readEffect(c).answer == got && got != readEffect(cs[0]).answer {
+		if eff(c).answer == got && got != eff(cs[0]).answer {
 			// the phase changed: the store is at c (or a later candidate
 			// with the same answer; none has one).
 			mc.m[i] = c
@@ -648,26 +1005,31 @@ func (mc *machine) read(t *rapid.T, op string, i int, start, end time.Time, got 
 // idem.Inspector; then, sometimes, Evict of what it saw (or of a record
 // with another fingerprint, which must be refused).
 func (mc *machine) Inspect(t *rapid.T) {
+	mc.contend(t)
 	ins, ok := mc.tg.store.(idem.Inspector)
 	if !ok {
 		t.Skip("not an Inspector")
 	}
-	i := rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
+	i := mc.drawKey(t)
 	start := mc.tg.clk.Now()
 	info, found, err := ins.Inspect(mc.ctx, mc.keys[i])
 	end := mc.tg.clk.Now()
-	mc.logf(t, "Inspect(k%d) = %s TTL %v, %v, %v [model %s]", i, viewOf(info.Record), info.TTL, found, err, mc.m[i].view())
+	mc.logf(t, "Inspect(k%d) = %s TTL %v, %v, %v [model %s]", i, viewOf(info.Record), info.TTL, found, err, mc.m[i].describe())
 	if found {
-		// TTL: the time to the end of the phase, by the store's clock.
-		var c rec
+		// TTL: the time to the end of the phase, by the store's clock; a
+		// lapsed lease's, <= 0 (an operator sees it lapsed, not held for
+		// its journal's retain).
+		ok, ends := false, time.Duration(0)
 		for _, x := range mc.cands(i, start, end) {
-			if x.view() == viewOf(info.Record) {
-				c = x
-				break
+			if x.view() != viewOf(info.Record) {
+				continue
 			}
+			ends = x.hi.Sub(start)
+			ok = ok || x.lapsed && info.TTL <= mc.tg.margin ||
+				!x.lapsed && info.TTL >= -mc.tg.margin && info.TTL <= ends+mc.tg.margin+time.Millisecond
 		}
-		if c.state != 0 && (info.TTL < -mc.tg.margin || info.TTL > c.hi.Sub(start)+mc.tg.margin+time.Millisecond) {
-			mc.fatalf(t, "Inspect(k%d) TTL %v, the phase ends within %v", i, info.TTL, c.hi.Sub(start))
+		if !ok {
+			mc.fatalf(t, "Inspect(k%d) TTL %v, the phase ends within %v", i, info.TTL, ends)
 		}
 	}
 	mc.read(t, "Inspect", i, start, end, readAnswer(info.Record, found, err))
@@ -684,7 +1046,7 @@ func (mc *machine) Inspect(t *rapid.T) {
 	start = mc.tg.clk.Now()
 	err = ins.Evict(mc.ctx, mc.keys[i], seen)
 	end = mc.tg.clk.Now()
-	mc.logf(t, "Evict(k%d, %s) = %v [model %s]", i, viewOf(seen), err, mc.m[i].view())
+	mc.logf(t, "Evict(k%d, %s) = %v [model %s]", i, viewOf(seen), err, mc.m[i].describe())
 	mc.decide(t, "Evict", i, start, end, errAnswer(err), func(c rec) effect {
 		if c.state == 0 || viewOf(seen) != c.view() {
 			e := keepAs(c)
@@ -740,7 +1102,8 @@ func (mc *machine) List(t *rapid.T) {
 			switch {
 			case len(listed) == 0 && want == "none":
 				ok = true
-			case len(listed) == 1 && listed[0].Key == key && listed[0].Response == nil && viewOf(listed[0].Record) == want && listed[0].TTL > -mc.tg.margin:
+			case len(listed) == 1 && listed[0].Key == key && listed[0].Response == nil && viewOf(listed[0].Record) == want &&
+				(listed[0].TTL > -mc.tg.margin || c.lapsed && listed[0].TTL <= mc.tg.margin):
 				ok = true
 			case len(listed) == 1 && c.state == 0 && mc.tg.lapsedListed && mc.pres[i] != presNo &&
 				listed[0].State == idem.StateInProgress && listed[0].TTL <= 0 && (state == 0 || state == idem.StateInProgress):
@@ -751,7 +1114,7 @@ func (mc *machine) List(t *rapid.T) {
 		if len(listed) == 1 {
 			got = fmt.Sprintf("%s TTL %v", viewOf(listed[0].Record), listed[0].TTL)
 		}
-		mc.logf(t, "List(k%d, state %v) = %s [model %s]", i, state, got, mc.m[i].view())
+		mc.logf(t, "List(k%d, state %v) = %s [model %s]", i, state, got, mc.m[i].describe())
 		mc.stats[fmt.Sprintf("List → %s", short(got))]++
 		if !ok {
 			mc.fatalf(t, "List(k%d, state %v) = %s; the model allows %v", i, state, got, wants)
@@ -782,7 +1145,7 @@ func (mc *machine) Purge(t *rapid.T) {
 				lo++
 			}
 			hi++
-			mc.pres[i] = presNo
+			mc.m[i], mc.pres[i] = rec{}, presNo // no row left to report a takeover of
 		case gone && mc.pres[i] != presNo:
 			hi++
 			mc.pres[i] = presMaybe
@@ -806,7 +1169,7 @@ func (mc *machine) Advance(t *rapid.T) {
 // tokens and fingerprints: at most one may acquire; every other one sees
 // a record the key may have held before, or the winner's.
 func (mc *machine) ConcurrentAcquire(t *rapid.T) {
-	i := rapid.IntRange(0, len(mc.keys)-1).Draw(t, "key")
+	i := mc.drawKey(t)
 	if mc.tg.maxRecords > 0 && mc.pres[i] != presYes && mc.present() >= mc.tg.maxRecords {
 		t.Skip("memstore full")
 	}
@@ -857,15 +1220,25 @@ func (mc *machine) ConcurrentAcquire(t *rapid.T) {
 		if err != nil {
 			mc.fatalf(t, "Get: %v", err)
 		}
-		mc.m[i], mc.pres[i] = rec{}, presMaybe
+		retain := mc.m[i].retain
+		mc.m[i], mc.pres[i] = rec{ghost: "*"}, presMaybe
 		for j, r := range res {
 			if r.acquired && found && got.Token == toks[j] && got.State == idem.StateInProgress {
 				mc.m[i] = rec{state: idem.StateInProgress, token: toks[j], fp: fps[j], keep: keep, lo: start.Add(lease), hi: after.Add(lease)}
+				if j, ok := mc.tg.store.(idem.Journal); ok { // the journal a takeover kept
+					steps, err := j.Steps(mc.ctx, mc.keys[i])
+					if err != nil {
+						mc.fatalf(t, "Steps: %v", err)
+					}
+					if len(steps) > 0 {
+						mc.m[i].steps, mc.m[i].retain = steps, retain
+					}
+				}
 			}
 		}
 		return
 	}
-	mc.logf(t, "ConcurrentAcquire(k%d, %v) winner %d [model %s]", i, toks, winner, mc.m[i].view())
+	mc.logf(t, "ConcurrentAcquire(k%d, %v) winner %d [model %s]", i, toks, winner, mc.m[i].describe())
 	cs := mc.cands(i, start, end)
 	// Losers see a candidate (before the winner) or the winner's record.
 	// (in any of its phases: a loser may end after the winner's lease).
@@ -889,7 +1262,7 @@ func (mc *machine) ConcurrentAcquire(t *rapid.T) {
 			}
 		}
 		if !ok {
-			mc.fatalf(t, "concurrent Acquire loser %s returned %s; model %s", toks[j], viewOf(r.rec), mc.m[i].view())
+			mc.fatalf(t, "concurrent Acquire loser %s returned %s; model %s", toks[j], viewOf(r.rec), mc.m[i].describe())
 		}
 	}
 	if winner < 0 {
@@ -899,7 +1272,7 @@ func (mc *machine) ConcurrentAcquire(t *rapid.T) {
 		}
 		return // every candidate unchanged; Check resyncs
 	}
-	mc.decide(t, "ConcurrentAcquire", i, start, end, "acquired", func(c rec) effect {
+	mc.decide(t, "ConcurrentAcquire", i, start, end, acquireAnswer(res[winner].rec, true, nil), func(c rec) effect {
 		return mc.acquireEffect(c, toks[winner], fps[winner], lease, keep, start, end)
 	})
 }
@@ -915,7 +1288,7 @@ func (mc *machine) Cleanup(t *rapid.T) {
 	for i := range mc.m {
 		if mc.pres[i] == presYes && mc.cands(i, now, now)[0].state == 0 {
 			want++
-			mc.pres[i] = presNo
+			mc.m[i], mc.pres[i] = rec{}, presNo
 		}
 	}
 	got := mc.tg.mem.Cleanup()
@@ -929,8 +1302,14 @@ func (mc *machine) Cleanup(t *rapid.T) {
 // Check runs after every action: every key's Get matches the model, and
 // memstore's Len counts exactly the records present.
 func (mc *machine) Check(t *rapid.T) {
+	mc.checking = true
+	defer func() { mc.checking = false }()
+	_, journaled := mc.tg.store.(idem.Journal)
 	for i := range mc.keys {
 		mc.get(t, i)
+		if journaled && (mc.tg.mem != nil || slices.ContainsFunc(mc.cands(i, mc.tg.clk.Now(), mc.tg.clk.Now()), func(c rec) bool { return len(c.steps) > 0 })) {
+			mc.steps(t, i)
+		}
 	}
 	if mc.tg.mem != nil {
 		if got, want := mc.tg.mem.Len(), mc.present(); got != want {
@@ -954,7 +1333,7 @@ func run(t *testing.T, checks int, newTarget func(t *rapid.T) *target) {
 		if tg.reset != nil {
 			tg.reset()
 		}
-		mc := &machine{tg: tg, ctx: ctx, m: make([]rec, 3), pres: make([]presence, 3), stats: stats}
+		mc := &machine{tg: tg, ctx: ctx, m: make([]rec, 3), pres: make([]presence, 3), former: make([]string, 3), stats: stats}
 		for range mc.m {
 			mc.keys = append(mc.keys, storetest.Key())
 		}
@@ -964,6 +1343,10 @@ func run(t *testing.T, checks int, newTarget func(t *rapid.T) *target) {
 	for _, k := range slices.Sorted(maps.Keys(stats)) {
 		t.Logf("  %-50s %6d", k, stats[k])
 	}
+	total := stats[targetLive] + stats[targetLapsed] + stats[targetUncertain] + stats[targetCompleted] + stats[targetAbsent]
+	contended := stats[targetLive] + stats[targetLapsed] + stats[targetUncertain]
+	t.Logf("contention: %d of %d operations contended (%d.%d%%): %d on a live lease, %d on a lapsed lease, %d on an uncertain record; %d on completed records, %d on absent ones",
+		contended, total, 100*contended/max(total, 1), 1000*contended/max(total, 1)%10, stats[targetLive], stats[targetLapsed], stats[targetUncertain], stats[targetCompleted], stats[targetAbsent])
 }
 
 func TestModelMemstore(t *testing.T) {
@@ -980,6 +1363,7 @@ func TestModelMemstore(t *testing.T) {
 			leases:     []time.Duration{time.Second, 2 * time.Second, 5 * time.Second, time.Hour},
 			retentions: []time.Duration{time.Second, 3 * time.Second, 24 * time.Hour},
 			keeps:      []time.Duration{0, 0, time.Second, 4 * time.Second, time.Hour},
+			retains:    []time.Duration{time.Second, 3 * time.Second, time.Hour},
 			advances:   []time.Duration{time.Millisecond, 500 * time.Millisecond, time.Second, 2*time.Second - time.Nanosecond, 3 * time.Second},
 		}
 	})
@@ -991,6 +1375,7 @@ var (
 	realLeases     = []time.Duration{60 * time.Millisecond, 120 * time.Millisecond, time.Hour, time.Hour}
 	realRetentions = []time.Duration{80 * time.Millisecond, time.Hour}
 	realKeeps      = []time.Duration{0, 0, 70 * time.Millisecond, time.Hour}
+	realRetains    = []time.Duration{90 * time.Millisecond, time.Hour}
 	realAdvances   = []time.Duration{10 * time.Millisecond, 30 * time.Millisecond, 60 * time.Millisecond}
 )
 
