@@ -23,17 +23,31 @@ import (
 // The model-based test drives a store with random sequences of every
 // operation of the store contract (Acquire, AcquireKeep, Complete,
 // Release, Extend, Resolve, Get, Inspect, Evict, List, Purge or memstore's
-// Cleanup), clock advances and concurrent duplicate acquires over a few
-// keys and tokens, and checks every answer against a reference model of
-// one record per key. A record goes through phases:
+// Cleanup) and of its step journal (StartStep, FinishStep, Suspend, Steps,
+// and Acquire's takeover report), clock advances and concurrent duplicate
+// acquires over a few keys and tokens, and checks every answer against a
+// reference model of one record per key. A record goes through phases:
 //
-//	absent → in-progress (token, fingerprint, lease, keep) → completed (response, retention)
+//	absent → in-progress (token, fingerprint, lease, keep, journal) → completed (response, retention)
 //	in-progress --lease lapses--> uncertain (Keep.Uncertain > 0) --keep ends--> expired (= absent)
+//	in-progress with a journal --lease lapses--> lapsed (kept for its retain) --retain ends--> absent
 //	completed --retention ends--> tombstone, StateExpired (Keep.Tombstone > 0) --keep ends--> absent
 //
 // plus Release and Resolve(nil) (→ absent), Resolve(response) (uncertain →
 // completed), Extend (new lease; an uncertain record's owner renews it back
-// to in-progress) and Evict (the inspected record → absent).
+// to in-progress), Evict (the inspected record → absent), Suspend (the
+// holder's record → uncertain for its keep) and an Acquire that takes a
+// lapsed record over (its journal kept with the fingerprint, refused to
+// another; the previous holder reported). A lapsed record without a
+// journal is absent, its row perhaps still there (a "ghost": an Acquire
+// may report taking it over).
+//
+// Actions contend: most draw a key whose record is in progress or
+// uncertain, the token of its holder or of its former holder (fenced off
+// after a takeover), and a step its journal holds; actions that need a
+// record wait (are skipped) while none is held. The run logs how many
+// actions met a record in progress (its lease live or lapsed) or
+// uncertain, apart from the total.
 //
 // # Time
 //
@@ -157,10 +171,11 @@ const (
 	// sent again finds its own value: token, fingerprint and keep), unless
 	// the record was written since (a journal entry, Suspend): then held.
 	reacquireSame
-	// reacquireReplace: in progress or uncertain, acquired, the record
-	// written again with the call's fingerprint, lease and keep (pgstore,
-	// mysqlstore: the acquire statement treats the token's own row as
-	// free).
+	// reacquireReplace: in progress (its lease live or lapsed) or
+	// uncertain, acquired, the record written again with the call's
+	// fingerprint, lease and keep, its journal kept when the fingerprint
+	// is the record's, no takeover reported (pgstore, mysqlstore: the
+	// acquire statement treats the token's own row as free).
 	reacquireReplace
 )
 
@@ -470,17 +485,31 @@ func (mc *machine) disambiguate(t *rapid.T, op string, i int, got string, effs [
 	if found {
 		seen = viewOf(now)
 	}
+	// and its journal, when the candidates' journals differ
+	journaled := false
+	for _, e := range effs[1:] {
+		journaled = journaled || e.next.journalView() != effs[0].next.journalView()
+	}
+	viewed := rec.view
+	if j, ok := mc.tg.store.(idem.Journal); ok && journaled {
+		steps, err := j.Steps(mc.ctx, mc.keys[i])
+		if err != nil {
+			mc.fatalf(t, "%s(k%d) = %s: Steps to tell the candidates apart: %v", op, i, got, err)
+		}
+		seen += " journal " + stepsView(steps)
+		viewed = func(r rec) string { return r.view() + " journal " + r.journalView() }
+	}
 	mc.logf(t, "Get(k%d) = %s [to tell %d candidates apart]", i, seen, len(effs))
 	at := mc.tg.clk.Now()
 	var exact, later []effect
 	for _, e := range effs {
-		if e.next.view() == seen {
+		if viewed(e.next) == seen {
 			exact = append(exact, e)
 			continue
 		}
 		// a later phase, only once the phase before it can have ended
 		for prev, r := e.next, e.next.next(); prev.state != 0 && !at.Add(mc.tg.margin).Before(prev.lo); prev, r = r, r.next() {
-			if r.view() == seen {
+			if viewed(r) == seen {
 				later = append(later, e)
 				break
 			}
@@ -569,6 +598,13 @@ func (mc *machine) acquireEffect(c rec, tok, fp string, lease time.Duration, kee
 			e.alt = "acquired over " + c.ghost
 		}
 		return e
+	case (c.state == idem.StateInProgress || c.state == idem.StateUncertain) && mc.tg.reacquire == reacquireReplace && c.token == tok:
+		// its own row, live, uncertain or lapsed: written again, its
+		// journal kept with the fingerprint (a retried acquire resumes)
+		if c.fp == fp {
+			fresh.steps, fresh.retain = c.steps, c.retain
+		}
+		return effect{answer: "acquired", next: fresh, pres: presYes}
 	case c.lapsed && c.fp == fp: // a takeover: the journal (and its retain) go on
 		fresh.steps, fresh.retain = c.steps, c.retain
 		return effect{answer: "acquired over " + c.token, next: fresh, pres: presYes}
@@ -578,8 +614,6 @@ func (mc *machine) acquireEffect(c rec, tok, fp string, lease time.Duration, kee
 		e := keepAs(c)
 		e.answer = "acquired"
 		return e
-	case (c.state == idem.StateInProgress || c.state == idem.StateUncertain) && mc.tg.reacquire == reacquireReplace && c.token == tok:
-		return mc.acquireEffect(rec{}, tok, fp, lease, keep, start, end)
 	}
 	e := keepAs(c)
 	e.answer = "held: " + c.view()
