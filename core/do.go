@@ -76,7 +76,25 @@ type Operation struct {
 	// Codec encodes the result for duplicates. Optional. Default is
 	// [JSONCodec].
 	Codec Codec
+	// Recover keeps Scope, Name, Key and Payload in the record from the
+	// acquire on (one [Recoverable.SetRecovery] before fn runs; its
+	// failure releases the key and Do returns [ErrUnavailable]), so that
+	// a [Recoverer] runs the operation again through the function
+	// registered for Name ([Recoverer.Handle]) when its holder stopped and
+	// nobody calls Do again. Scope, Name, Key and Payload must fit
+	// [MaxRecoveryBytes] together, else Do returns an error wrapping
+	// [ErrTooLarge] without running fn. The engine's store must implement
+	// [Recoverable] and [Journal] and the engine must not use
+	// [WithUncertainAfterCrash], else Do returns [ErrNoRecovery]. Optional.
+	// Default is false.
+	Recover bool
 }
+
+// ErrNoRecovery is returned by [Do] for an [Operation] with Recover set on
+// an engine that cannot recover it: its store does not implement
+// [Recoverable] and [Journal], or the engine uses [WithUncertainAfterCrash].
+// fn did not run.
+var ErrNoRecovery = errors.New("idem: Operation.Recover needs a store that implements idem.Recoverable and idem.Journal, without WithUncertainAfterCrash")
 
 // Codec encodes a function's result to bytes for the store and decodes it
 // for duplicates ([Operation.Codec]).
@@ -215,9 +233,30 @@ func Do[T any](ctx context.Context, e *Engine, op Operation, fn func(ctx context
 		Method: doMethod, Route: op.Name,
 	}
 	fp := Fingerprint(doMethod, op.Name, "", "", op.Payload)
+	if x, err := e.adoptOp(ctx, ev, ev.Key, fp); x != nil || err != nil {
+		if err != nil {
+			return zero, err
+		}
+		return run(ctx, x, codec, fn)
+	}
+	var payload []byte
+	if op.Recover {
+		if e.recoverable == nil || e.journal == nil || e.cfg.keep.Uncertain > 0 {
+			return zero, ErrNoRecovery
+		}
+		payload = encodeRecovery(&recoveryRequest{Kind: recoveryOp, Method: op.Scope, Route: op.Name, Key: op.Key, Body: op.Payload})
+		if len(payload) > MaxRecoveryBytes {
+			return zero, fmt.Errorf("idem: operation %q: scope, key and payload larger than MaxRecoveryBytes: %w", op.Name, ErrTooLarge)
+		}
+	}
 	token := e.tokenPrefix + strconv.FormatUint(e.tokens.Add(1), 36) // as ids makes them
 	x, rec, err := e.begin(ctx, &ev, &e.cfg.policy, fp, token, nil)
 	switch {
+	case x != nil && payload != nil:
+		if err := e.setRecovery(ctx, x, payload); err != nil {
+			return zero, fmt.Errorf("%w: storing the recovery payload: %w", ErrUnavailable, err)
+		}
+		return run(ctx, x, codec, fn)
 	case x != nil:
 		return run(ctx, x, codec, fn)
 	case errors.Is(err, errInProgress):
@@ -283,7 +322,7 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 		_, _ = x.Write([]byte(err.Error()))
 	case err != nil:
 		x.Fail()
-		return zero, err
+		return zero, x.uncertainOr(err)
 	default:
 		b, merr := codec.Marshal(v)
 		if merr != nil {
@@ -313,6 +352,8 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 		}
 	}
 	switch {
+	case x.suspending() != "": // a step's outcome is unknown: ended uncertain, whatever fn returned
+		return zero, x.uncertainOr(err)
 	case err != nil: // permanent: returned whether or not it was stored
 		return zero, err
 	case errors.Is(cerr, ErrUncertain): // a step's outcome is unknown: ended uncertain, not completed
@@ -323,6 +364,20 @@ func run[T any](ctx context.Context, x *Execution, codec Codec, fn func(context.
 		return zero, fmt.Errorf("idem: the operation's transaction was rolled back: %w", cerr)
 	}
 	return zero, fmt.Errorf("%w: the operation's transaction was not committed: %w", ErrUnavailable, cerr)
+}
+
+// uncertainOr returns err when x has no step of unknown outcome, else
+// an error matching [ErrStepUncertain] (fn's own error kept in the text):
+// the execution ended uncertain whatever fn returned.
+func (x *Execution) uncertainOr(err error) error {
+	step := x.suspending()
+	if step == "" || errors.Is(err, ErrUncertain) {
+		return err
+	}
+	if err == nil {
+		return fmt.Errorf("step %q: %w", step, ErrStepUncertain)
+	}
+	return fmt.Errorf("step %q: %w (the function returned: %v)", step, ErrStepUncertain, err)
 }
 
 // storedResult returns the status and body of a completed record, read in

@@ -39,6 +39,13 @@ type Request struct {
 	// the same bytes to the handler.
 	Body       []byte
 	BodyReader io.Reader
+	// Header holds the request's header lines; it is read only for a
+	// recoverable route ([RouteRecovery]), for the names it declares
+	// ([Engine.RecoveryHeaders]). Optional otherwise.
+	Header http.Header
+	// Recovery is the value of the request's [RecoveryHeader], "" when
+	// absent: a request a [Recoverer] rebuilt carries its pending nonce.
+	Recovery string
 
 	bodyHint int64       // BodyReader's length + 1 when known (BeginHTTP: Content-Length), else 0
 	handBack bool        // BeginHTTP: the body read from BodyReader goes back to the handler in a bodyBuffer
@@ -55,13 +62,16 @@ type Request struct {
 // store error ([WithCompletionRetry]) and to release leases a failed store
 // call may have left; [Engine.Close] stops them.
 type Engine struct {
-	store    Store
-	extender Extender
-	tx       Transactional // nil unless the store offers transactional completion
-	keeper   Keeper        // set when the engine keeps records (WithUncertainAfterCrash, WithTombstones)
-	journal  Journal       // the store's step journal (Step), nil when it has none
-	local    bool          // the store does no I/O: no timeout contexts
-	cfg      config
+	store       Store
+	extender    Extender
+	tx          Transactional // nil unless the store offers transactional completion
+	keeper      Keeper        // set when the engine keeps records (WithUncertainAfterCrash, WithTombstones)
+	journal     Journal       // the store's step journal (Step), nil when it has none
+	recoverable Recoverable   // the store's recovery (WithRecovery, RouteRecovery, Operation.Recover), nil when it has none
+	maxLease    time.Duration // the longest lease of any route: a recoverer's claims take it
+	pending     pending       // recovery runs of this process's recoverers, by nonce
+	local       bool          // the store does no I/O: no timeout contexts
+	cfg         config
 
 	deadlines *deadlines // of store calls (storeCall)
 	renewals  renewals   // the lease renewals of running executions
@@ -116,6 +126,18 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	}
 	if l, ok := store.(LocalStore); ok {
 		e.local = l.Local()
+	}
+	e.recoverable, _ = store.(Recoverable)
+	recovers, err := cfg.checkRecovery()
+	switch {
+	case err != nil:
+		return nil, err
+	case recovers && (e.recoverable == nil || e.journal == nil):
+		return nil, fmt.Errorf("idem: recovery (WithRecovery, RouteRecovery) needs a store that implements idem.Recoverable and idem.Journal; %T does not", store)
+	}
+	e.maxLease = cfg.lease
+	for _, p := range e.cfg.routes {
+		e.maxLease = max(e.maxLease, p.lease)
 	}
 	return e, nil
 }
@@ -211,10 +233,22 @@ func (e *Engine) Begin(ctx context.Context, req *Request) (*Execution, *Response
 		route = req.Path
 	}
 	pol := e.route(req.Method, route)
+	if req.Recovery != "" {
+		return e.adopt(ctx, req, route, key, pol)
+	}
+	if pol.recover && recoverySize(req, route, key, pol) > MaxRecoveryBytes {
+		e.emit(ctx, Event{Kind: EventRejected, Method: req.Method, Route: req.Route, Err: ErrTooLarge})
+		return nil, e.problems.tooLargeToRecover
+	}
 	scoped, fp, token := e.ids(req, route, key, &pol.fingerprint)
 	ev := Event{Key: scoped, Method: req.Method, Route: req.Route} // the template only: a path may be unbounded
 	x, rec, err := e.begin(ctx, &ev, pol, fp, token, req)
 	switch {
+	case x != nil && pol.recover:
+		if e.setRecovery(ctx, x, e.httpRecovery(req, route, key, pol)) != nil {
+			return nil, e.problems.unavailable
+		}
+		return x, nil
 	case x != nil:
 		return x, nil
 	case errors.Is(err, errInProgress):
@@ -309,10 +343,11 @@ func (e *Engine) begin(ctx context.Context, ev *Event, pol *routePolicy, fp, tok
 			e.releaseLater(ctx, *ev, token, pol.lease) // the acquire may still land: don't leave a lease nobody owns
 			return nil, Record{}, err
 		case acquired:
-			if rec.State == StateInProgress && rec.Token != "" {
+			tookOver := rec.State == StateInProgress && rec.Token != ""
+			if tookOver {
 				e.reportTakeover(ctx, *ev, rec)
 			}
-			x := &Execution{e: e, pol: pol, token: token, fp: fp, ev: *ev, started: now}
+			x := &Execution{e: e, pol: pol, token: token, fp: fp, ev: *ev, started: now, tookOver: tookOver}
 			x.detached.parent = ctx
 			x.ctx = &x.detached
 			e.emit(ctx, x.event(EventAcquired))

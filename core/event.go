@@ -25,10 +25,16 @@ const (
 	EventUncertain                               // 409: the key's holder crashed mid-request; an operator must resolve it (WithUncertainAfterCrash)
 	EventKeyExpired                              // 410: the key's response is no longer stored, its tombstone is (WithTombstones)
 	EventTakeover                                // a lapsed lease was taken over (its holder crashed or stalled); EventAcquired follows
+	EventRecoveryStarted                         // a Recoverer claimed a record whose holder stopped and runs it again; EventTakeover and EventAcquired follow
+	EventRecovered                               // a Recoverer's run stored the execution's answer (Status)
+	EventRecoveryDeferred                        // a Recoverer's run ended without an answer to store (error, 5xx, panic, refused on its way): the record is due again after its backoff
+	EventRecoveryParked                          // a record's recovery attempts are exhausted: it is uncertain until an operator resolves it (idemctl list -state uncertain)
+	EventRecoveryRefused                         // 403: a request carried an Idem-Recovery nonce no pending recovery run issued, or ran as another request than its claim
 )
 
 var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error", "unprotected",
-	"replay-forbidden", "fingerprint-changed", "uncertain", "key-expired", "takeover"}
+	"replay-forbidden", "fingerprint-changed", "uncertain", "key-expired", "takeover",
+	"recovery-started", "recovered", "recovery-deferred", "recovery-parked", "recovery-refused"}
 
 // String returns the event's name, e.g. "replayed".
 func (k EventKind) String() string {
@@ -43,14 +49,17 @@ type StoreOp uint8
 
 // Store operations, reported in [Event.Op].
 const (
-	OpAcquire  StoreOp = iota + 1 // Store.Acquire
-	OpComplete                    // Store.Complete
-	OpRelease                     // Store.Release
-	OpExtend                      // Extender.Extend (lease renewal)
-	OpSuspend                     // Journal.Suspend (a step's outcome is unknown)
+	OpAcquire     StoreOp = iota + 1 // Store.Acquire
+	OpComplete                       // Store.Complete
+	OpRelease                        // Store.Release
+	OpExtend                         // Extender.Extend (lease renewal)
+	OpSuspend                        // Journal.Suspend (a step's outcome is unknown)
+	OpSetRecovery                    // Recoverable.SetRecovery
+	OpClaim                          // Recoverable.Claim
+	OpLapsed                         // Recoverable.Lapsed
 )
 
-var opNames = [...]string{"", "acquire", "complete", "release", "extend", "suspend"}
+var opNames = [...]string{"", "acquire", "complete", "release", "extend", "suspend", "set-recovery", "claim", "lapsed"}
 
 // String returns the operation's name, e.g. "acquire", or "" for none.
 func (o StoreOp) String() string {

@@ -43,7 +43,12 @@ type Execution struct {
 
 	unreplayable bool // the body can't be captured (see Unreplayable)
 
-	reported func(err error) // Do: told how the completion ended (nil: stored)
+	reported func(err error) // Do and recoveries: told how the completion ended (nil: stored)
+
+	recovering bool           // a Recoverer's run: an answer not stored leaves the record to lapse, not released
+	tookOver   bool           // the lease was taken over from a holder that stopped (or claimed by a Recoverer)
+	recovered  chan error     // a Recoverer's run: told how the execution ended (nil: stored), capacity 1
+	cw         *CaptureWriter // the writer Capture or NewCaptureWriter made, nil for other adapters
 
 	renewFailed atomic.Bool // a failed renewal was logged
 
@@ -193,6 +198,7 @@ func (x *Execution) bodyLen() int {
 func (x *Execution) ending(status int) (int, bool) {
 	x.finishing() // the lease stays renewed while completion is tried
 	if step := x.suspending(); step != "" {
+		x.answerOverride()
 		x.suspend(step)
 		x.stopRenewal()
 		x.recycle()
@@ -204,7 +210,7 @@ func (x *Execution) ending(status int) (int, bool) {
 	// A status outside 100-999 (RFC 9110 section 15) cannot be replayed:
 	// release, whatever the storage policy says.
 	if status < 100 || status > 999 || !x.e.cfg.storePolicy(status) {
-		x.release()
+		x.unstored()
 		x.stopRenewal()
 		x.recycle()
 		return status, false
@@ -268,6 +274,7 @@ func (x *Execution) store(enc []byte, status int, location string) {
 }
 
 func (x *Execution) reportCompletion(ev Event, err error) {
+	defer x.tell(err)
 	if x.reported != nil {
 		defer x.reported(err)
 	}
@@ -384,17 +391,58 @@ func (x *Execution) Abort(status int, header http.Header) {
 	x.Finish(status, header)
 }
 
+// Override returns the answer idem sends in place of the handler's, nil
+// while the handler's own goes out: once a [Step] in the handler found a
+// step's outcome unknown ([ErrStepUncertain]), the 409
+// "operation-uncertain" problem, whatever the handler writes afterwards
+// (its record ends uncertain; nothing after the step runs through idem:
+// later Steps refuse, the Unit is rolled back). [CaptureWriter] applies
+// it; adapters with writers of their own check it before the handler's
+// first write and when the handler ended, send it instead (with the
+// header as it was when the execution began, [ResetHeader]) and drop the
+// handler's writes; gRPC and Connect answer its status instead of the
+// handler's reply.
+func (x *Execution) Override() *Response {
+	if x.suspending() == "" {
+		return nil
+	}
+	return x.e.problems.uncertain
+}
+
+// answerOverride sends the override through x's CaptureWriter when the
+// handler wrote nothing.
+func (x *Execution) answerOverride() {
+	if x.cw != nil {
+		x.cw.overridden()
+	}
+}
+
 // Fail releases the key after a handler error without a response, so that
 // a retry executes again.
 func (x *Execution) Fail() {
 	x.finishing()
 	if step := x.suspending(); step != "" {
+		x.answerOverride()
 		x.suspend(step)
 	} else {
-		x.release()
+		x.unstored()
 	}
 	x.stopRenewal()
 	x.recycle()
+}
+
+// unstored ends x, whose handler ended without an answer to store:
+// released, so that a retry executes again; a [Recoverer]'s run is left
+// to lapse instead, its journal and payload kept for its next attempt
+// (released only when its Unit cannot roll back without releasing).
+func (x *Execution) unstored() {
+	if x.recovering {
+		if _, ok := x.unit.(RollbackUnit); x.unit == nil || ok {
+			x.abandon()
+			return
+		}
+	}
+	x.release()
 }
 
 func (x *Execution) release() {
@@ -407,6 +455,7 @@ func (x *Execution) release() {
 		err = x.e.store.Release(ctx, x.ev.Key, x.token)
 	}
 	cancel()
+	x.tell(errRecoveryReleased)
 	ev := x.ended(x.ev, OpRelease, x.e.clock().Sub(start))
 	switch {
 	case errors.Is(err, ErrNotOwner):

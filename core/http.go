@@ -25,6 +25,10 @@ func (e *Engine) BeginHTTP(r *http.Request, route, principal string) (*Execution
 		Keys:        r.Header.Values(e.cfg.header),
 		Principal:   principal,
 		BodyReader:  r.Body,
+		Header:      r.Header,
+	}
+	if v := r.Header[RecoveryHeader]; len(v) > 0 {
+		req.Recovery = v[0]
 	}
 	if r.ContentLength >= 0 && r.Body != nil && r.Body != http.NoBody {
 		req.bodyHint = r.ContentLength + 1
@@ -117,6 +121,7 @@ func (x *Execution) Capture(w http.ResponseWriter, r *http.Request) (*CaptureWri
 		req http.Request
 	}{cw: CaptureWriter{ResponseWriter: w, x: x}}
 	p.req = *r.WithContext(x.WithInfo(r.Context())) // WithContext is inlined: its copy stays on the stack
+	x.cw = &p.cw
 	return &p.cw, &p.req
 }
 
@@ -124,17 +129,58 @@ func (x *Execution) Capture(w http.ResponseWriter, r *http.Request) (*CaptureWri
 // the client's: every write and flush goes to the client at once (streams are
 // not held back) and the status and body bytes are copied to the Execution.
 // It implements http.Flusher and Unwrap for http.ResponseController.
+//
+// Once the execution answers instead of its handler ([Execution.Override]:
+// a Step found an unknown outcome), the handler's first write sends idem's
+// answer (409 "operation-uncertain") instead, and its later writes are
+// dropped; a handler that wrote nothing gets that answer sent when the
+// adapter ends the execution (Finish, Fail, Abort).
 type CaptureWriter struct {
 	http.ResponseWriter
-	x      *Execution
-	status int
+	x        *Execution
+	status   int
+	override bool // idem's answer was sent in place of the handler's
 }
 
 // NewCaptureWriter returns a CaptureWriter writing to w for x, for an
 // adapter that hands the handler x's Info some other way; [Execution.Capture]
 // makes the writer and the request carrying the Info together.
 func (x *Execution) NewCaptureWriter(w http.ResponseWriter) *CaptureWriter {
-	return &CaptureWriter{ResponseWriter: w, x: x}
+	x.cw = &CaptureWriter{ResponseWriter: w, x: x}
+	return x.cw
+}
+
+// overridden reports whether the handler's writes are dropped: idem's
+// answer went, or goes now, in their place. status is 0 before the
+// first write.
+func (w *CaptureWriter) overridden() bool {
+	if w.override {
+		return true
+	}
+	if w.status != 0 {
+		return false
+	}
+	r := w.x.Override()
+	if r == nil {
+		return false
+	}
+	w.override, w.status = true, r.Status
+	ResetHeader(w.Header(), w.x.outer)
+	r.Send(w.ResponseWriter)
+	return true
+}
+
+// ResetHeader makes h what it was when the execution began, outer
+// ([Execution.OuterHeader]): the handler's lines are dropped before idem
+// answers in its place ([Execution.Override]).
+func ResetHeader(h, outer http.Header) {
+	for k := range h {
+		if v, ok := outer[k]; ok {
+			h[k] = v
+		} else {
+			delete(h, k)
+		}
+	}
 }
 
 // Status returns the first final status written (1xx are skipped), 200 once
@@ -144,6 +190,9 @@ func (w *CaptureWriter) Status() int { return w.status }
 
 // WriteHeader implements http.ResponseWriter.
 func (w *CaptureWriter) WriteHeader(code int) {
+	if code >= 200 && w.overridden() {
+		return
+	}
 	if w.status == 0 && code >= 200 {
 		w.status = code
 		w.x.SnapshotHeader(w.Header())
@@ -153,6 +202,9 @@ func (w *CaptureWriter) WriteHeader(code int) {
 
 // Write implements http.ResponseWriter.
 func (w *CaptureWriter) Write(p []byte) (int, error) {
+	if w.overridden() {
+		return len(p), nil
+	}
 	if w.status == 0 {
 		w.status = http.StatusOK
 		w.x.SnapshotHeader(w.Header())
@@ -164,6 +216,9 @@ func (w *CaptureWriter) Write(p []byte) (int, error) {
 
 // Flush sends buffered data to the client.
 func (w *CaptureWriter) Flush() {
+	if w.overridden() {
+		return
+	}
 	if w.status == 0 {
 		w.status = http.StatusOK
 		w.x.SnapshotHeader(w.Header())

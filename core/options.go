@@ -58,6 +58,8 @@ type config struct {
 	knownFingerprints []Fingerprinter                         // WithKnownFingerprints
 	fingerprints      map[string]Fingerprinter                // every one above by ID, built by validate
 	keep              Keep                                    // WithUncertainAfterCrash, WithTombstones
+	recover           bool                                    // WithRecovery
+	recoverHeaders    []string                                // WithRecovery's header names, canonical
 }
 
 func defaultConfig() config {

@@ -38,7 +38,8 @@ const (
 	OutcomeKeyMalformed                      // 400 "key-malformed" ([ErrKeyMalformed], [ErrKeyTooLong], [ErrKeyConflict], or refused by [WithKeyValidator])
 	OutcomeNoPrincipal                       // 401 "no-principal": no caller to scope the key by
 	OutcomeBodyUnreadable                    // 400 "body-unreadable": the request body could not be read completely
-	OutcomeBodyTooLarge                      // 413 "body-too-large": above [WithMaxBodyBytes]; nothing was executed
+	OutcomeBodyTooLarge                      // 413 "body-too-large": above [WithMaxBodyBytes] (or [MaxRecoveryBytes] on a recoverable route); nothing was executed
+	OutcomeRecoveryRefused                   // 403 "recovery-refused": the request carried an Idem-Recovery header no pending recovery run issued ([RecoveryHeader]); nothing was executed
 	outcomeCount
 )
 
@@ -64,6 +65,7 @@ var outcomeTable = [outcomeCount]struct {
 	OutcomeNoPrincipal:        {"no-principal", http.StatusUnauthorized, false},
 	OutcomeBodyUnreadable:     {"body-unreadable", http.StatusBadRequest, false},
 	OutcomeBodyTooLarge:       {"body-too-large", http.StatusRequestEntityTooLarge, false},
+	OutcomeRecoveryRefused:    {"recovery-refused", http.StatusForbidden, false},
 }
 
 // Outcomes returns every outcome but OutcomeNone, in declaration order: the
@@ -150,7 +152,7 @@ func (o Outcome) ConsumerAction() ConsumerAction {
 	case OutcomeUncertain, OutcomeUnreadable:
 		return ConsumerPark
 	case OutcomeKeyReused, OutcomeFingerprintChanged, OutcomeReplayForbidden, OutcomeKeyMissing,
-		OutcomeKeyMalformed, OutcomeNoPrincipal, OutcomeBodyUnreadable, OutcomeBodyTooLarge:
+		OutcomeKeyMalformed, OutcomeNoPrincipal, OutcomeBodyUnreadable, OutcomeBodyTooLarge, OutcomeRecoveryRefused:
 		return ConsumerDrop
 	}
 	return 0

@@ -40,7 +40,8 @@ type problems struct {
 	missing, malformed, tooLong, conflictingKeys, noPrincipal,
 	badBody, tooLarge, mismatch, inProgress, unavailable, unreadable,
 	forbidden, fingerprintChanged, uncertain, keyExpired *Response
-	render func(Problem) (contentType string, body []byte) // WithProblemRenderer; nil: RFC 9457
+	recoveryRefused, tooLargeToRecover *Response
+	render                             func(Problem) (contentType string, body []byte) // WithProblemRenderer; nil: RFC 9457
 
 	// inProgressAfter holds, at index n, the 409 in-progress answer with
 	// "Retry-After: n", built on first use (inProgressFor).
@@ -116,6 +117,10 @@ func newProblems(retryAfter time.Duration, render func(Problem) (string, []byte)
 			"A request with this Idempotency-Key was already made, and this caller is not allowed to see its outcome."),
 		uncertain: p("operation-uncertain", "Operation outcome uncertain", http.StatusConflict,
 			"A request with this Idempotency-Key started but its server stopped before recording the outcome, so it may or may not have taken effect. Do not retry automatically: the service operator must resolve it first."),
+		recoveryRefused: p("recovery-refused", "Recovery refused", http.StatusForbidden,
+			"This request carries an Idem-Recovery header that no pending recovery run of this server issued; nothing was executed. Clients must not send it."),
+		tooLargeToRecover: p("body-too-large", "Request body too large", http.StatusRequestEntityTooLarge,
+			"The request is larger than this endpoint can keep to finish it without the client (recovery); nothing was executed."),
 		keyExpired: p("key-expired", "Idempotency key expired", http.StatusGone,
 			"This Idempotency-Key was used, and its response is no longer stored. Do not retry with it: check the outcome of the original request, and use a new key for a new request."),
 		inProgress: withRetry(p("in-progress", "Request in progress", http.StatusConflict,

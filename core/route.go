@@ -17,7 +17,9 @@ type routePolicy struct {
 	lease, retention       time.Duration
 	leaseSet, retentionSet bool // given by RouteLease, RouteRetention
 	fingerprint            Fingerprinter
-	fingerprintSet         bool // given by RouteFingerprint
+	fingerprintSet         bool     // given by RouteFingerprint
+	recover, recoverSet    bool     // RouteRecovery, WithRecovery
+	recoverHeaders         []string // request header names kept for recovery, canonical
 }
 
 // WithRoute sets the policy of one route, so that routes with other needs
@@ -91,8 +93,11 @@ func (c *config) validateRoutes() error {
 		if !p.fingerprintSet {
 			p.fingerprint = c.fingerprint
 		}
+		if !p.recoverSet {
+			p.recover, p.recoverHeaders = c.recover, c.recoverHeaders
+		}
 	}
-	c.policy = routePolicy{lease: c.lease, retention: c.retention, fingerprint: c.fingerprint}
+	c.policy = routePolicy{lease: c.lease, retention: c.retention, fingerprint: c.fingerprint, recover: c.recover, recoverHeaders: c.recoverHeaders}
 	return nil
 }
 

@@ -96,6 +96,9 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	if j == nil {
 		return zero, ErrNoJournal
 	}
+	if earlier := x.suspending(); earlier != "" { // nothing runs after a step whose outcome is unknown
+		return zero, fmt.Errorf("step %q after step %q: %w", name, earlier, ErrStepUncertain)
+	}
 	if !x.claimStep(name) {
 		return zero, fmt.Errorf("%w: step %q is running in this execution", ErrStepName, name)
 	}
@@ -312,6 +315,7 @@ func (x *Execution) suspend(step string) {
 			"key", x.ev.Key, "step", step, "method", x.ev.Method, "route", x.ev.Route)
 		x.e.emit(x.ctx, ev)
 	}
+	x.tell(ErrStepUncertain)
 	if x.reported != nil {
 		x.reported(fmt.Errorf("step %q: %w", step, ErrStepUncertain))
 	}

@@ -123,6 +123,9 @@ func NewInterceptor(e *idem.Engine, opts ...Option) connect.Interceptor {
 			}()
 			res, herr := next(x.WithInfo(ctx), req)
 			c.finish(x, res, herr)
+			if o := x.Override(); o != nil { // a step's outcome is unknown: idem answers, whatever the handler did
+				return nil, statusError(idemrpc.Answer(o, c.key, "header", keys))
+			}
 			return res, herr
 		}
 	})

@@ -54,12 +54,14 @@ package idemfiber
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/utils"
+	"github.com/valyala/fasthttp"
 
 	idem "github.com/idemkit/idem/core"
 )
@@ -136,6 +138,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		if cfg.scope != nil {
 			req.Principal = cfg.scope(c)
 		}
+		recoveryFields(e, &req, &rq.Header)
 		x, resp := e.Begin(c.UserContext(), &req)
 		if resp != nil {
 			if resp.IsReplay() {
@@ -150,7 +153,8 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			return c.Next()
 		}
 		setContext(c, x.WithInfo(c.UserContext()))
-		x.OuterHeader(outerHeader(c))
+		outer := outerHeader(c)
+		x.OuterHeader(outer)
 		defer func() {
 			if p := recover(); p != nil {
 				x.Fail()
@@ -163,6 +167,9 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			}
 		}
 		res := c.Response()
+		if r := x.Override(); r != nil { // idem answers instead of the handler
+			override(res, outer, r)
+		}
 		var body []byte
 		if res.IsBodyStream() {
 			x.Unreplayable()
@@ -338,4 +345,54 @@ func hasUpper(s string) bool {
 		}
 	}
 	return false
+}
+
+// recoveryFields sets req's Recovery from the request's idem.RecoveryHeader
+// and, for a recoverable route, its Header with the lines the route keeps.
+func recoveryFields(e *idem.Engine, req *idem.Request, h *fasthttp.RequestHeader) {
+	if v := h.Peek(idem.RecoveryHeader); len(v) > 0 {
+		req.Recovery = string(v)
+	}
+	names := e.RecoveryHeaders(req.Method, req.Route)
+	if len(names) == 0 {
+		return
+	}
+	req.Header = make(http.Header, len(names))
+	for _, n := range names {
+		if v := h.Peek(n); len(v) > 0 {
+			req.Header[n] = []string{string(v)}
+		}
+	}
+}
+
+// override replaces the handler's response with r (idem.Execution.Override),
+// the header lines as they were before the handler ran (outer).
+func override(res *fasthttp.Response, outer http.Header, r *idem.Response) {
+	res.Header.Reset()
+	for k, vs := range outer {
+		for _, v := range vs {
+			res.Header.Add(k, v)
+		}
+	}
+	r.WriteLines(&res.Header)
+	res.SetStatusCode(r.Status)
+	res.SetBody(r.Body) // copies, and ends a body stream
+}
+
+// Runner returns an idem.Runner that runs the requests an idem.Recoverer
+// rebuilt through app's whole handler chain in process (app.Test, no
+// timeout), for idem.RecoverRequests.
+func Runner(app *fiber.App) idem.Runner {
+	return func(req *http.Request) (int, error) {
+		if req.Host == "" {
+			req.Host = "localhost"
+		}
+		resp, err := app.Test(req, -1)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, nil
+	}
 }

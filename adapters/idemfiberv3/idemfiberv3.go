@@ -3,6 +3,7 @@ package idemfiberv3
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -85,6 +86,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		if cfg.scope != nil {
 			req.Principal = cfg.scope(c)
 		}
+		recoveryFields(e, &req, rq.Header.Peek)
 		x, resp := e.Begin(c.Context(), &req)
 		if resp != nil {
 			if resp.IsReplay() {
@@ -99,7 +101,8 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			return c.Next()
 		}
 		setContext(c, x.WithInfo(c.Context()))
-		x.OuterHeader(outerHeader(c))
+		outer := outerHeader(c)
+		x.OuterHeader(outer)
 		defer func() {
 			if p := recover(); p != nil {
 				if ended(c) { // the answer went out: executed, not replayable
@@ -116,6 +119,17 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 			}
 		}
 		res := c.Response()
+		if r := x.Override(); r != nil { // idem answers instead of the handler, header lines as before it ran
+			res.Header.Reset()
+			for k, vs := range outer {
+				for _, v := range vs {
+					res.Header.Add(k, v)
+				}
+			}
+			r.WriteLines(&res.Header)
+			res.SetStatusCode(r.Status)
+			res.SetBody(r.Body) // copies, and ends a body stream
+		}
 		var body []byte
 		if res.IsBodyStream() {
 			x.Unreplayable()
@@ -260,4 +274,41 @@ func newRouteIndex(app *fiber.App) *routeIndex {
 func ended(c fiber.Ctx) bool {
 	conn := c.RequestCtx().Conn()
 	return conn != nil && conn.SetWriteDeadline(time.Time{}) != nil
+}
+
+// recoveryFields sets req's Recovery from the request's idem.RecoveryHeader
+// and, for a recoverable route, its Header with the lines the route keeps;
+// peek returns a request header line's value.
+func recoveryFields(e *idem.Engine, req *idem.Request, peek func(name string) []byte) {
+	if v := peek(idem.RecoveryHeader); len(v) > 0 {
+		req.Recovery = string(v)
+	}
+	names := e.RecoveryHeaders(req.Method, req.Route)
+	if len(names) == 0 {
+		return
+	}
+	req.Header = make(http.Header, len(names))
+	for _, n := range names {
+		if v := peek(n); len(v) > 0 {
+			req.Header[n] = []string{string(v)}
+		}
+	}
+}
+
+// Runner returns an idem.Runner that runs the requests an idem.Recoverer
+// rebuilt through app's whole handler chain in process (app.Test, no
+// timeout), for idem.RecoverRequests.
+func Runner(app *fiber.App) idem.Runner {
+	return func(req *http.Request) (int, error) {
+		if req.Host == "" {
+			req.Host = "localhost"
+		}
+		resp, err := app.Test(req, fiber.TestConfig{Timeout: 0, FailOnTimeout: false})
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, nil
+	}
 }

@@ -110,6 +110,9 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 		run.req = *r.WithContext(x.WithInfo(r.Context())) // WithContext is inlined: its copy stays on the stack
 		c.Request = &run.req
 		x.OuterHeader(w.Header())
+		if len(w.Header()) > 0 {
+			run.cw.outer = w.Header().Clone()
+		}
 		c.Writer = &run.cw
 		defer func() {
 			c.Writer = w
@@ -123,6 +126,9 @@ func New(e *idem.Engine, opts ...Option) gin.HandlerFunc {
 			}
 		}()
 		c.Next()
+		if !w.Written() {
+			run.cw.overridden() // idem answers instead of a handler that wrote nothing
+		}
 		if len(c.Errors) > 0 && !w.Written() {
 			x.Fail() // c.Error without a response
 			return
@@ -140,13 +146,54 @@ type running struct {
 
 // captureWriter passes every write straight through to the client and
 // copies the body bytes to the execution; status and header are read from
-// the wrapped writer after the handler chain.
+// the wrapped writer after the handler chain. Once the execution answers
+// instead of the handler (idem.Execution.Override), the handler's first
+// write sends that answer and its writes are dropped.
 type captureWriter struct {
 	gin.ResponseWriter
-	x *idem.Execution
+	x        *idem.Execution
+	outer    http.Header // the header lines before the handler ran
+	override bool        // idem's answer was sent in place of the handler's
+}
+
+// overridden reports whether the handler's writes are dropped, sending
+// idem's answer first when it has one and nothing was written.
+func (w *captureWriter) overridden() bool {
+	if w.override {
+		return true
+	}
+	if w.Written() {
+		return false
+	}
+	r := w.x.Override()
+	if r == nil {
+		return false
+	}
+	w.override = true
+	idem.ResetHeader(w.Header(), w.outer)
+	r.Send(w.ResponseWriter)
+	return true
+}
+
+// WriteHeaderNow sends the header (c.AbortWithStatus), or idem's answer
+// in its place.
+func (w *captureWriter) WriteHeaderNow() {
+	if !w.overridden() {
+		w.ResponseWriter.WriteHeaderNow()
+	}
+}
+
+// Flush sends what was written (c.Stream), unless idem answers instead.
+func (w *captureWriter) Flush() {
+	if !w.overridden() {
+		w.ResponseWriter.Flush()
+	}
 }
 
 func (w *captureWriter) Write(p []byte) (int, error) {
+	if w.overridden() {
+		return len(p), nil
+	}
 	if !w.Written() {
 		w.x.SnapshotHeader(w.Header())
 	}
@@ -156,6 +203,9 @@ func (w *captureWriter) Write(p []byte) (int, error) {
 }
 
 func (w *captureWriter) WriteString(s string) (int, error) {
+	if w.overridden() {
+		return len(s), nil
+	}
 	if !w.Written() {
 		w.x.SnapshotHeader(w.Header())
 	}

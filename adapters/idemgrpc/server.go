@@ -127,6 +127,10 @@ func UnaryServerInterceptor(e *idem.Engine, opts ...Option) grpc.UnaryServerInte
 		}()
 		out, herr := handler(hctx, req)
 		c.finish(x, rec, out, herr)
+		if o := x.Override(); o != nil { // a step's outcome is unknown: idem answers, whatever the handler did
+			st, _ := idemrpc.Answer(o, c.key, "metadata", keys)
+			return nil, status.FromProto(st).Err()
+		}
 		return out, herr
 	}
 }

@@ -147,7 +147,7 @@ func Code(o idem.Outcome) uint32 {
 		return Unavailable
 	case idem.OutcomeUncertain, idem.OutcomeKeyExpired, idem.OutcomeKeyReused, idem.OutcomeFingerprintChanged, idem.OutcomeResponseNotStored:
 		return FailedPrecondition
-	case idem.OutcomeReplayForbidden:
+	case idem.OutcomeReplayForbidden, idem.OutcomeRecoveryRefused:
 		return PermissionDenied
 	case idem.OutcomeUnreadable:
 		return Internal
@@ -211,6 +211,8 @@ func Answer(resp *idem.Response, keyName, keyKind string, keys []string) (st *sp
 		msg = "this idempotency key was used and its response is no longer stored; do not retry with it: check the outcome of the original call, and use a new key for a new call"
 	case idem.OutcomeReplayForbidden:
 		msg = "a call with this idempotency key was already made, and this caller is not allowed to see its outcome"
+	case idem.OutcomeRecoveryRefused:
+		msg = "this call carries an idem-recovery value that no pending recovery run issued; nothing was executed"
 	case idem.OutcomeBodyTooLarge:
 		msg = "the request message is larger than this service accepts for idempotent calls; nothing was executed"
 	case idem.OutcomeResponseNotStored:

@@ -15,6 +15,7 @@ import (
 var asResponse = map[idem.Outcome]bool{
 	idem.OutcomeKeyMissing: true, idem.OutcomeKeyMalformed: true, idem.OutcomeNoPrincipal: true,
 	idem.OutcomeBodyUnreadable: true, idem.OutcomeBodyTooLarge: true, idem.OutcomeResponseNotStored: true,
+	idem.OutcomeRecoveryRefused: true, // a client never sends Idem-Recovery: an error about the request itself
 }
 
 // TestEveryOutcomeDecided fails when core gains an outcome the client does

@@ -192,6 +192,8 @@ func Run(t *testing.T, cfg Config) {
 		{"UncertainAfterCrash", s.testUncertain},
 		{"Tombstones", s.testTombstones},
 		{"Steps", s.testSteps},
+		{"StepUncertainAnswered", s.testStepUncertainAnswer},
+		{"Recovery", s.testRecovery},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, s.unlessUnsupported(tt.name, tt.fn))

@@ -19,11 +19,14 @@ import (
 // with the request's context, as a handler does, and answers 201 with the
 // step's result, the step's derived key ([idem.StepKey]) and the handler
 // run's number. With ?crash=1 its first run waits for release after the
-// step, as a holder that stops before completing.
+// step, as a holder that stops before completing; with ?crash=inside,
+// inside the step's function, as a holder that stops mid-step. A step
+// error is answered 500 with the error.
 type stepApp struct {
 	executions atomic.Int64 // handler runs
 	charges    atomic.Int64 // runs of the step's function
 	journaled  atomic.Int64 // handler runs past idem.Step
+	holding    atomic.Int64 // first runs that reached their crash point
 	derived    atomic.Pointer[string]
 	release    chan struct{}
 	once       sync.Once
@@ -43,7 +46,15 @@ func (a *stepApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if k, ok := idem.DerivedKey(ctx); ok {
 			a.derived.Store(&k)
 		}
-		return fmt.Sprintf("ch_%d", a.charges.Add(1)), nil
+		c := fmt.Sprintf("ch_%d", a.charges.Add(1))
+		if r.URL.Query().Get("crash") == "inside" && n == 1 { // the holder stops inside the step
+			a.holding.Add(1)
+			select {
+			case <-a.release:
+			case <-time.After(20 * time.Second):
+			}
+		}
+		return c, nil
 	})
 	if err != nil {
 		http.Error(w, "step: "+err.Error(), http.StatusInternalServerError)
@@ -51,6 +62,7 @@ func (a *stepApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	a.journaled.Add(1)
 	if r.URL.Query().Get("crash") == "1" && n == 1 {
+		a.holding.Add(1)
 		select {
 		case <-a.release:
 		case <-time.After(20 * time.Second):

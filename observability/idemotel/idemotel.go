@@ -86,7 +86,7 @@ type instruments struct {
 	handler   metric.Float64Histogram
 	active    metric.Int64UpDownCounter
 
-	storeOps [idem.OpSuspend + 1]metric.MeasurementOption // by idem.StoreOp, for calls that did not fail
+	storeOps [idem.OpLapsed + 1]metric.MeasurementOption // by idem.StoreOp, for calls that did not fail
 	sets     sync.Map                                     // scopeKey → *scopeSets, at most maxCachedScopes
 	cached   atomic.Int64
 }
@@ -139,7 +139,7 @@ func NewEventHook(opts ...Option) (func(context.Context, idem.Event), error) {
 		metric.WithDescription("Executions holding an idempotency lease in this process.")); err != nil {
 		return nil, err
 	}
-	for op := idem.OpAcquire; op <= idem.OpSuspend; op++ {
+	for op := idem.OpAcquire; op <= idem.OpLapsed; op++ {
 		in.storeOps[op] = metric.WithAttributeSet(attribute.NewSet(StoreOperationKey.String(op.String())))
 	}
 	return in.record, nil

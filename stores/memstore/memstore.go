@@ -45,6 +45,8 @@ var _ idem.Extender = (*Store)(nil)
 var _ idem.LocalStore = (*Store)(nil)
 var _ idem.Keeper = (*Store)(nil)
 var _ idem.Journal = (*Store)(nil)
+var _ idem.Recoverable = (*Store)(nil)
+var _ idem.StepResolver = (*Store)(nil)
 
 // Store is an in-memory idem.Store, safe for concurrent use.
 type Store struct {
@@ -77,6 +79,10 @@ type entry struct {
 	keep    idem.Keep
 	retain  time.Duration    // how long a lapsed in-progress record with a journal is kept (idem.Journal.StartStep)
 	steps   []idem.StepEntry // the step journal; replaced, never edited in place
+
+	payload  []byte        // the recovery payload (idem.Recoverable.SetRecovery), a copy; nil: none
+	attempts int           // recovery claims (idem.Recoverable.Claim)
+	backoff  time.Duration // how long after its lease lapsed the record is due for recovery again
 }
 
 // stateAt returns the entry's state at now, for a live entry: past until,
@@ -215,7 +221,7 @@ func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lea
 	now := s.now()
 	e, ok := sh.m[key]
 	held := ok && now.Before(e.expires) && e.state == idem.StateInProgress && !now.Before(e.until) && e.keep.Uncertain == 0
-	if ok && now.Before(e.expires) && (!held || e.fp != fingerprint && len(e.steps) > 0) {
+	if ok && now.Before(e.expires) && (!held || e.fp != fingerprint && (len(e.steps) > 0 || e.payload != nil)) {
 		state := e.stateAt(now)
 		if state == idem.StateExpired {
 			e.resp = nil // free the response now that only the tombstone is kept
@@ -241,8 +247,9 @@ func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lea
 		prev = entry{token: e.token, until: e.until}
 	}
 	n := entry{state: idem.StateInProgress, token: token, fp: fingerprint, until: now.Add(lease), keep: keep}
-	if held && e.fp == fingerprint { // resume: the journal and its retain go on
+	if held && e.fp == fingerprint { // resume: the journal, its retain and the recovery payload go on
 		n.steps, n.retain = e.steps, e.retain
+		n.payload, n.attempts, n.backoff = e.payload, e.attempts, e.backoff
 	}
 	n.expires = n.until.Add(n.lapse())
 	*e = n
@@ -283,7 +290,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, response []byte
 // complete marks e completed with resp for retention from now, and its
 // tombstone after it.
 func (e *entry) complete(resp []byte, now time.Time, retention time.Duration) {
-	e.state, e.resp, e.token = idem.StateCompleted, resp, ""
+	e.state, e.resp, e.token, e.payload = idem.StateCompleted, resp, "", nil
 	e.until = now.Add(retention)
 	e.expires = e.until.Add(e.keep.Tombstone)
 }

@@ -39,6 +39,7 @@ type stepService struct {
 	derived   atomic.Pointer[string]
 	release   chan struct{}
 	once      sync.Once
+	inside    bool // the first run stalls inside the step, not after it
 }
 
 func newStepService(t *testing.T) *stepService {
@@ -56,7 +57,15 @@ func (s *stepService) charge(ctx context.Context) (*structpb.Struct, error) {
 		if k, ok := idem.DerivedKey(ctx); ok {
 			s.derived.Store(&k)
 		}
-		return fmt.Sprintf("ch_%d", s.charges.Add(1)), nil
+		c := fmt.Sprintf("ch_%d", s.charges.Add(1))
+		if s.inside && n == 1 {
+			s.journaled.Add(1) // reached its stall
+			select {
+			case <-s.release:
+			case <-time.After(20 * time.Second):
+			}
+		}
+		return c, nil
 	})
 	if err != nil {
 		return nil, err
@@ -132,11 +141,94 @@ func checkStepTakeover(t *testing.T, svc *stepService, do func(ctx context.Conte
 	}
 }
 
+// checkStepUncertain drives svc (stalling inside its step) through do:
+// once the stalled holder's lease lapsed, the takeover finds the step's
+// outcome unknown, and the door answers idem's operation-uncertain
+// (uncertain tells it) whatever the handler returned (here its own
+// error), as do later retries.
+func checkStepUncertain(t *testing.T, svc *stepService, do func(ctx context.Context) (*structpb.Struct, error), inProgress, uncertain func(error) bool) {
+	t.Helper()
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = do(ctx)
+	}()
+	defer wg.Wait()
+	defer svc.stop()
+	for deadline := time.Now().Add(10 * time.Second); svc.journaled.Load() < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first run never reached its step")
+		}
+	}
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err = do(ctx); !inProgress(err) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !uncertain(err) || svc.runs.Load() != 2 || svc.charges.Load() != 1 {
+		t.Fatalf("takeover of a stalled step: %v, handler runs %d, step runs %d; want operation-uncertain from run 2, the step not run again", err, svc.runs.Load(), svc.charges.Load())
+	}
+	if _, err = do(ctx); !uncertain(err) || svc.runs.Load() != 2 {
+		t.Fatalf("retry: %v, handler runs %d; want operation-uncertain, nothing run", err, svc.runs.Load())
+	}
+}
+
+// TestGRPCStepUncertainAnswered: the gRPC door answers FailedPrecondition
+// OPERATION_UNCERTAIN for a takeover that finds a step's outcome unknown.
+func TestGRPCStepUncertainAnswered(t *testing.T) {
+	svc := newStepService(t)
+	svc.inside = true
+	cc := serveSteps(t, svc)
+	checkStepUncertain(t, svc, func(ctx context.Context) (*structpb.Struct, error) {
+		out := new(structpb.Struct)
+		ctx = metadata.AppendToOutgoingContext(ctx, "x-user", "alice", "idempotency-key", "charge-2")
+		return out, cc.Invoke(ctx, stepsProcedure, req(1200, "step"), out)
+	}, func(err error) bool { return status.Code(err) == codes.Aborted }, func(err error) bool {
+		return status.Code(err) == codes.FailedPrecondition && strings.Contains(err.Error(), "stopped before recording the outcome")
+	})
+}
+
+// TestConnectStepUncertainAnswered: the same through Connect.
+func TestConnectStepUncertainAnswered(t *testing.T) {
+	svc := newStepService(t)
+	svc.inside = true
+	cl := serveConnectSteps(t, svc)
+	checkStepUncertain(t, svc, func(ctx context.Context) (*structpb.Struct, error) {
+		r := connect.NewRequest(req(1200, "step"))
+		r.Header().Set("X-User", "alice")
+		r.Header().Set("Idempotency-Key", "charge-2")
+		res, err := cl.CallUnary(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}, func(err error) bool {
+		var ce *connect.Error
+		return errors.As(err, &ce) && ce.Code() == connect.CodeAborted
+	}, func(err error) bool {
+		var ce *connect.Error
+		return errors.As(err, &ce) && ce.Code() == connect.CodeFailedPrecondition && strings.Contains(ce.Message(), "stopped before recording the outcome")
+	})
+}
+
 // TestGRPCStepTakeover: a gRPC handler (over TCP) calling idem.Step with
 // its ctx journals the step; after a takeover the journaled result comes
 // back without the step running again.
 func TestGRPCStepTakeover(t *testing.T) {
 	svc := newStepService(t)
+	cc := serveSteps(t, svc)
+	checkStepTakeover(t, svc, func(ctx context.Context) (*structpb.Struct, error) {
+		out := new(structpb.Struct)
+		ctx = metadata.AppendToOutgoingContext(ctx, "x-user", "alice", "idempotency-key", "charge-1")
+		return out, cc.Invoke(ctx, stepsProcedure, req(1200, "step"), out)
+	}, func(err error) bool { return status.Code(err) == codes.Aborted })
+}
+
+// serveSteps serves svc over gRPC (TCP) until the test ends.
+func serveSteps(t *testing.T, svc *stepService) *grpc.ClientConn {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcAuth, idemgrpc.UnaryServerInterceptor(stepEngine(t), idemgrpc.WithScope(userID))))
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "test.v1.Steps",
@@ -157,35 +249,16 @@ func TestGRPCStepTakeover(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
-	defer func() { srv.Stop(); <-done }()
-	defer svc.stop()
-	cc := dial(t, ln.Addr().String())
-	checkStepTakeover(t, svc, func(ctx context.Context) (*structpb.Struct, error) {
-		out := new(structpb.Struct)
-		ctx = metadata.AppendToOutgoingContext(ctx, "x-user", "alice", "idempotency-key", "charge-1")
-		return out, cc.Invoke(ctx, stepsProcedure, req(1200, "step"), out)
-	}, func(err error) bool { return status.Code(err) == codes.Aborted })
+	t.Cleanup(func() { srv.Stop(); <-done })
+	t.Cleanup(svc.stop)
+	return dial(t, ln.Addr().String())
 }
 
 // TestConnectStepTakeover: the same through a Connect handler (HTTP/2 over
 // TCP, Connect protocol).
 func TestConnectStepTakeover(t *testing.T) {
 	svc := newStepService(t)
-	h := connect.NewUnaryHandler(stepsProcedure, func(ctx context.Context, _ *connect.Request[structpb.Struct]) (*connect.Response[structpb.Struct], error) {
-		out, err := svc.charge(ctx)
-		if err != nil {
-			return nil, connect.NewError(connect.CodeInternal, err)
-		}
-		return connect.NewResponse(out), nil
-	}, connect.WithInterceptors(connectAuth, idemconnect.NewInterceptor(stepEngine(t), idemconnect.WithScope(userID))))
-	mux := http.NewServeMux()
-	mux.Handle(stepsProcedure, h)
-	srv := httptest.NewUnstartedServer(mux)
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	defer srv.Close()
-	defer svc.stop()
-	cl := connect.NewClient[structpb.Struct, structpb.Struct](srv.Client(), srv.URL+stepsProcedure)
+	cl := serveConnectSteps(t, svc)
 	checkStepTakeover(t, svc, func(ctx context.Context) (*structpb.Struct, error) {
 		r := connect.NewRequest(req(1200, "step"))
 		r.Header().Set("X-User", "alice")
@@ -199,4 +272,24 @@ func TestConnectStepTakeover(t *testing.T) {
 		var ce *connect.Error
 		return errors.As(err, &ce) && ce.Code() == connect.CodeAborted
 	})
+}
+
+// serveConnectSteps serves svc over Connect (HTTP/2, TLS) until the test
+// ends.
+func serveConnectSteps(t *testing.T, svc *stepService) *connect.Client[structpb.Struct, structpb.Struct] {
+	h := connect.NewUnaryHandler(stepsProcedure, func(ctx context.Context, _ *connect.Request[structpb.Struct]) (*connect.Response[structpb.Struct], error) {
+		out, err := svc.charge(ctx)
+		if err != nil {
+			return nil, connect.NewError(connect.CodeInternal, err)
+		}
+		return connect.NewResponse(out), nil
+	}, connect.WithInterceptors(connectAuth, idemconnect.NewInterceptor(stepEngine(t), idemconnect.WithScope(userID))))
+	mux := http.NewServeMux()
+	mux.Handle(stepsProcedure, h)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	t.Cleanup(svc.stop)
+	return connect.NewClient[structpb.Struct, structpb.Struct](srv.Client(), srv.URL+stepsProcedure)
 }
