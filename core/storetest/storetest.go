@@ -14,7 +14,9 @@
 // copied in and out; responses completed through an engine; the optional
 // [idem.Extender], [idem.Inspector], [idem.Lister] and [idem.Keeper]
 // (uncertain records, Resolve, tombstones) when the store has them.
-// [RunDo] checks [idem.Do] on the store the same way.
+// [RunDo] checks [idem.Do] on the store the same way; [RunJournal] and
+// [RunRecovery] check the optional [idem.Journal], [idem.Recoverable] and
+// [idem.StepResolver].
 package storetest
 
 import (

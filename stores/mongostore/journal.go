@@ -41,8 +41,8 @@ type step struct {
 // stepField returns the path of step name's entry in a record.
 func stepField(name string) string { return fieldSteps + "." + hex.EncodeToString([]byte(name)) }
 
-// journalOpts reads a record without its response.
-var journalOpts = options.FindOne().SetProjection(bson.D{{Key: fieldResponse, Value: 0}})
+// journalOpts reads a record without its response and recovery payload.
+var journalOpts = options.FindOne().SetProjection(bson.D{{Key: fieldResponse, Value: 0}, {Key: fieldRecovery, Value: 0}})
 
 // leaseLive matches a record whose lease runs at now, for a record with a
 // journal (which holds until).

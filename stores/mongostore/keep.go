@@ -54,7 +54,8 @@ func withKeep(fresh bson.D, until time.Time, u, t int64) bson.D {
 // takeover returns the update of a takeover's rewrite of the version old:
 // $set fresh, the new in-progress record (its lease ending at until, under
 // the keep u, t), and $unset the fields fresh does not set (the response,
-// keep fields, a journal). When resume, old's journal and retain go on:
+// keep fields, a journal, a recovery payload). When resume, old's journal,
+// recovery payload and retain go on:
 // the record holds until, and expiresAt is until plus Keep.Uncertain, else
 // the retain.
 func takeover(fresh bson.D, until time.Time, u, t int64, old *record, resume bool) bson.D {
@@ -72,8 +73,8 @@ func takeover(fresh bson.D, until time.Time, u, t int64, old *record, resume boo
 		set = append(set, bson.E{Key: fieldRetain, Value: old.Retain})
 	}
 	unset := bson.D{{Key: fieldResponse, Value: ""}}
-	for _, f := range []string{fieldUntil, fieldKeepU, fieldKeepT, fieldRetain, fieldSteps, fieldNSteps} {
-		found := resume && (f == fieldSteps || f == fieldNSteps)
+	for _, f := range []string{fieldUntil, fieldKeepU, fieldKeepT, fieldRetain, fieldSteps, fieldNSteps, fieldRecovery, fieldAttempts, fieldBackoff, fieldDueAt} {
+		found := resume && (f == fieldSteps || f == fieldNSteps || f == fieldRecovery || f == fieldAttempts || f == fieldBackoff || f == fieldDueAt)
 		for _, e := range set {
 			found = found || e.Key == f
 		}
@@ -129,13 +130,15 @@ func completion(now time.Time, response []byte, retention time.Duration, k keepM
 		{Key: fieldExpiresAt, Value: date(end.Add(time.Duration(k.t) * time.Millisecond))},
 		{Key: fieldResponse, Value: response}, // marshalled into the command: a copy
 	}
+	// The recovery payload goes (see recovery.go).
+	unset := bson.D{{Key: fieldRecovery, Value: ""}, {Key: fieldDueAt, Value: ""}}
 	switch {
 	case k == (keepMs{}):
-		return bson.D{{Key: "$set", Value: set}}
+		return bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: unset}}
 	case k.t == 0: // the lease's until goes: the record ends with its retention
-		return bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: fieldUntil, Value: ""}}}}
+		return bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: append(unset, bson.E{Key: fieldUntil, Value: ""})}}
 	}
-	return bson.D{{Key: "$set", Value: append(set, bson.E{Key: fieldUntil, Value: date(end)})}}
+	return bson.D{{Key: "$set", Value: append(set, bson.E{Key: fieldUntil, Value: date(end)})}, {Key: "$unset", Value: unset}}
 }
 
 // keepOpts reads a record's keep fields only.

@@ -331,7 +331,7 @@ func TestKeepRoundTrips(t *testing.T) {
 
 // TestEnsureIndexesUpgrade runs EnsureIndexes on a collection indexed by
 // the previous version (the expiresAt index only): it adds the sparse
-// until index, and running it again changes nothing.
+// until and dueAt indexes, and running it again changes nothing.
 func TestEnsureIndexesUpgrade(t *testing.T) {
 	c, ferret := shared(t)
 	coll := collection(t, c)
@@ -362,7 +362,7 @@ func TestEnsureIndexesUpgrade(t *testing.T) {
 		names = append(names, ix["name"].(string))
 	}
 	slices.Sort(names)
-	if got := strings.Join(names, ","); !strings.Contains(got, "idem_until") || len(names) != 3 {
-		t.Fatalf("indexes after the upgrade = %s; want _id, expiresAt and idem_until", got)
+	if got := strings.Join(names, ","); !strings.Contains(got, "idem_until") || !strings.Contains(got, "idem_due") || len(names) != 4 {
+		t.Fatalf("indexes after the upgrade = %s; want _id, expiresAt, idem_due and idem_until", got)
 	}
 }

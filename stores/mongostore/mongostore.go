@@ -209,6 +209,10 @@ type record struct {
 	Retain      int64         `bson:"retain,omitempty"` // journal only: its retain, milliseconds
 	NSteps      int32         `bson:"nsteps,omitempty"` // journal only: its number of steps
 	Steps       bson.Raw      `bson:"steps,omitempty"`  // journal only: hex(name) -> step (see journal.go)
+	Recovery    []byte        `bson:"recovery,omitempty"` // in progress only: the recovery payload (see recovery.go)
+	Attempts    int32         `bson:"attempts,omitempty"` // recovery claims
+	Backoff     int64         `bson:"backoff,omitempty"`  // the last claim's backoff, milliseconds
+	DueAt       bson.DateTime `bson:"dueAt,omitempty"`    // when the record is due for recovery, a hint
 }
 
 // leased reports whether token holds the live lease of d at now.

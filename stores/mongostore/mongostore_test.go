@@ -576,3 +576,12 @@ func TestCorruptRecord(t *testing.T) {
 		t.Fatalf("a completed record whose response does not decode: x=%v resp=%+v; want 500", x, resp)
 	}
 }
+
+func TestRecovery(t *testing.T) {
+	c, _ := shared(t)
+	storetest.RunRecovery(t, func(t *testing.T) idem.Store {
+		s := mongostore.New(collection(t, c))
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

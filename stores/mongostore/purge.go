@@ -66,12 +66,15 @@ func (s *Store) EnsureIndexes(ctx context.Context) error {
 	return s.ensureUntilIndex(ctx)
 }
 
-// ensureUntilIndex creates the sparse index on until.
+// ensureUntilIndex creates the sparse indexes on until and on dueAt
+// ([Store.Lapsed]).
 func (s *Store) ensureUntilIndex(ctx context.Context) error {
-	if _, err := s.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
-		Keys: bson.D{{Key: fieldUntil, Value: 1}}, Options: options.Index().SetName(untilIndexName).SetSparse(true),
-	}); err != nil {
-		return fmt.Errorf("mongostore: create index on %s: %w", fieldUntil, err)
+	for _, ix := range [...]struct{ field, name string }{{fieldUntil, untilIndexName}, {fieldDueAt, dueIndexName}} {
+		if _, err := s.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
+			Keys: bson.D{{Key: ix.field, Value: 1}}, Options: options.Index().SetName(ix.name).SetSparse(true),
+		}); err != nil {
+			return fmt.Errorf("mongostore: create index on %s: %w", ix.field, err)
+		}
 	}
 	return nil
 }

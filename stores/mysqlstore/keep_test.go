@@ -293,8 +293,8 @@ AND COLUMN_NAME IN ('ends_at', 'keep_uncertain', 'keep_tombstone')`, table).Scan
 	}
 	var comment string
 	if err := db.QueryRowContext(ctxT(t), `SELECT ROUTINE_COMMENT FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ?`,
-		table+mysqlstore.ProcSuffix).Scan(&comment); err != nil || !strings.HasSuffix(comment, "v4") {
-		t.Fatalf("procedure comment %q, %v; want v4", comment, err)
+		table+mysqlstore.ProcSuffix).Scan(&comment); err != nil || !strings.HasSuffix(comment, "v5") {
+		t.Fatalf("procedure comment %q, %v; want v5", comment, err)
 	}
 	// The v2 procedure is left to the instances still running v2 (a
 	// rolling deploy): their acquires keep working on the upgraded table.

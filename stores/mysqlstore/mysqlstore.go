@@ -149,6 +149,7 @@ func New(db *sql.DB, opts ...Option) *Store {
 		s.logger = slog.Default()
 	}
 	s.q = newQueries(s.table, s.proc)
+	s.q.addRecovery(s.table)
 	return s
 }
 
@@ -162,6 +163,7 @@ type queries struct {
 	acquire, acquireKeep, complete, release, extend, get, completedBy, inspect, evict, list string
 	resolveRelease, resolveComplete                                                         string
 	startStep, stepOf, finishStep, suspend, steps                                           string
+	setRecovery, leasedBy, lapsed, claimRead, claim, resolveStepDone, resolveStepUndone     string
 	purgeSelect, purgeDelete, purgeFree                                                     string
 }
 
@@ -211,12 +213,13 @@ func newQueries(t, proc string) queries {
 		acquireKeep: `CALL ` + proc + `(?, ?, ?, ?, ?, ?)`,
 		// The keep_tombstone of the row stays: it is carried to the
 		// completed record.
-		complete: `UPDATE ` + t + ` SET state = 2, response = ?, ends_at = NULL, keep_uncertain = NULL, expires_at = ` + now +
+		complete: `UPDATE ` + t + ` SET state = 2, response = ?, ends_at = NULL, keep_uncertain = NULL, recovery = NULL, due_at = NULL, expires_at = ` + now +
 			` + INTERVAL ? MICROSECOND WHERE ` + owned,
 		release: `DELETE FROM ` + t + ` WHERE ` + owned,
 		// The lease twice: for ends_at (kept only under an uncertain keep)
 		// and for expires_at (the lease's end plus that keep).
 		extend: `UPDATE ` + t + ` SET ends_at = IF(keep_uncertain IS NULL AND retain IS NULL, NULL, ` + now + ` + INTERVAL ? MICROSECOND), ` +
+			`due_at = IF(due_at IS NULL, NULL, ends_at + INTERVAL IFNULL(backoff, 0) MICROSECOND), ` +
 			`expires_at = ` + now + ` + INTERVAL ? + IFNULL(keep_uncertain, IFNULL(retain, 0)) MICROSECOND WHERE ` + owned,
 		get: `SELECT ` + shown + `, token, fingerprint, response FROM ` + t + " WHERE `key` = ? AND " + live,
 		completedBy: `SELECT EXISTS (SELECT 1 FROM ` + t +
@@ -250,11 +253,11 @@ WHERE ` + leased + ` AND (JSON_CONTAINS_PATH(IFNULL(steps, '{}'), 'one', ?) OR J
 FROM ` + t + " WHERE `key` = ?",
 		finishStep: `UPDATE ` + t + ` SET steps = JSON_SET(steps, CONCAT(?, '.r'), TO_BASE64(?))
 WHERE ` + leased + ` AND JSON_CONTAINS_PATH(IFNULL(steps, '{}'), 'one', ?) AND NOT JSON_CONTAINS_PATH(steps, 'one', CONCAT(?, '.r'))`,
-		suspend: `UPDATE ` + t + ` SET ends_at = ` + now + `, keep_uncertain = ?, expires_at = ` + now + ` + INTERVAL keep_uncertain MICROSECOND WHERE ` + leased,
+		suspend: `UPDATE ` + t + ` SET ends_at = ` + now + `, keep_uncertain = ?, due_at = NULL, expires_at = ` + now + ` + INTERVAL keep_uncertain MICROSECOND WHERE ` + leased,
 		steps:   `SELECT steps FROM ` + t + " WHERE `key` = ? AND " + live + ` AND state <> 4 AND NOT (state = 2 AND expires_at <= ` + now + `)`,
 		// The token is dropped: the old owner's completion check must not
 		// take the operator's response for its own commit.
-		resolveComplete: `UPDATE ` + t + ` SET state = 2, response = ?, token = '', ends_at = NULL, keep_uncertain = NULL, expires_at = ` +
+		resolveComplete: `UPDATE ` + t + ` SET state = 2, response = ?, token = '', ends_at = NULL, keep_uncertain = NULL, recovery = NULL, due_at = NULL, expires_at = ` +
 			now + " + INTERVAL ? MICROSECOND WHERE `key` = ? AND " + uncertain,
 		// A plain (non-locking) read through the expires_at index, of the
 		// rows due (expires_at is when the purger acts on a row: it deletes

@@ -43,6 +43,12 @@ func TestConformance(t *testing.T) {
 					return s
 				})
 			})
+			t.Run("Recovery", func(t *testing.T) {
+				storetest.RunRecovery(t, func(t *testing.T) idem.Store {
+					s, _ := newStore(t, db)
+					return s
+				})
+			})
 		})
 	}
 }

@@ -20,26 +20,41 @@ const PurgeBatch = 1000
 // suffix, in the table's database). The suffix carries the procedure's
 // version, so that a version whose procedure takes other arguments creates
 // a procedure of its own and leaves the earlier one to the instances still
-// running it during a rolling deploy: v4 keeps the step journal of a
-// lapsed record it takes over ([idem.Journal]) and reports the previous
-// holder; v3 took the record's keep ([idem.Keep]) and knew uncertain
+// running it during a rolling deploy: v5 keeps the recovery payload of a
+// lapsed record it takes over ([idem.Recoverable]) as it does its journal;
+// v4 keeps the step journal of a lapsed record it takes over
+// ([idem.Journal]) and reports the previous holder; v3 took the record's keep ([idem.Keep]) and knew uncertain
 // records and tombstones; v1 and v2 were named table + "_acquire".
-const ProcSuffix = "_acquire_v4"
+const ProcSuffix = "_acquire_v5"
 
 // procVersion is the acquire procedure's COMMENT: EnsureSchema replaces a
 // procedure of this name whose comment differs (a body written by another
 // build of the same version).
-const procVersion = "idem mysqlstore acquire v4"
+const procVersion = "idem mysqlstore acquire v5"
 
-// keepColumns are the columns v3 added to the table, in order, with their
-// definitions: EnsureSchema adds those missing from a table created by an
-// earlier version (see [Store.UpgradeSQL]).
+// keepColumns are the columns v3 and later added to the table, in order,
+// with their definitions: EnsureSchema adds those missing from a table
+// created by an earlier version (see [Store.UpgradeSQL]), and the due_at
+// index with due_at.
 var keepColumns = [...][2]string{
 	{"ends_at", "DATETIME(6) NULL"},
 	{"keep_uncertain", "BIGINT NULL"},
 	{"keep_tombstone", "BIGINT NULL"},
 	{"steps", "LONGTEXT NULL"},
 	{"retain", "BIGINT NULL"},
+	{"recovery", "LONGBLOB NULL"},
+	{"attempts", "INT NULL"},
+	{"backoff", "BIGINT NULL"},
+	{"due_at", "DATETIME(6) NULL"},
+}
+
+// dueColumn is the column of keepColumns that comes with its index.
+const dueColumn = "due_at"
+
+// dueIndex returns the clause adding the due_at index, through which
+// [Store.Lapsed] reads the records due for recovery.
+func (s *Store) dueIndex() string {
+	return "ADD KEY " + quote(s.names.table+"_due_at") + " (due_at)"
 }
 
 // SchemaSQL returns the statements EnsureSchema runs, one per string (the
@@ -64,8 +79,15 @@ var keepColumns = [...][2]string{
 //	steps           LONGTEXT NULL               the step journal ([idem.Journal]), a JSON object
 //	                                            {name: {"i": start order, "t": token, "r": base64
 //	                                            result once done}}; NULL for none
-//	retain          BIGINT NULL                 how long (µs) an in-progress row with a journal
-//	                                            outlives its lease (ends_at is then set); NULL for none
+//	retain          BIGINT NULL                 how long (µs) an in-progress row with a journal or a
+//	                                            recovery payload outlives its lease (ends_at is then
+//	                                            set); NULL for none
+//	recovery        LONGBLOB NULL               the recovery payload ([idem.Recoverable]), in progress only
+//	attempts        INT NULL                    the recovery claims of the record ([Store.Claim])
+//	backoff         BIGINT NULL                 the backoff (µs) the last claim gave
+//	due_at          DATETIME(6) NULL            when an in-progress row with a payload is due for
+//	                                            recovery (its lease's end plus backoff), indexed;
+//	                                            NULL otherwise
 //
 // A record acquired with the zero Keep leaves the three last columns NULL
 // (no bytes but the row's NULL bitmap), as rows written before they
@@ -96,7 +118,7 @@ func (s *Store) SchemaSQL() []string {
 	cond := `(` + gone + ` OR (state = 1 AND token = p_token) OR ` + held + `)`
 	// resumes, read before the assignments below change the row: the
 	// journal of a row still kept, with this fingerprint, goes on.
-	resumes := `(state = 1 AND expires_at > ` + now + ` AND fingerprint = p_fp AND steps IS NOT NULL)`
+	resumes := `(state = 1 AND expires_at > ` + now + ` AND fingerprint = p_fp AND (steps IS NOT NULL OR recovery IS NOT NULL))`
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (
   ` + "`key`" + `         VARBINARY(255) NOT NULL,
@@ -128,6 +150,11 @@ BEGIN
     VALUES (p_key, 1, p_token, p_fp, NULL, ` + now + ` + INTERVAL (p_lease + p_uncertain) MICROSECOND,
       IF(p_uncertain > 0, ` + now + ` + INTERVAL p_lease MICROSECOND, NULL), NULLIF(p_uncertain, 0), NULLIF(p_tombstone, 0))
     ON DUPLICATE KEY UPDATE
+      due_at = IF(` + cond + `, IF(` + resumes + ` AND recovery IS NOT NULL AND p_uncertain = 0,
+        ` + now + ` + INTERVAL (p_lease + IFNULL(backoff, 0)) MICROSECOND, NULL), due_at),
+      attempts = IF(` + cond + `, IF(` + resumes + `, attempts, NULL), attempts),
+      backoff = IF(` + cond + `, IF(` + resumes + `, backoff, NULL), backoff),
+      recovery = IF(` + cond + `, IF(` + resumes + `, recovery, NULL), recovery),
       retain = IF(` + cond + `, IF(` + resumes + `, retain, NULL), retain),
       steps = IF(` + cond + `, IF(` + resumes + `, steps, NULL), steps),
       fingerprint = IF(` + cond + `, p_fp, fingerprint),
@@ -163,7 +190,7 @@ func (s *Store) UpgradeSQL() []string {
 		}
 		q += " ADD COLUMN " + c[0] + " " + c[1]
 	}
-	return []string{q}
+	return []string{q + ", " + s.dueIndex()}
 }
 
 // EnsureSchema creates the table and its index when they are missing, adds
@@ -253,6 +280,9 @@ WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?`, s.
 	for _, c := range keepColumns {
 		if !have[c[0]] {
 			add = append(add, "ADD COLUMN "+c[0]+" "+c[1])
+			if c[0] == dueColumn {
+				add = append(add, s.dueIndex())
+			}
 		}
 	}
 	if len(add) == 0 {

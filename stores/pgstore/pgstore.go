@@ -60,6 +60,8 @@ var (
 	_ idem.Transactional = (*Store)(nil)
 	_ idem.Keeper        = (*Store)(nil)
 	_ idem.Journal       = (*Store)(nil)
+	_ idem.Recoverable   = (*Store)(nil)
+	_ idem.StepResolver  = (*Store)(nil)
 )
 
 // Store is an idem.Store on PostgreSQL, safe for concurrent use. It borrows
@@ -70,6 +72,8 @@ type Store struct {
 	index string // quoted name of the expires_at index, unqualified
 	// untilIndex is the quoted name of the partial until_at index, unqualified.
 	untilIndex string
+	// dueIndex is the quoted name of the partial due_at index, unqualified.
+	dueIndex string
 	logger     *slog.Logger
 	q          queries
 
@@ -92,6 +96,7 @@ func WithTable(name string) Option {
 		s.table = pgx.Identifier(parts).Sanitize()
 		s.index = pgx.Identifier{parts[len(parts)-1] + "_expires_at"}.Sanitize()
 		s.untilIndex = pgx.Identifier{parts[len(parts)-1] + "_until_at"}.Sanitize()
+		s.dueIndex = pgx.Identifier{parts[len(parts)-1] + "_due_at"}.Sanitize()
 	}
 }
 
@@ -114,6 +119,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 		s.logger = slog.Default()
 	}
 	s.q = newQueries(s.table)
+	s.q.addRecovery(s.table)
 	return s
 }
 
@@ -127,6 +133,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 type queries struct {
 	acquire, complete, release, extend, get, completedBy, purge, free, resolveRelease, resolveComplete string
 	startStep, finishStep, suspend, steps, stepRefused                                                 string
+	setRecovery, lapsed, claim, resolveStepDone, resolveStepUndone                                     string
 }
 
 // Expressions over a row r of the table and the clock n.t (see [Store.SchemaSQL]).
@@ -170,14 +177,15 @@ func completion(resp, ret string) string {
 	return `state = 2, response = ` + resp + `,
   expires_at = n.t + (` + ret + `::float8 + coalesce(keep_tombstone, 0)) * interval '1 microsecond',
   until_at = CASE WHEN keep_tombstone > 0 THEN n.t + ` + ret + `::float8 * interval '1 microsecond' END,
-  keep_uncertain = NULL, keep_tombstone = NULL`
+  keep_uncertain = NULL, keep_tombstone = NULL, recovery = NULL, due_at = NULL`
 }
 
 // resumes is true, in an acquire's ON CONFLICT update of row r, when the
 // new holder resumes r's journal: r is in progress, still kept (its lease
 // lapsed within its retain, or it is the token's own retried acquire), and
 // has the same fingerprint.
-const resumes = `(r.state = 1 AND r.expires_at > clock_timestamp() AND r.fingerprint = EXCLUDED.fingerprint AND r.steps IS NOT NULL)`
+const resumes = `(r.state = 1 AND r.expires_at > clock_timestamp() AND r.fingerprint = EXCLUDED.fingerprint
+  AND (r.steps IS NOT NULL OR r.recovery IS NOT NULL))`
 
 func newQueries(t string) queries {
 	return queries{
@@ -206,6 +214,11 @@ func newQueries(t string) queries {
     response = NULL, keep_uncertain = EXCLUDED.keep_uncertain, keep_tombstone = EXCLUDED.keep_tombstone,
     steps = CASE WHEN ` + resumes + ` THEN r.steps END,
     retain = CASE WHEN ` + resumes + ` THEN r.retain END,
+    recovery = CASE WHEN ` + resumes + ` THEN r.recovery END,
+    attempts = CASE WHEN ` + resumes + ` THEN r.attempts END,
+    backoff = CASE WHEN ` + resumes + ` THEN r.backoff END,
+    due_at = CASE WHEN ` + resumes + ` AND r.recovery IS NOT NULL AND EXCLUDED.keep_uncertain IS NULL
+      THEN EXCLUDED.expires_at + coalesce(r.backoff, 0)::float8 * interval '1 microsecond' END,
     expires_at = EXCLUDED.expires_at + CASE WHEN ` + resumes + ` AND EXCLUDED.keep_uncertain IS NULL
       THEN r.retain::float8 * interval '1 microsecond' ELSE interval '0' END,
     until_at = CASE WHEN ` + resumes + ` AND EXCLUDED.until_at IS NULL THEN EXCLUDED.expires_at ELSE EXCLUDED.until_at END
@@ -222,7 +235,8 @@ SELECT false, state, token, fingerprint, response, left_us FROM cur`,
 FROM ` + clock + ` WHERE key = $1 AND ` + owned,
 		release: `DELETE FROM ` + t + ` USING ` + clock + ` WHERE key = $1 AND ` + owned,
 		extend: `UPDATE ` + t + ` SET expires_at = n.t + ($3::float8 + ` + lapse + `) * interval '1 microsecond',
-  until_at = CASE WHEN keep_uncertain > 0 OR retain > 0 THEN n.t + $3::float8 * interval '1 microsecond' END
+  until_at = CASE WHEN keep_uncertain > 0 OR retain > 0 THEN n.t + $3::float8 * interval '1 microsecond' END,
+  due_at = CASE WHEN due_at IS NOT NULL THEN n.t + ($3::float8 + coalesce(backoff, 0)) * interval '1 microsecond' END
 FROM ` + clock + ` WHERE key = $1 AND ` + owned,
 		// The journal (steps) is a jsonb array of {"n": name, "t": token,
 		// "r": base64 result once done}, in start order. startStep adds
@@ -246,7 +260,7 @@ RETURNING (SELECT e->>'t' FROM jsonb_array_elements(r.steps) e WHERE e->>'n' = $
     THEN e || jsonb_build_object('r', encode($4::bytea, 'base64')) ELSE e END ORDER BY i)
   FROM jsonb_array_elements(r.steps) WITH ORDINALITY x(e, i))
 FROM ` + clock + ` WHERE r.key = $1 AND r.` + leased + ` AND ` + hasStep,
-		suspend: `UPDATE ` + t + ` SET until_at = n.t, keep_uncertain = $3::bigint,
+		suspend: `UPDATE ` + t + ` SET until_at = n.t, keep_uncertain = $3::bigint, due_at = NULL,
   expires_at = n.t + $3::float8 * interval '1 microsecond'
 FROM ` + clock + ` WHERE key = $1 AND ` + leased,
 		steps: `SELECT e->>'n', e->>'t', e ? 'r', decode(e->>'r', 'base64')

@@ -575,3 +575,12 @@ func TestEnsureSchemaConcurrent(t *testing.T) {
 		t.Fatalf("Acquire on the ensured table = %v, %v", ok, err)
 	}
 }
+
+func TestRecovery(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	storetest.RunRecovery(t, func(t *testing.T) idem.Store {
+		s, _ := newStore(t, pool)
+		return s
+	})
+}

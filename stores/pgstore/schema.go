@@ -20,8 +20,9 @@ const PurgeBatch = 10000
 // expires_at that keeps [Store.Purge] to the expired rows, the columns of
 // uncertain records and tombstones ([idem.Keep]; ALTER TABLE for a table
 // created by an earlier version, whose rows read as records without a
-// keep), and the partial index on until_at through which Purge frees
-// the responses of tombstones.
+// keep), the partial index on until_at through which Purge frees
+// the responses of tombstones, and the partial index on due_at through
+// which [Store.Lapsed] finds the records due for recovery.
 //
 //	key            text PRIMARY KEY  the engine's scoped key (64 hex characters)
 //	state          smallint          1 in-progress, 2 completed
@@ -36,13 +37,18 @@ const PurgeBatch = 10000
 //	keep_tombstone bigint            Keep.Tombstone in µs while in progress, else NULL
 //	steps          jsonb             the step journal ([idem.Journal]): [{"n": name, "t": token,
 //	                                 "r": base64 result once done}, …] in start order; NULL for none
-//	retain         bigint            how long (µs) an in-progress row with a journal outlives
-//	                                 its lease; NULL without a journal
+//	retain         bigint            how long (µs) an in-progress row with a journal or a recovery
+//	                                 payload outlives its lease; NULL without either
+//	recovery       bytea             the recovery payload ([idem.Recoverable]) while in progress
+//	attempts       integer           the recovery claims of the record ([Store.Claim]); NULL for none
+//	backoff        bigint            the backoff (µs) the last claim gave; NULL for none
+//	due_at         timestamptz       when an in-progress row with a payload is due for recovery
+//	                                 (its lease end plus backoff); NULL otherwise
 //
 // An in-progress row past until_at is uncertain; a completed one past
 // until_at is a tombstone (its response freed by the purge).
 func (s *Store) SchemaSQL() string {
-	return s.createSQL() + "\n" + s.alterSQL() + "\n" + s.untilIndexSQL()
+	return s.createSQL() + "\n" + s.alterSQL() + "\n" + s.untilIndexSQL() + "\n" + s.dueIndexSQL()
 }
 
 func (s *Store) createSQL() string {
@@ -57,19 +63,29 @@ func (s *Store) createSQL() string {
   keep_uncertain bigint,
   keep_tombstone bigint,
   steps          jsonb,
-  retain         bigint
+  retain         bigint,
+  recovery       bytea,
+  attempts       integer,
+  backoff        bigint,
+  due_at         timestamptz
 );
 CREATE INDEX IF NOT EXISTS ` + s.index + ` ON ` + s.table + ` (expires_at);`
 }
 
-// keepColumns are the columns added for [idem.Keep] to a table created by
-// an earlier version.
-var keepColumns = []string{"until_at", "keep_uncertain", "keep_tombstone", "steps", "retain"}
+// keepColumns are the columns added for [idem.Keep], [idem.Journal] and
+// [idem.Recoverable] to a table created by an earlier version.
+var keepColumns = []string{"until_at", "keep_uncertain", "keep_tombstone", "steps", "retain", "recovery", "attempts", "backoff", "due_at"}
 
 func (s *Store) alterSQL() string {
 	return `ALTER TABLE ` + s.table + ` ADD COLUMN IF NOT EXISTS until_at timestamptz,
   ADD COLUMN IF NOT EXISTS keep_uncertain bigint, ADD COLUMN IF NOT EXISTS keep_tombstone bigint,
-  ADD COLUMN IF NOT EXISTS steps jsonb, ADD COLUMN IF NOT EXISTS retain bigint;`
+  ADD COLUMN IF NOT EXISTS steps jsonb, ADD COLUMN IF NOT EXISTS retain bigint,
+  ADD COLUMN IF NOT EXISTS recovery bytea, ADD COLUMN IF NOT EXISTS attempts integer,
+  ADD COLUMN IF NOT EXISTS backoff bigint, ADD COLUMN IF NOT EXISTS due_at timestamptz;`
+}
+
+func (s *Store) dueIndexSQL() string {
+	return `CREATE INDEX IF NOT EXISTS ` + s.dueIndex + ` ON ` + s.table + ` (due_at) WHERE due_at IS NOT NULL;`
 }
 
 func (s *Store) untilIndexSQL() string {
@@ -82,8 +98,8 @@ func (s *Store) untilIndexSQL() string {
 // (see [Store.SchemaSQL]), in one transaction under an advisory lock, so
 // several instances starting together don't race. The ALTER TABLE, which
 // takes an ACCESS EXCLUSIVE lock even when it has nothing to add, runs
-// only when a column is missing; creating the until_at index on an
-// upgraded table scans it once under a SHARE lock (writes wait; on a
+// only when a column is missing; creating the until_at and due_at indexes
+// on an upgraded table scans it once under a SHARE lock (writes wait; on a
 // large table create it CONCURRENTLY first). The schema of a qualified
 // table name must exist. It is idempotent. Errors: ctx's error, server
 // errors wrapped.
@@ -114,7 +130,7 @@ WHERE attrelid = $1::regclass AND attname = ANY($2) AND NOT attisdropped`, s.tab
 			return fmt.Errorf("pgstore: ensure schema: upgrade: %w", err)
 		}
 	}
-	if _, err := tx.Exec(ctx, s.untilIndexSQL()); err != nil {
+	if _, err := tx.Exec(ctx, s.untilIndexSQL()+"\n"+s.dueIndexSQL()); err != nil {
 		return fmt.Errorf("pgstore: ensure schema: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

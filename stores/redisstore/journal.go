@@ -93,7 +93,8 @@ end
 // startScript: KEYS record, response key, journal key; ARGV token, step
 // name, retain ms, MaxSteps. It returns {0} when token holds no live
 // lease, {2} when the journal is full, else {1, entry}: the step's entry,
-// found or added. Adding the first entry turns the record into a '5'
+// found or added (the recovery field "#", see recovery.go, is no entry).
+// Adding the first entry turns the record into a '5'
 // value (TTL: what is left of the lease plus the lapse); a larger retain
 // replaces r. A journal found under a record that owns none (left by an
 // earlier record of the key) is deleted first.
@@ -105,7 +106,7 @@ local e = redis.call('HGET', KEYS[3], ARGV[2])
 if e then
   return {1, e}
 end
-local n = redis.call('HLEN', KEYS[3])
+local n = redis.call('HLEN', KEYS[3]) - redis.call('HEXISTS', KEYS[3], '#')
 if n >= tonumber(ARGV[4]) then
   return {2}
 end
@@ -156,10 +157,12 @@ return {1}
 // journal: it returns 0 when token does not own the record, else
 // completes it as completeScript does (see luaComplete) and gives the
 // journal the retention: the record's expiry, or its response key's under
-// a tombstone keep (a tombstone has no journal).
+// a tombstone keep (a tombstone has no journal), its recovery payload
+// dropped (see recovery.go).
 var completeJournalScript = newScript(luaDecode + luaLapse + luaComplete + luaJournalOwned + `
 local res = complete(fp, t, ARGV[2], ARGV[3])
 if res == 1 and k == '5' then
+  redis.call('HDEL', KEYS[3], '#')
   follow(tonumber(t) == 0 and KEYS[1] or KEYS[2])
 end
 return res
@@ -380,12 +383,18 @@ func (s *Store) Steps(ctx context.Context, key string) ([]idem.StepEntry, error)
 	entries := make([]indexed, 0, len(v)/2)
 	for j := 0; j+1 < len(v); j += 2 {
 		name, _ := v[j].(string)
+		if name == recoveryField {
+			continue
+		}
 		raw, _ := v[j+1].(string)
 		i, e, err := parseEntry(name, raw)
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: steps: %w", err)
 		}
 		entries = append(entries, indexed{i, e})
+	}
+	if len(entries) == 0 {
+		return nil, nil
 	}
 	slices.SortFunc(entries, func(a, b indexed) int { return a.i - b.i })
 	steps := make([]idem.StepEntry, len(entries))

@@ -1,0 +1,248 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	idem "github.com/idemkit/idem/core"
+)
+
+var (
+	_ idem.Recoverable  = (*Store)(nil)
+	_ idem.StepResolver = (*Store)(nil)
+)
+
+// SQL fragments of recovery, on a row by the server's clock.
+const (
+	// due: in progress, with a payload, no Keep.Uncertain (such a row
+	// turns uncertain when its lease lapses), not gone, its lease (ends_at)
+	// lapsed at least the last claim's backoff ago.
+	due = `(state = 1 AND recovery IS NOT NULL AND keep_uncertain IS NULL AND expires_at > ` + now +
+		` AND ends_at + INTERVAL IFNULL(backoff, 0) MICROSECOND <= ` + now + `)`
+	// settled: an in-progress row kept past its lease (uncertain, or
+	// lapsed with a journal), whose step at path ? is started, not done.
+	settled = `state = 1 AND expires_at > ` + now + ` AND ends_at <= ` + now +
+		` AND JSON_CONTAINS_PATH(IFNULL(steps, '{}'), 'one', ?) AND NOT JSON_CONTAINS_PATH(IFNULL(steps, '{}'), 'one', CONCAT(?, '.r'))`
+	// resumable: the columns of a row whose step was resolved, assigned
+	// left to right: kept for its retain from now when it was uncertain
+	// (expires_at first, while keep_uncertain tells), then in progress
+	// with its lease lapsed, due for recovery when it has a payload.
+	resumable = `expires_at = IF(keep_uncertain IS NOT NULL, ` + now + ` + INTERVAL IFNULL(retain, 0) MICROSECOND, expires_at),
+  keep_uncertain = NULL, due_at = IF(recovery IS NULL, NULL, ends_at + INTERVAL IFNULL(backoff, 0) MICROSECOND)`
+)
+
+// addRecovery sets the statements of [idem.Recoverable] and
+// [idem.StepResolver] on table t.
+func (q *queries) addRecovery(t string) {
+	leased := "`key` = ? AND token = ? AND state = 1 AND IFNULL(ends_at, expires_at) > " + now
+	// setRecovery is startStep's conditional UPDATE of the token's leased
+	// row, storing the payload instead of a step and placing the row in
+	// the due_at index at its lease's end (plus the last claim's backoff),
+	// assigned left to right. Twice: the same values again (0 rows
+	// affected without clientFoundRows: leasedBy then tells).
+	q.setRecovery = `UPDATE ` + t + ` SET ends_at = IFNULL(ends_at, expires_at), retain = GREATEST(IFNULL(retain, 0), ?),
+  expires_at = IF(keep_uncertain IS NOT NULL, expires_at, ends_at + INTERVAL retain MICROSECOND), recovery = ?,
+  due_at = IF(keep_uncertain IS NULL, ends_at + INTERVAL IFNULL(backoff, 0) MICROSECOND, NULL)
+WHERE ` + leased
+	q.leasedBy = `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE ` + leased + `)`
+	// lapsed is a range scan of the due_at index, soonest due first. Every
+	// transition keeps due_at exact (SetRecovery, Extend, Claim, takeover
+	// set it; Complete, Suspend clear it; Release, Evict, purge delete the
+	// row), so the range holds due rows, and rows gone but not purged; due
+	// re-checks each. A read: safe twice.
+	q.lapsed = "SELECT `key`, IFNULL(attempts, 0) FROM " + t + ` WHERE due_at <= ` + now + ` AND ` + due + ` ORDER BY due_at LIMIT ?`
+	// claimRead locks the row and reads what Claim returns, and whether it
+	// is due; claim then takes it over in the same transaction, as the
+	// acquire procedure's takeover does (journal, payload, retain kept).
+	q.claimRead = "SELECT token, fingerprint, recovery, IFNULL(attempts, 0), TIMESTAMPDIFF(MICROSECOND, ends_at, " + now + "), " + due +
+		" FROM " + t + " WHERE `key` = ? FOR UPDATE"
+	q.claim = `UPDATE ` + t + ` SET token = ?, attempts = IFNULL(attempts, 0) + 1, backoff = ?,
+  ends_at = ` + now + ` + INTERVAL ? MICROSECOND, expires_at = ends_at + INTERVAL IFNULL(retain, 0) MICROSECOND,
+  due_at = ends_at + INTERVAL backoff MICROSECOND WHERE ` + "`key` = ? AND " + due
+	// resolveStepDone and resolveStepUndone settle the step at path (the
+	// first parameter) of an uncertain or lapsed row. Twice: the step is
+	// then done or absent, so the second changes nothing.
+	q.resolveStepDone = `UPDATE ` + t + ` SET steps = JSON_SET(steps, CONCAT(?, '.r'), TO_BASE64(?)), ` + resumable +
+		" WHERE `key` = ? AND " + settled
+	q.resolveStepUndone = `UPDATE ` + t + ` SET steps = IF(JSON_LENGTH(JSON_REMOVE(steps, ?)) = 0, NULL, JSON_REMOVE(steps, ?)), ` + resumable +
+		" WHERE `key` = ? AND " + settled
+}
+
+// SetRecovery implements [idem.Recoverable]: one conditional UPDATE of the
+// token's leased row; when it reports no row changed, a SELECT tells a
+// repeated call (nil) from a lost lease.
+func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+	switch {
+	case retain <= 0:
+		return idem.ErrInvalidDuration
+	case len(payload) > idem.MaxRecoveryBytes:
+		return fmt.Errorf("mysqlstore: recovery payload of %d bytes: %w", len(payload), idem.ErrTooLarge)
+	case len(payload) == 0:
+		return errors.New("mysqlstore: empty recovery payload")
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkIDs(key, token); err != nil {
+		return err
+	}
+	res, err := s.exec(ctx, s.q.setRecovery, micros(retain), payload, key, token)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: set recovery: %w", err)
+	}
+	if ownedRow(res, "set recovery") == nil {
+		return nil
+	}
+	var leased bool
+	if err := s.queryRow(ctx, s.q.leasedBy, key, token).Scan(&leased); err != nil {
+		return fmt.Errorf("mysqlstore: set recovery: %w", err)
+	}
+	if !leased {
+		return idem.ErrNotOwner
+	}
+	return nil
+}
+
+// exec runs query, prepared, with args.
+func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st, err := s.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+// queryRow runs query, prepared, with args; a failed preparation is the
+// row's error.
+func (s *Store) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := s.stmt(ctx, query)
+	if err != nil {
+		return s.db.QueryRowContext(ctx, query, args...) // reports err again, or runs unprepared
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+// Lapsed implements [idem.Recoverable]: one SELECT, a range scan of the
+// due_at index, soonest due first.
+func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, error) {
+	if limit <= 0 {
+		return nil, errors.New("mysqlstore: lapsed: limit must be > 0")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	st, err := s.stmt(ctx, s.q.lapsed)
+	if err != nil {
+		return nil, fmt.Errorf("mysqlstore: lapsed: %w", err)
+	}
+	rows, err := st.QueryContext(ctx, limit)
+	if err != nil {
+		return nil, fmt.Errorf("mysqlstore: lapsed: %w", err)
+	}
+	defer rows.Close()
+	var recs []idem.LapsedRecord
+	for rows.Next() {
+		var r idem.LapsedRecord
+		if err := rows.Scan(&r.Key, &r.Attempts); err != nil {
+			return nil, fmt.Errorf("mysqlstore: lapsed: %w", err)
+		}
+		recs = append(recs, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("mysqlstore: lapsed: %w", err)
+	}
+	return recs, nil
+}
+
+// Claim implements [idem.Recoverable]: one transaction that locks the row
+// (SELECT … FOR UPDATE), and, when it is due, takes it over with a
+// conditional UPDATE. A racing claim waits for the lock, then finds the
+// row leased, not due. Twice with the same token: the second finds the
+// row leased to it, not due, and changes nothing. A deadlock (InnoDB's
+// victim) is reported as not claimed: the row changed meanwhile.
+func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
+	if lease <= 0 || backoff < 0 {
+		return idem.RecoveryClaim{}, false, idem.ErrInvalidDuration
+	}
+	if err := ctx.Err(); err != nil {
+		return idem.RecoveryClaim{}, false, err
+	}
+	if err := checkIDs(key, token); err != nil {
+		return idem.RecoveryClaim{}, false, err
+	}
+	c, ok, err := s.claim(ctx, key, token, lease, backoff)
+	if mysqlErrno(err) == erLockDeadlock {
+		return idem.RecoveryClaim{}, false, nil
+	}
+	if err != nil {
+		return idem.RecoveryClaim{}, false, fmt.Errorf("mysqlstore: claim: %w", err)
+	}
+	return c, ok, nil
+}
+
+func (s *Store) claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return idem.RecoveryClaim{}, false, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	var (
+		c        idem.RecoveryClaim
+		lapsedUS sql.NullInt64
+		isDue    sql.NullBool
+	)
+	err = tx.QueryRowContext(ctx, s.q.claimRead, key).Scan(&c.PreviousToken, &c.Fingerprint, &c.Payload, &c.Attempts, &lapsedUS, &isDue)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && !isDue.Bool {
+		return idem.RecoveryClaim{}, false, nil
+	}
+	if err != nil {
+		return idem.RecoveryClaim{}, false, err
+	}
+	res, err := tx.ExecContext(ctx, s.q.claim, token, micros(backoff), micros(lease), key)
+	if err != nil {
+		return idem.RecoveryClaim{}, false, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return idem.RecoveryClaim{}, false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return idem.RecoveryClaim{}, false, err
+	}
+	c.Attempts++
+	c.Lapsed = max(time.Duration(lapsedUS.Int64)*time.Microsecond, time.Microsecond)
+	return c, true, nil
+}
+
+// ResolveStep implements [idem.StepResolver]: one conditional UPDATE of
+// the uncertain or lapsed row holding step name, not done.
+func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte) error {
+	if len(result) > idem.MaxStepBytes {
+		return fmt.Errorf("mysqlstore: step result of %d bytes: %w", len(result), idem.ErrTooLarge)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkIDs(key); err != nil {
+		return err
+	}
+	path, err := stepPath(name)
+	if err != nil {
+		return err
+	}
+	var res sql.Result
+	if result == nil {
+		res, err = s.exec(ctx, s.q.resolveStepUndone, path, path, key, path, path)
+	} else {
+		res, err = s.exec(ctx, s.q.resolveStepDone, path, result, key, path, path)
+	}
+	if err != nil {
+		return fmt.Errorf("mysqlstore: resolve step: %w", err)
+	}
+	if ownedRow(res, "resolve step") != nil {
+		return idem.ErrRecordChanged
+	}
+	return nil
+}
