@@ -137,7 +137,8 @@ type target struct {
 	margin time.Duration // tolerance around phase ends
 
 	leases, retentions, advances, keeps []time.Duration
-	retains                             []time.Duration // of StartStep
+	retains                             []time.Duration // of StartStep and SetRecovery
+	backoffs                            []time.Duration // of Claim
 
 	// reacquire is how Acquire by the token that holds the record's lease
 	// (an engine's acquire sent again after its reply was lost) answers.
@@ -207,9 +208,19 @@ type rec struct {
 	// journal for retain (taken over by the next Acquire with its
 	// fingerprint, refused to another, fenced against every holder).
 	lapsed bool
-	// suspended: Suspend made it uncertain (the stored record is no longer
-	// what an Acquire writes: no same-token re-acquire, reacquireSame).
-	suspended bool
+	// rewritten: a journal write, SetRecovery, Suspend or ResolveStep
+	// rewrote it since its Acquire (the stored record is no longer what an
+	// Acquire writes: no same-token re-acquire, reacquireSame).
+	rewritten bool
+	// payload is the recovery payload (idem.Recoverable, "": none);
+	// payloadMaybe: Suspend may have dropped it; attempts and backoff are
+	// its claims' count and the last claim's backoff; leaseLo, leaseHi
+	// (lapsed only) the window in which the lapsed lease ended.
+	payload          string
+	payloadMaybe     bool
+	attempts         int
+	backoff          time.Duration
+	leaseLo, leaseHi time.Time
 	// ghost (absent only): the token of the in-progress or uncertain
 	// record whose lapse or keep ended, whose row the store may still
 	// hold: an Acquire may report taking it over ("*": any token).
@@ -221,10 +232,11 @@ type rec struct {
 func (r rec) next() rec {
 	switch {
 	case r.state == idem.StateInProgress && !r.lapsed && r.keep.Uncertain > 0:
-		return rec{state: idem.StateUncertain, token: r.token, fp: r.fp, keep: r.keep, steps: r.steps, retain: r.retain, suspended: r.suspended, lo: r.lo.Add(r.keep.Uncertain), hi: r.hi.Add(r.keep.Uncertain)}
-	case r.state == idem.StateInProgress && !r.lapsed && len(r.steps) > 0:
+		return rec{state: idem.StateUncertain, token: r.token, fp: r.fp, keep: r.keep, steps: r.steps, retain: r.retain, rewritten: r.rewritten,
+			payload: r.payload, payloadMaybe: r.payload != "", attempts: r.attempts, backoff: r.backoff, lo: r.lo.Add(r.keep.Uncertain), hi: r.hi.Add(r.keep.Uncertain)}
+	case r.state == idem.StateInProgress && !r.lapsed && r.kept():
 		n := r
-		n.lapsed, n.lo, n.hi = true, r.lo.Add(r.retain), r.hi.Add(r.retain)
+		n.lapsed, n.lo, n.hi, n.leaseLo, n.leaseHi = true, r.lo.Add(r.retain), r.hi.Add(r.retain), r.lo, r.hi
 		return n
 	case r.state == idem.StateInProgress || r.state == idem.StateUncertain:
 		return rec{ghost: r.token}
@@ -238,8 +250,24 @@ func (r rec) next() rec {
 // aside.
 func same(a, b rec) bool {
 	return a.state == b.state && a.token == b.token && a.fp == b.fp && bytes.Equal(a.resp, b.resp) && a.keep == b.keep &&
-		a.lapsed == b.lapsed && a.suspended == b.suspended && a.retain == b.retain && stepsView(a.steps) == stepsView(b.steps)
+		a.lapsed == b.lapsed && a.rewritten == b.rewritten && a.retain == b.retain && stepsView(a.steps) == stepsView(b.steps) &&
+		a.payload == b.payload && a.payloadMaybe == b.payloadMaybe && a.attempts == b.attempts && a.backoff == b.backoff
 }
+
+// samePayloadAside is same, but for the recovery payload and its
+// attempts and backoff, one of a and b holding none.
+func samePayloadAside(a, b rec) bool {
+	if a.payload != "" && b.payload != "" {
+		return false
+	}
+	a.payload, a.payloadMaybe, a.attempts, a.backoff = "", false, 0, 0
+	b.payload, b.payloadMaybe, b.attempts, b.backoff = "", false, 0, 0
+	return same(a, b)
+}
+
+// kept reports whether r outlives a lapse of its lease (for its retain):
+// it has a journal or a recovery payload.
+func (r rec) kept() bool { return len(r.steps) > 0 || r.payload != "" }
 
 // stepsView is a journal as a string: "none", or each entry's name,
 // starting token, and result when done.
@@ -276,11 +304,17 @@ func (r rec) describe() string {
 	if r.lapsed {
 		d += " (lapsed)"
 	}
-	if r.suspended {
-		d += " (suspended)"
+	if r.rewritten {
+		d += " (rewritten)"
 	}
 	if len(r.steps) > 0 {
 		d += " steps " + stepsView(r.steps)
+	}
+	if r.payload != "" {
+		d += fmt.Sprintf(" payload %q attempts %d backoff %v", r.payload, r.attempts, r.backoff)
+		if r.payloadMaybe {
+			d += " (maybe dropped)"
+		}
 	}
 	if r.ghost != "" {
 		d += " (ghost " + r.ghost + ")"
@@ -318,9 +352,11 @@ func viewOf(got idem.Record) string {
 // effect is what an action does to a candidate record.
 type effect struct {
 	answer string
-	alt    string // another answer with the same effect ("": none)
-	next   rec
-	pres   presence // presNo: delete the row, presYes: write one, presMaybe: leave it
+	alt    string // another answer ("": none), with the same effect unless altNext
+	// altNext, when not nil, is the record after the alt answer.
+	altNext *rec
+	next    rec
+	pres    presence // presNo: delete the row, presYes: write one, presMaybe: leave it
 }
 
 func keepAs(r rec) effect { return effect{answer: "", next: r, pres: presMaybe} }
@@ -385,6 +421,9 @@ func (mc *machine) decide(t *rapid.T, op string, i int, start, end time.Time, go
 		}
 		wants = append(wants, fmt.Sprintf("[%s: %s]", c.describe(), want))
 		if matches(e, got) {
+			if e.answer != got && e.altNext != nil {
+				e.next = *e.altNext
+			}
 			match, effs = append(match, c), append(effs, e)
 		}
 	}
@@ -412,8 +451,17 @@ func (mc *machine) decide(t *rapid.T, op string, i int, start, end time.Time, go
 	n := effs[0].next
 	p := effs[0].pres
 	for _, e := range effs[1:] {
+		if !same(e.next, n) && samePayloadAside(e.next, n) {
+			// kept or not (a takeover around its retain's end, a payload
+			// dropped or kept as it turned uncertain): a Claim tells
+			if n.payload == "" {
+				n.payload, n.attempts, n.backoff = e.next.payload, e.next.attempts, e.next.backoff
+			}
+			n.payloadMaybe = true
+			e.next = n
+		}
 		if !same(e.next, n) {
-			mc.fatalf(t, "%s(k%d) = %s: ambiguous, candidates lead to %s and %s", op, i, got, n.view(), e.next.view())
+			mc.fatalf(t, "%s(k%d) = %s: ambiguous, candidates lead to %s and %s", op, i, got, n.describe(), e.next.describe())
 		}
 		if n.state != 0 {
 			n.lo, n.hi = minTime(n.lo, e.next.lo), maxTime(n.hi, e.next.hi)
@@ -602,14 +650,16 @@ func (mc *machine) acquireEffect(c rec, tok, fp string, lease time.Duration, kee
 		// its own row, live, uncertain or lapsed: written again, its
 		// journal kept with the fingerprint (a retried acquire resumes)
 		if c.fp == fp {
-			fresh.steps, fresh.retain = c.steps, c.retain
+			fresh.resume(c)
 		}
 		return effect{answer: "acquired", next: fresh, pres: presYes}
-	case c.lapsed && c.fp == fp: // a takeover: the journal (and its retain) go on
-		fresh.steps, fresh.retain = c.steps, c.retain
+	case c.lapsed && (c.fp == fp || !c.kept()): // a takeover: the journal (its retain, the payload) go on
+		if c.fp == fp {
+			fresh.resume(c)
+		}
 		return effect{answer: "acquired over " + c.token, next: fresh, pres: presYes}
-	case c.lapsed: // refused to another fingerprint: the journal left effects
-	case (c.state == idem.StateInProgress || c.state == idem.StateUncertain) && mc.tg.reacquire == reacquireSame && !c.suspended && len(c.steps) == 0 &&
+	case c.lapsed: // refused to another fingerprint: the journal (or payload) left effects
+	case (c.state == idem.StateInProgress || c.state == idem.StateUncertain) && mc.tg.reacquire == reacquireSame && !c.rewritten && len(c.steps) == 0 && c.payload == "" &&
 		c.token == tok && c.fp == fp && c.keep == keep:
 		e := keepAs(c)
 		e.answer = "acquired"
@@ -618,6 +668,12 @@ func (mc *machine) acquireEffect(c rec, tok, fp string, lease time.Duration, kee
 	e := keepAs(c)
 	e.answer = "held: " + c.view()
 	return e
+}
+
+// resume makes r, a new holder's record, go on with c's journal, retain
+// and recovery payload (a takeover with c's fingerprint).
+func (r *rec) resume(c rec) {
+	r.steps, r.retain, r.payload, r.payloadMaybe, r.attempts, r.backoff = c.steps, c.retain, c.payload, c.payloadMaybe, c.attempts, c.backoff
 }
 
 // acquireAnswer is an Acquire's answer: "acquired", "acquired over"
@@ -809,7 +865,8 @@ func (mc *machine) Extend(t *rapid.T) {
 			e.answer = "ErrNotOwner"
 			return e
 		}
-		return effect{answer: "ok", pres: presYes, next: rec{state: idem.StateInProgress, token: tok, fp: c.fp, keep: c.keep, steps: c.steps, retain: c.retain, suspended: c.suspended, lo: start.Add(lease), hi: end.Add(lease)}}
+		return effect{answer: "ok", pres: presYes, next: rec{state: idem.StateInProgress, token: tok, fp: c.fp, keep: c.keep, steps: c.steps, retain: c.retain, rewritten: c.rewritten,
+			payload: c.payload, payloadMaybe: c.payloadMaybe, attempts: c.attempts, backoff: c.backoff, lo: start.Add(lease), hi: end.Add(lease)}}
 	})
 }
 
@@ -892,7 +949,7 @@ func (mc *machine) StartStep(t *rapid.T) {
 		}
 		st := idem.StepEntry{Name: name, Token: tok}
 		n := c
-		n.steps, n.retain = append(slices.Clip(c.steps), st), max(c.retain, retain)
+		n.steps, n.retain, n.rewritten = append(slices.Clip(c.steps), st), max(c.retain, retain), true
 		return effect{answer: "entry " + stepsView([]idem.StepEntry{st}), next: n, pres: presYes}
 	})
 }
@@ -924,7 +981,7 @@ func (mc *machine) FinishStep(t *rapid.T) {
 			if !st.Done {
 				n := c
 				n.steps = slices.Clone(c.steps)
-				n.steps[k].Done, n.steps[k].Result = true, slices.Clone(stepResults[ri])
+				n.steps[k].Done, n.steps[k].Result, n.rewritten = true, slices.Clone(stepResults[ri]), true
 				return effect{answer: "ok", next: n, pres: presYes}
 			}
 		}
@@ -952,7 +1009,8 @@ func (mc *machine) Suspend(t *rapid.T) {
 			return e
 		}
 		n := c
-		n.state, n.keep.Uncertain, n.suspended, n.lo, n.hi = idem.StateUncertain, keep, true, start.Add(keep), end.Add(keep)
+		n.state, n.keep.Uncertain, n.rewritten, n.lo, n.hi = idem.StateUncertain, keep, true, start.Add(keep), end.Add(keep)
+		n.payloadMaybe = n.payload != "" // dropped as it turns uncertain, or kept (not due while uncertain)
 		return effect{answer: "ok", next: n, pres: presYes}
 	})
 }
@@ -981,6 +1039,183 @@ func (mc *machine) steps(t *rapid.T, i int) {
 		e.answer = "journal " + c.journalView()
 		return e
 	})
+}
+
+// payloads are recovery payloads (idem.Recoverable.SetRecovery).
+var payloads = []string{"POST /pay body=1", "\x00\xffbinary"}
+
+func (mc *machine) recoverable(t *rapid.T) idem.Recoverable {
+	r, ok := mc.tg.store.(idem.Recoverable)
+	if !ok {
+		t.Skip("not Recoverable")
+	}
+	return r
+}
+
+// SetRecovery stores a recovery payload in the record whose live lease
+// the token holds; it raises the record's retain.
+func (mc *machine) SetRecovery(t *rapid.T) {
+	mc.contend(t)
+	r := mc.recoverable(t)
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
+	payload := rapid.SampledFrom(payloads).Draw(t, "payload")
+	retain := drawDur(t, mc.tg.retains, "retain")
+
+	start := mc.tg.clk.Now()
+	err := r.SetRecovery(mc.ctx, mc.keys[i], tok, []byte(payload), retain)
+	end := mc.tg.clk.Now()
+	mc.logf(t, "SetRecovery(k%d, %s, %q, %v) = %v [model %s]", i, tok, payload, retain, err, mc.m[i].describe())
+	mc.decide(t, "SetRecovery", i, start, end, errAnswer(err), func(c rec) effect {
+		if !leased(c, tok) {
+			e := keepAs(c)
+			e.answer = "ErrNotOwner"
+			return e
+		}
+		n := c
+		n.payload, n.payloadMaybe, n.retain, n.rewritten = payload, false, max(c.retain, retain), true
+		return effect{answer: "ok", next: n, pres: presYes}
+	})
+}
+
+// due is whether c is due for recovery over [start, end]: "yes", "no" or
+// "maybe" (its lapse plus backoff near the action).
+func (mc *machine) due(c rec, start, end time.Time) string {
+	if !c.lapsed || c.payload == "" || c.keep.Uncertain > 0 {
+		return "no"
+	}
+	switch {
+	case start.Add(-mc.tg.margin).After(c.leaseHi.Add(c.backoff)) && !c.payloadMaybe:
+		return "yes"
+	case end.Add(mc.tg.margin).Before(c.leaseLo.Add(c.backoff)):
+		return "no"
+	}
+	return "maybe"
+}
+
+// Claim takes a due record over for a recoverer's token: its journal and
+// payload kept, one more attempt counted, the previous holder reported.
+func (mc *machine) Claim(t *rapid.T) {
+	mc.contend(t)
+	r := mc.recoverable(t)
+	i := mc.drawKey(t)
+	tok := mc.drawToken(t, i)
+	lease := drawDur(t, mc.tg.leases, "lease")
+	backoff := drawDur(t, mc.tg.backoffs, "backoff")
+
+	start := mc.tg.clk.Now()
+	got, claimed, err := r.Claim(mc.ctx, mc.keys[i], tok, lease, backoff)
+	end := mc.tg.clk.Now()
+	answer := errAnswer(err)
+	switch {
+	case err != nil:
+	case claimed:
+		answer = fmt.Sprintf("claimed %q fp=%.8s attempts=%d over %s", got.Payload, got.Fingerprint, got.Attempts, got.PreviousToken)
+		if got.Lapsed <= 0 {
+			mc.fatalf(t, "Claim(k%d) reported Lapsed %v, want > 0", i, got.Lapsed)
+		}
+	default:
+		answer = "not claimed"
+	}
+	mc.logf(t, "Claim(k%d, %s, %v, %v) = %s [model %s]", i, tok, lease, backoff, answer, mc.m[i].describe())
+	mc.decide(t, "Claim", i, start, end, answer, func(c rec) effect {
+		no := keepAs(c)
+		no.answer = "not claimed"
+		due := mc.due(c, start, end)
+		if due == "no" {
+			return no
+		}
+		n := rec{state: idem.StateInProgress, token: tok, fp: c.fp, keep: c.keep, lo: start.Add(lease), hi: end.Add(lease)}
+		n.resume(c)
+		n.attempts, n.backoff, n.payloadMaybe = c.attempts+1, backoff, false
+		e := effect{answer: fmt.Sprintf("claimed %q fp=%.8s attempts=%d over %s", c.payload, c.fp, n.attempts, c.token), next: n, pres: presYes}
+		if due == "maybe" {
+			e.alt, e.altNext = no.answer, &c
+			if c.payloadMaybe { // dropped when it turned uncertain: never due again
+				d := c
+				d.payload, d.payloadMaybe = "", false
+				e.altNext = &d
+			}
+		}
+		return e
+	})
+}
+
+// ResolveStep settles a started step of an uncertain record, or of one
+// whose lease lapsed: done with a result, or removed (nil); the record is
+// then in progress, its lease lapsed, for a takeover or a claim.
+func (mc *machine) ResolveStep(t *rapid.T) {
+	mc.contend(t)
+	res, ok := mc.tg.store.(idem.StepResolver)
+	if !ok {
+		t.Skip("not a StepResolver")
+	}
+	i := mc.drawKey(t)
+	name := mc.drawStep(t, i)
+	ri := rapid.IntRange(-1, len(stepResults)-1).Draw(t, "result")
+	var result []byte
+	if ri >= 0 {
+		result = stepResults[ri]
+	}
+
+	start := mc.tg.clk.Now()
+	err := res.ResolveStep(mc.ctx, mc.keys[i], name, result)
+	end := mc.tg.clk.Now()
+	mc.logf(t, "ResolveStep(k%d, %s, %q) = %v [model %s]", i, name, result, err, mc.m[i].describe())
+	mc.decide(t, "ResolveStep", i, start, end, errAnswer(err), func(c rec) effect {
+		e := keepAs(c)
+		e.answer = "ErrRecordChanged"
+		if c.state != idem.StateUncertain && !c.lapsed {
+			return e
+		}
+		k := slices.IndexFunc(c.steps, func(st idem.StepEntry) bool { return st.Name == name })
+		if k < 0 || c.steps[k].Done {
+			return e
+		}
+		n := c
+		n.steps = slices.Clone(c.steps)
+		if result == nil {
+			n.steps = slices.Delete(n.steps, k, k+1)
+		} else {
+			n.steps[k].Done, n.steps[k].Result = true, slices.Clone(result)
+		}
+		n.state, n.lapsed, n.rewritten, n.keep.Uncertain = idem.StateInProgress, true, true, 0
+		n.attempts, n.backoff = 0, 0
+		n.leaseLo, n.leaseHi, n.lo, n.hi = start, end, start.Add(c.retain), end.Add(c.retain)
+		if c.payloadMaybe {
+			// kept or dropped when it turned uncertain: a Claim tells
+			n.payloadMaybe = true
+		}
+		return effect{answer: "ok", next: n, pres: presYes}
+	})
+}
+
+// Lapsed lists the records due for recovery: each of the model's keys it
+// lists may be due, with the model's attempts (it is a hint: a record
+// listed may have changed since, which a later Check sees).
+func (mc *machine) Lapsed(t *rapid.T) {
+	r := mc.recoverable(t)
+	start := mc.tg.clk.Now()
+	got, err := r.Lapsed(mc.ctx, 100)
+	end := mc.tg.clk.Now()
+	if err != nil {
+		mc.fatalf(t, "Lapsed: %v", err)
+	}
+	mc.stats[fmt.Sprintf("Lapsed listed>0=%v", len(got) > 0)]++
+	for _, l := range got {
+		i := slices.Index(mc.keys, l.Key)
+		if i < 0 {
+			continue
+		}
+		mc.logf(t, "Lapsed() lists k%d attempts %d [model %s]", i, l.Attempts, mc.m[i].describe())
+		ok := false
+		for _, c := range mc.cands(i, start, end) {
+			ok = ok || mc.due(c, start, end) != "no" && c.attempts == l.Attempts
+		}
+		if !ok {
+			mc.fatalf(t, "Lapsed() listed k%d (attempts %d), which the model holds not due", i, l.Attempts)
+		}
+	}
 }
 
 func (mc *machine) Get(t *rapid.T) {
@@ -1398,6 +1633,7 @@ func TestModelMemstore(t *testing.T) {
 			retentions: []time.Duration{time.Second, 3 * time.Second, 24 * time.Hour},
 			keeps:      []time.Duration{0, 0, time.Second, 4 * time.Second, time.Hour},
 			retains:    []time.Duration{time.Second, 3 * time.Second, time.Hour},
+			backoffs:   []time.Duration{0, time.Second, time.Hour},
 			advances:   []time.Duration{time.Millisecond, 500 * time.Millisecond, time.Second, 2*time.Second - time.Nanosecond, 3 * time.Second},
 		}
 	})
@@ -1410,6 +1646,7 @@ var (
 	realRetentions = []time.Duration{80 * time.Millisecond, time.Hour}
 	realKeeps      = []time.Duration{0, 0, 70 * time.Millisecond, time.Hour}
 	realRetains    = []time.Duration{90 * time.Millisecond, time.Hour}
+	realBackoffs   = []time.Duration{0, 50 * time.Millisecond, time.Hour}
 	realAdvances   = []time.Duration{10 * time.Millisecond, 30 * time.Millisecond, 60 * time.Millisecond}
 )
 
