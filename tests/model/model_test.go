@@ -254,10 +254,11 @@ func same(a, b rec) bool {
 		a.payload == b.payload && a.payloadMaybe == b.payloadMaybe && a.attempts == b.attempts && a.backoff == b.backoff
 }
 
-// samePayloadAside is same, but for the recovery payload and its
-// attempts and backoff, one of a and b holding none.
+// samePayloadAside is same, but for the recovery payload (and its
+// attempts and backoff) that one of a and b may hold, or both, one of them
+// perhaps dropped.
 func samePayloadAside(a, b rec) bool {
-	if a.payload != "" && b.payload != "" {
+	if a.payload != "" && b.payload != "" && (a.payload != b.payload || a.attempts != b.attempts || a.backoff != b.backoff) {
 		return false
 	}
 	a.payload, a.payloadMaybe, a.attempts, a.backoff = "", false, 0, 0
@@ -266,8 +267,14 @@ func samePayloadAside(a, b rec) bool {
 }
 
 // kept reports whether r outlives a lapse of its lease (for its retain):
-// it has a journal or a recovery payload.
-func (r rec) kept() bool { return len(r.steps) > 0 || r.payload != "" }
+// a step was started in it, or a recovery payload set (its journal may
+// have been emptied since by ResolveStep).
+func (r rec) kept() bool { return r.retain > 0 }
+
+// effects reports whether r holds what its key's first request left (a
+// journal, a recovery payload): then another fingerprint cannot take it
+// over.
+func (r rec) effects() bool { return len(r.steps) > 0 || r.payload != "" }
 
 // stepsView is a journal as a string: "none", or each entry's name,
 // starting token, and result when done.
@@ -653,7 +660,7 @@ func (mc *machine) acquireEffect(c rec, tok, fp string, lease time.Duration, kee
 			fresh.resume(c)
 		}
 		return effect{answer: "acquired", next: fresh, pres: presYes}
-	case c.lapsed && (c.fp == fp || !c.kept()): // a takeover: the journal (its retain, the payload) go on
+	case c.lapsed && (c.fp == fp || !c.effects()): // a takeover: the journal (its retain, the payload) go on
 		if c.fp == fp {
 			fresh.resume(c)
 		}

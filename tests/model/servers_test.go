@@ -189,7 +189,7 @@ func TestModelPostgres(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = s.Close() })
-			run(t, 30, func(*rapid.T) *target {
+			run(t, 24, func(*rapid.T) *target {
 				return &target{
 					store: s, clk: realClock{}, margin: realMargin, purge: s, purgeCounted: true, reacquire: reacquireReplace, lapsedListed: true,
 					leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps, retains: realRetains, backoffs: realBackoffs,
