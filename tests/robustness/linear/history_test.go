@@ -170,6 +170,30 @@ func (r *recorder) call(s idem.Store, client int, in input, timeout time.Duratio
 	case "suspend":
 		err = s.(idem.Journal).Suspend(ctx, key, in.Token, hour)
 		out.Result = "ok"
+	case "setrecovery":
+		err = s.(idem.Recoverable).SetRecovery(ctx, key, in.Token, []byte(in.Payload), hour)
+		out.Result = "ok"
+	case "claim":
+		var c idem.RecoveryClaim
+		var claimed bool
+		c, claimed, err = s.(idem.Recoverable).Claim(ctx, key, in.Token, leaseOf(in), time.Duration(in.Backoff))
+		out.Result = "notclaimed"
+		if claimed {
+			out = output{Result: "claimed", Rec: state{Token: c.PreviousToken, FP: c.Fingerprint}, Entry: fmt.Sprintf("%s #%d", c.Payload, c.Attempts)}
+			if c.Lapsed <= 0 {
+				out.Err = fmt.Sprintf("claim with Lapsed %v", c.Lapsed) // fails the check
+			}
+		}
+	case "resolvestep":
+		var result []byte
+		if !in.Nil {
+			result = []byte(in.Result)
+		}
+		err = s.(idem.StepResolver).ResolveStep(ctx, key, in.Name, result)
+		out.Result = "ok"
+		if errors.Is(err, idem.ErrRecordChanged) {
+			out, err = output{Result: "changed"}, nil
+		}
 	case "steps":
 		var steps []idem.StepEntry
 		steps, err = s.(idem.Journal).Steps(ctx, key)
@@ -241,13 +265,15 @@ const shortLease = 250 * time.Millisecond
 var stepNames = []string{"charge", "email"}
 
 // client runs random calls on s until stop. Like an engine, it acquires a
-// key with a fresh token (mostly for a short lease), journals steps
-// (start, finish, sometimes suspend), renews, completes or releases it
+// key with a fresh token (mostly for a short lease), or claims it as a
+// recoverer would, journals steps (start, finish, sometimes suspend),
+// sets a recovery payload, renews, completes or releases it
 // with that token, and keeps using the token after its lease lapsed and
 // another took the record over (a former holder, fenced off); sometimes it
 // acquires it again with the same token and fingerprint, as an engine's
 // acquire sent again after a lost reply; others read the record and its
-// journal; a few calls use a token that owns nothing. Calls go to the
+// journal, or resolve a step as an operator would; a few calls use a
+// token that owns nothing. Calls go to the
 // recorder's slots, few, and a slot whose record is completed moves to a
 // new key.
 func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}, timeout time.Duration, counts *stats) {
@@ -283,22 +309,40 @@ func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}
 			in.Op, in.Token, in.Lease = "extend", a.Token, lease
 		case p < 58:
 			in.Op, in.Token, in.Name = "startstep", a.Token, stepNames[rng.IntN(len(stepNames))]
-		case p < 70:
+		case p < 66:
 			in.Op, in.Token, in.Name, in.Result = "finishstep", a.Token, stepNames[rng.IntN(len(stepNames))], fmt.Sprintf("v%d", rng.IntN(100))
-		case p < 72:
+		case p < 68:
 			in.Op, in.Token = "suspend", a.Token
-		case p < 80:
+		case p < 72:
+			in.Op, in.Token, in.Payload = "setrecovery", a.Token, fmt.Sprintf("p%d-%d", id, rng.IntN(100))
+		case p < 78:
+			if holds && a.Op == "claim" && rng.IntN(3) == 0 {
+				in = a // sent again
+				break
+			}
+			n++
+			in.Op, in.Token, in.Lease = "claim", fmt.Sprintf("c%d-%d", id, n), lease
+			if rng.IntN(4) == 0 {
+				in.Backoff = int64(hour)
+			}
+		case p < 81:
+			in.Op, in.Name = "resolvestep", stepNames[rng.IntN(len(stepNames))]
+			in.Result, in.Nil = fmt.Sprintf("v%d", rng.IntN(100)), rng.IntN(2) == 0
+		case p < 86:
 			in.Op = "steps"
 		default:
 			in.Op = "get"
 		}
-		if in.Op != "get" && in.Op != "steps" && in.Op != "acquire" && (!holds || rng.IntN(10) == 0) {
+		if in.Op != "get" && in.Op != "steps" && in.Op != "acquire" && in.Op != "claim" && in.Op != "resolvestep" && (!holds || rng.IntN(10) == 0) {
 			in.Token = fmt.Sprintf("c%d-stale", id)
 		}
 		out := r.call(s, id, in, timeout)
 		counts.ops.Add(1)
 		if out.Result == "acquired" && out.Rec.Token != "" {
 			counts.takeovers.Add(1)
+		}
+		if out.Result == "claimed" {
+			counts.claims.Add(1)
 		}
 		if out.Result == "notowner" && holds && in.Token == a.Token {
 			counts.fenced.Add(1)
@@ -314,7 +358,8 @@ func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}
 			r.retire(key)
 		}
 		switch {
-		case in.Op == "acquire" && (out.Result == "acquired" || out.Result == "unknown"):
+		case in.Op == "acquire" && (out.Result == "acquired" || out.Result == "unknown"),
+			in.Op == "claim" && (out.Result == "claimed" || out.Result == "unknown"):
 			held[key] = in
 		case in.Op == "acquire", in.Op == "complete" && out.Result != "unknown", in.Op == "release" && out.Result != "unknown":
 			if in.Token == a.Token {
@@ -333,7 +378,8 @@ type stats struct {
 	// calls that met a completed record; takeovers: acquires of a lapsed
 	// lease, reported with its holder; fenced: calls refused to a token
 	// its client acquired the key with (lapsed, taken over, or ended).
-	contended, lapsed, completed, takeovers, fenced atomic.Int64
+	// claims: recoverers' Claims that took a lapsed record over.
+	contended, lapsed, completed, takeovers, fenced, claims atomic.Int64
 }
 
 // check judges a history with porcupine and, when it is not linearizable,

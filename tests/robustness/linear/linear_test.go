@@ -94,15 +94,15 @@ func printSummary() {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	fmt.Println("linearizability: store            histories  operations  contended  lapsed  completed  takeovers  fenced  unknown  faults  restarts  undecided  anomalies")
+	fmt.Println("linearizability: store            histories  operations  contended  lapsed  completed  takeovers  claims  fenced  unknown  faults  restarts  undecided  anomalies")
 	for _, n := range names {
 		s := summary[n]
-		fmt.Printf("linearizability: %-16s %10d %11d %10d %7d %10d %10d %7d %8d %7d %9d %10d %10d\n", n, s.histories.Load(), s.ops.Load(),
-			s.contended.Load(), s.lapsed.Load(), s.completed.Load(), s.takeovers.Load(), s.fenced.Load(),
+		fmt.Printf("linearizability: %-16s %10d %11d %10d %7d %10d %10d %7d %7d %8d %7d %9d %10d %10d\n", n, s.histories.Load(), s.ops.Load(),
+			s.contended.Load(), s.lapsed.Load(), s.completed.Load(), s.takeovers.Load(), s.claims.Load(), s.fenced.Load(),
 			s.unknown.Load(), s.faults.Load(), s.restarts.Load(), s.undecided.Load(), s.anomalies.Load())
 	}
 	fmt.Println("linearizability: contended: calls that met a record in progress or uncertain in porcupine's linearization (lapsed: a lapsed lease; completed: a completed record);" +
-		" takeovers: acquires of a lapsed lease reporting its holder; fenced: calls refused to a token its client acquired the key with")
+		" takeovers: acquires of a lapsed lease reporting its holder; claims: recoverers' claims of a lapsed record; fenced: calls refused to a token its client acquired the key with")
 	faultsMu.Lock()
 	defer faultsMu.Unlock()
 	kinds := make([]string, 0, len(faultSeen))

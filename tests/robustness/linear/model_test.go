@@ -41,14 +41,17 @@ const margin = int64(50 * time.Millisecond)
 
 // input is one call on a key.
 type input struct {
-	Op     string `json:"op"` // acquire, complete, release, extend, get, startstep, finishstep, suspend, steps
-	Key    int    `json:"key"`
-	Token  string `json:"token,omitempty"`
-	FP     string `json:"fp,omitempty"`
-	Resp   string `json:"resp,omitempty"`
-	Lease  int64  `json:"lease,omitempty"`  // acquire, extend: ns; 0 is an hour
-	Name   string `json:"name,omitempty"`   // startstep, finishstep
-	Result string `json:"result,omitempty"` // finishstep
+	Op      string `json:"op"` // acquire, complete, release, extend, get, startstep, finishstep, suspend, steps
+	Key     int    `json:"key"`
+	Token   string `json:"token,omitempty"`
+	FP      string `json:"fp,omitempty"`
+	Resp    string `json:"resp,omitempty"`
+	Lease   int64  `json:"lease,omitempty"`   // acquire, extend: ns; 0 is an hour
+	Name    string `json:"name,omitempty"`    // startstep, finishstep, resolvestep
+	Result  string `json:"result,omitempty"`  // finishstep, resolvestep
+	Nil     bool   `json:"nil,omitempty"`     // resolvestep: no result (the step did not happen)
+	Payload string `json:"payload,omitempty"` // setrecovery
+	Backoff int64  `json:"backoff,omitempty"` // claim: ns
 
 	// Call and Ret are the call's times (operations sets them from its op).
 	Call int64 `json:"-"`
@@ -58,12 +61,13 @@ type input struct {
 // output is what the call returned.
 type output struct {
 	// Result: acquired, held, ok, notowner, found, notfound, entry,
-	// journal, or unknown (the call failed: it may or may not have acted).
+	// journal, claimed, notclaimed, changed (ErrRecordChanged), or unknown
+	// (the call failed: it may or may not have acted).
 	Result string `json:"result"`
 	// Rec: held, found; acquired: the previous holder of a lapsed lease
 	// taken over (Token), when the store reported one.
 	Rec   state  `json:"rec,omitzero"`
-	Entry string `json:"entry,omitempty"` // entry: the step's entry; journal: the journal
+	Entry string `json:"entry,omitempty"` // entry: the step's entry; journal: the journal; claimed: payload and attempts
 	Err   string `json:"err,omitempty"`
 }
 
@@ -80,6 +84,14 @@ type state struct {
 	Lapsed    bool   `json:"-"` // in progress, its lease lapsed, kept for its journal
 	Suspended bool   `json:"-"` // made uncertain by Suspend
 	Ghost     string `json:"-"` // absent: the token of a lapsed lease whose row may remain
+	// Payload is the recovery payload ("": none), Attempts and Backoff
+	// its claims' count and the last claim's backoff (ns); Kept: a step was
+	// started or a payload set, so the record outlives its lease's lapse.
+	Payload  string `json:"-"`
+	Attempts int    `json:"-"`
+	Backoff  int64  `json:"-"`
+	Kept     bool   `json:"-"`
+	KeepU    bool   `json:"-"` // Suspend gave it a keep: its lease's lapse makes it uncertain, never due
 	// ClaimRet is the return time of the Acquire that took this record
 	// over, ClaimFrom the lapsed holder whose journal it resumed ("": a
 	// record without one): see claims in model.
@@ -116,6 +128,9 @@ func (s state) String() string {
 	if s.Journal != "" {
 		d += " [" + s.Journal + "]"
 	}
+	if s.Payload != "" {
+		d += fmt.Sprintf(" payload %s #%d", s.Payload, s.Attempts)
+	}
 	return d
 }
 
@@ -141,6 +156,12 @@ const (
 	reacquireReplace reacquire = "replace" // acquired (its lease live or lapsed), written again with the call's fingerprint, its journal kept with the same one
 )
 
+// resume makes s, a new holder's record, go on with c's journal and
+// recovery payload (a takeover with c's fingerprint, a claim).
+func (s *state) resume(c state) {
+	s.Journal, s.Payload, s.Attempts, s.Backoff, s.Kept = c.Journal, c.Payload, c.Attempts, c.Backoff, c.Kept
+}
+
 // leaseEnd is the window of the end of a lease given over [call, ret].
 func leaseEnd(in input) (lo, hi int64) {
 	if in.Lease == 0 {
@@ -162,7 +183,10 @@ func phases(s state, in input) []state {
 	if in.Ret+margin > s.Lo {
 		lapsed := s
 		lapsed.Lapsed = true
-		if s.Journal == "" {
+		switch {
+		case s.KeepU: // kept uncertain, as Suspend left it
+			lapsed.State, lapsed.Lapsed = idem.StateUncertain, false
+		case !s.Kept:
 			lapsed = state{Ghost: s.Token}
 		}
 		out = append(out, lapsed)
@@ -193,14 +217,17 @@ func apply(mode reacquire, s state, in input) ([]output, state) {
 			// its own row, live, lapsed or uncertain: written again, the
 			// journal kept with the fingerprint, no takeover reported
 			if s.FP == in.FP {
-				fresh.Journal = s.Journal
+				fresh.resume(s)
 			}
 			return []output{{Result: "acquired"}}, fresh
-		case s.Lapsed && s.FP == in.FP: // a takeover: the journal goes on
-			fresh.Journal, fresh.ClaimRet, fresh.ClaimFrom = s.Journal, in.Ret, s.Token
+		case s.Lapsed && (s.FP == in.FP || s.Journal == "" && s.Payload == ""): // a takeover: the journal and payload go on
+			if s.FP == in.FP {
+				fresh.resume(s)
+			}
+			fresh.ClaimRet, fresh.ClaimFrom = in.Ret, s.Token
 			return []output{{Result: "acquired", Rec: state{State: idem.StateInProgress, Token: s.Token}}}, fresh
 		case s.Lapsed:
-		case live && s.Token == in.Token && mode == reacquireSame && s.FP == in.FP && s.Journal == "" && !s.Suspended:
+		case live && s.Token == in.Token && mode == reacquireSame && s.FP == in.FP && s.Journal == "" && s.Payload == "" && !s.Suspended:
 			return []output{{Result: "acquired"}}, s
 		}
 		return []output{{Result: "held", Rec: s.view()}}, s
@@ -238,7 +265,7 @@ func apply(mode reacquire, s state, in input) ([]output, state) {
 		}
 		e := in.Name + "/" + in.Token
 		n := s
-		n.Journal = strings.Join(append(entries(s.Journal), e), ",")
+		n.Journal, n.Kept = strings.Join(append(entries(s.Journal), e), ","), true
 		return []output{{Result: "entry", Entry: e}}, n
 	case "finishstep":
 		if !leased {
@@ -262,7 +289,42 @@ func apply(mode reacquire, s state, in input) ([]output, state) {
 			return notowner, s
 		}
 		n := s
-		n.State, n.Suspended, n.Lo, n.Hi = idem.StateUncertain, true, 0, 0
+		n.State, n.Suspended, n.KeepU, n.Lo, n.Hi = idem.StateUncertain, true, true, 0, 0
+		return []output{{Result: "ok"}}, n
+	case "setrecovery":
+		if !leased {
+			return notowner, s
+		}
+		n := s
+		n.Payload, n.Kept = in.Payload, true
+		return []output{{Result: "ok"}}, n
+	case "claim":
+		if !s.Lapsed || s.Payload == "" || s.Attempts > 0 && s.Backoff > 0 { // backoffs are 0 or an hour
+			return []output{{Result: "notclaimed"}}, s
+		}
+		n := state{State: idem.StateInProgress, Token: in.Token, FP: s.FP}
+		n.resume(s)
+		n.Lo, n.Hi = leaseEnd(in)
+		n.Attempts, n.Backoff, n.ClaimRet, n.ClaimFrom = s.Attempts+1, in.Backoff, in.Ret, s.Token
+		return []output{{Result: "claimed", Rec: state{Token: s.Token, FP: s.FP}, Entry: fmt.Sprintf("%s #%d", s.Payload, n.Attempts)}}, n
+	case "resolvestep":
+		changed := []output{{Result: "changed"}}
+		if s.State != idem.StateUncertain && !s.Lapsed {
+			return changed, s
+		}
+		es := entries(s.Journal)
+		k := slices.IndexFunc(es, func(e string) bool { return stepName(e) == in.Name })
+		if k < 0 || strings.Contains(es[k], "=") {
+			return changed, s
+		}
+		if in.Nil {
+			es = slices.Delete(es, k, k+1)
+		} else {
+			es[k] += "=" + in.Result
+		}
+		n := s
+		n.State, n.Lapsed, n.Journal, n.Suspended, n.KeepU = idem.StateInProgress, true, strings.Join(es, ","), true, false
+		n.Attempts, n.Backoff, n.Lo, n.Hi = 0, 0, in.Call, in.Ret
 		return []output{{Result: "ok"}}, n
 	case "steps":
 		if s.State == 0 {
@@ -285,7 +347,8 @@ func step(mode reacquire, retries, claims bool, s state, i input, got output) []
 				wants = append(wants, output{Result: "found", Rec: state{State: idem.StateInProgress, Token: s.ClaimFrom, FP: s.FP}})
 			}
 		}
-		ok := got.Result == "unknown" || slices.Contains(wants, got)
+		ok := got.Result == "unknown" || slices.Contains(wants, got) ||
+			i.Op == "acquire" && s.Lapsed && s.FP != i.FP && s.Journal == "" && s.Payload == "" && got == (output{Result: "held", Rec: s.view()})
 		if retries && !ok {
 			switch {
 			case got.Result == "notowner" && wants[0].Result == "ok" && (i.Op == "complete" || i.Op == "release" || i.Op == "suspend"):
@@ -294,8 +357,29 @@ func step(mode reacquire, retries, claims bool, s state, i input, got output) []
 				ok = true // an attempt took over, its retry found its own record
 			}
 		}
-		if ok && !slices.Contains(nexts, next) {
-			nexts = append(nexts, next)
+		if !ok {
+			continue
+		}
+		alts := []state{next}
+		if i.Op == "acquire" && s.Lapsed && s.FP != i.FP && s.Journal == "" && s.Payload == "" && got == (output{Result: "held", Rec: s.view()}) {
+			// a kept record whose journal ResolveStep emptied: taken over
+			// (memstore), or still refused to another fingerprint (redisstore)
+			alts = []state{s}
+		}
+		if i.Op == "resolvestep" && got.Result == "ok" && (s.Attempts != 0 || s.Backoff != 0) {
+			kept := next // the attempts counted from zero again, or kept (stores differ)
+			kept.Attempts, kept.Backoff = s.Attempts, s.Backoff
+			alts = append(alts, kept)
+		}
+		if next.State == idem.StateUncertain && next.Payload != "" && i.Op == "suspend" {
+			dropped := next // the payload dropped as the record turns uncertain, or kept
+			dropped.Payload, dropped.Attempts, dropped.Backoff = "", 0, 0
+			alts = append(alts, dropped)
+		}
+		for _, n := range alts {
+			if !slices.Contains(nexts, n) {
+				nexts = append(nexts, n)
+			}
 		}
 	}
 	return nexts
@@ -405,6 +489,12 @@ func model(mode reacquire, retries, claims bool) porcupine.Model {
 				call = fmt.Sprintf("startstep(%s, %s)", i.Token, i.Name)
 			case "finishstep":
 				call = fmt.Sprintf("finishstep(%s, %s, %s)", i.Token, i.Name, i.Result)
+			case "setrecovery":
+				call = fmt.Sprintf("setrecovery(%s, %s)", i.Token, i.Payload)
+			case "claim":
+				call = fmt.Sprintf("claim(%s, lease %v, backoff %v)", i.Token, time.Duration(i.Lease), time.Duration(i.Backoff))
+			case "resolvestep":
+				call = fmt.Sprintf("resolvestep(%s, %q, nil %v)", i.Name, i.Result, i.Nil)
 			case "get", "steps":
 				call = i.Op + "()"
 			default:
@@ -416,6 +506,8 @@ func model(mode reacquire, retries, claims bool) porcupine.Model {
 				res += " " + o.Rec.String()
 			case o.Result == "acquired" && o.Rec.Token != "":
 				res += " over " + o.Rec.Token
+			case o.Result == "claimed":
+				res += fmt.Sprintf(" %s over %s (fp %s)", o.Entry, o.Rec.Token, o.Rec.FP)
 			case o.Entry != "":
 				res += " " + o.Entry
 			case o.Err != "":
