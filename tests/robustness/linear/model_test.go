@@ -220,7 +220,7 @@ func apply(mode reacquire, s state, in input) ([]output, state) {
 				fresh.resume(s)
 			}
 			return []output{{Result: "acquired"}}, fresh
-		case s.Lapsed && (s.FP == in.FP || s.Journal == "" && s.Payload == ""): // a takeover: the journal and payload go on
+		case s.Lapsed && (s.FP == in.FP || s.Journal == ""): // a takeover: the journal and payload go on
 			if s.FP == in.FP {
 				fresh.resume(s)
 			}
@@ -348,7 +348,7 @@ func step(mode reacquire, retries, claims bool, s state, i input, got output) []
 			}
 		}
 		ok := got.Result == "unknown" || slices.Contains(wants, got) ||
-			i.Op == "acquire" && s.Lapsed && s.FP != i.FP && s.Journal == "" && s.Payload == "" && got == (output{Result: "held", Rec: s.view()})
+			i.Op == "acquire" && s.Lapsed && s.FP != i.FP && s.Journal == "" && got == (output{Result: "held", Rec: s.view()})
 		if retries && !ok {
 			switch {
 			case got.Result == "notowner" && wants[0].Result == "ok" && (i.Op == "complete" || i.Op == "release" || i.Op == "suspend"):
@@ -361,9 +361,11 @@ func step(mode reacquire, retries, claims bool, s state, i input, got output) []
 			continue
 		}
 		alts := []state{next}
-		if i.Op == "acquire" && s.Lapsed && s.FP != i.FP && s.Journal == "" && s.Payload == "" && got == (output{Result: "held", Rec: s.view()}) {
-			// a kept record whose journal ResolveStep emptied: taken over
-			// (memstore), or still refused to another fingerprint (redisstore)
+		if i.Op == "acquire" && s.Lapsed && s.FP != i.FP && s.Journal == "" && got == (output{Result: "held", Rec: s.view()}) {
+			// no journal (a payload, or one ResolveStep emptied): taken over
+			// by another fingerprint, or still refused to it (the contract
+			// leaves it to the store: memstore refuses a payload record,
+			// redisstore an emptied journal's)
 			alts = []state{s}
 		}
 		if i.Op == "resolvestep" && got.Result == "ok" && (s.Attempts != 0 || s.Backoff != 0) {
