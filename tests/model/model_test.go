@@ -1650,7 +1650,7 @@ func run(t *testing.T, checks int, newTarget func(t *rapid.T) *target) {
 }
 
 func TestModelMemstore(t *testing.T) {
-	run(t, 1000, func(rt *rapid.T) *target {
+	run(t, 700, func(rt *rapid.T) *target {
 		clk := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 		max := rapid.SampledFrom([]int{0, 2}).Draw(rt, "maxRecords")
 		opts := []memstore.Option{memstore.WithClock(clk.Now), memstore.WithCleanupInterval(0)}

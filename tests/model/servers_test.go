@@ -141,7 +141,7 @@ func TestModelMongo(t *testing.T) {
 	})
 	s := mongostore.New(coll)
 	t.Cleanup(func() { _ = s.Close() })
-	run(t, 35, func(*rapid.T) *target {
+	run(t, 28, func(*rapid.T) *target {
 		return &target{
 			store: s, clk: realClock{}, margin: realMargin, purge: s, lapsedListed: true, reacquire: reacquireNone,
 			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps, retains: realRetains, backoffs: realBackoffs,

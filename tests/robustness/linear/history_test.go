@@ -382,12 +382,17 @@ type stats struct {
 	contended, lapsed, completed, takeovers, fenced, claims atomic.Int64
 }
 
+// checkTimeout bounds porcupine's search for one history: a history it
+// does not decide in time (many calls of unknown outcome near short
+// leases' ends, MariaDB under timeouts) is counted undecided, not failed.
+const checkTimeout = 10 * time.Second
+
 // check judges a history with porcupine and, when it is not linearizable,
 // saves it (JSON and HTML) under testdata/found and fails the test.
 func check(t *testing.T, h recorded, counts *stats) {
 	t.Helper()
 	m := model(h.Mode, h.Retries, h.Claims)
-	res, info := porcupine.CheckOperationsVerbose(m, operations(h.Ops), 30*time.Second)
+	res, info := porcupine.CheckOperationsVerbose(m, operations(h.Ops), checkTimeout)
 	counts.histories.Add(1)
 	h.Verdict = string(res)
 	if res == porcupine.Ok && *saveAll {
@@ -399,7 +404,7 @@ func check(t *testing.T, h recorded, counts *stats) {
 		return
 	case porcupine.Unknown:
 		counts.undecided.Add(1)
-		t.Logf("%s: porcupine did not decide a history of %d operations within 30s", h.Store, len(h.Ops))
+		t.Logf("%s: porcupine did not decide a history of %d operations within %v", h.Store, len(h.Ops), checkTimeout)
 		return
 	}
 	counts.anomalies.Add(1)
