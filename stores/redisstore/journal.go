@@ -407,8 +407,10 @@ func (s *Store) Steps(ctx context.Context, key string) ([]idem.StepEntry, error)
 // takeover is AcquireKeep's second step when its SET found a '5' value
 // (see takeoverScript). found is false when the record is no '5' value any
 // more: the SET goes again. A record found in progress under token is
-// taken over (acquired, the previous Token unknown: empty): tokens are
-// unique, so it is this takeover's own script run once more.
+// taken over (acquired, the previous Token unknown: empty) while its
+// lease is live: tokens are unique, so it is this takeover's own script
+// run once more. Once that lease lapsed (or the record was suspended) it
+// is answered as any other record.
 func (s *Store) takeover(ctx context.Context, key, token, fingerprint string, lease time.Duration, keep idem.Keep) (rec idem.Record, acquired, found bool, err error) {
 	keys, err := s.journalKeys(key)
 	if err != nil {
@@ -432,7 +434,7 @@ func (s *Store) takeover(ctx context.Context, key, token, fingerprint string, le
 		lapsed := time.Duration(pttl-st.lapse()) * time.Millisecond
 		return idem.Record{State: idem.StateInProgress, Token: st.rec.Token, LeaseLeft: min(lapsed, -time.Millisecond)}, true, true, nil
 	}
-	if st.rec.State == idem.StateInProgress && st.rec.Token == token { // the previous holder is unknown
+	if st.rec.State == idem.StateInProgress && st.rec.Token == token && (!st.kept || pttl > st.lapse()) { // its live lease; the previous holder is unknown
 		return idem.Record{State: idem.StateInProgress, LeaseLeft: -time.Millisecond}, true, true, nil
 	}
 	rec, _ = st.at(pttl, "", false, 0)

@@ -108,7 +108,7 @@ func TestModelRedis(t *testing.T) {
 	run(t, 40, func(*rapid.T) *target {
 		return &target{
 			store: s, clk: realClock{}, margin: realMargin, reacquire: reacquireSame,
-			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps, retains: realRetains, backoffs: realBackoffs,
+			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
 		}
 	})
 }
@@ -141,10 +141,10 @@ func TestModelMongo(t *testing.T) {
 	})
 	s := mongostore.New(coll)
 	t.Cleanup(func() { _ = s.Close() })
-	run(t, 28, func(*rapid.T) *target {
+	run(t, 35, func(*rapid.T) *target {
 		return &target{
 			store: s, clk: realClock{}, margin: realMargin, purge: s, lapsedListed: true, reacquire: reacquireNone,
-			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps, retains: realRetains, backoffs: realBackoffs,
+			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
 		}
 	})
 }
@@ -189,10 +189,10 @@ func TestModelPostgres(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = s.Close() })
-			run(t, 24, func(*rapid.T) *target {
+			run(t, 30, func(*rapid.T) *target {
 				return &target{
 					store: s, clk: realClock{}, margin: realMargin, purge: s, purgeCounted: true, reacquire: reacquireReplace, lapsedListed: true,
-					leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps, retains: realRetains, backoffs: realBackoffs,
+					leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
 					reset: func() {
 						if _, err := pool.Exec(context.Background(), "DELETE FROM "+table); err != nil {
 							t.Fatal(err)
@@ -238,7 +238,7 @@ func TestModelMySQL(t *testing.T) {
 	run(t, 25, func(*rapid.T) *target {
 		return &target{
 			store: s, clk: realClock{}, margin: realMargin, purge: s, purgeCounted: true, reacquire: reacquireReplace, lapsedListed: true,
-			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps, retains: realRetains, backoffs: realBackoffs,
+			leases: realLeases, retentions: realRetentions, advances: realAdvances, keeps: realKeeps,
 			reset: func() {
 				if _, err := db.ExecContext(context.Background(), "DELETE FROM `"+table+"`"); err != nil {
 					t.Fatal(err)
