@@ -216,13 +216,8 @@ type rec struct {
 	// payloadMaybe: Suspend may have dropped it; attempts and backoff are
 	// its claims' count and the last claim's backoff; leaseLo, leaseHi
 	// (lapsed only) the window in which the lapsed lease ended.
-	payload      string
-	payloadMaybe bool
-	// resetMaybe: ResolveStep counted attempts from zero (backoff 0), or
-	// kept keptAttempts and keptBackoff (stores differ; a Claim tells).
-	resetMaybe       bool
-	keptAttempts     int
-	keptBackoff      time.Duration
+	payload          string
+	payloadMaybe     bool
 	attempts         int
 	backoff          time.Duration
 	leaseLo, leaseHi time.Time
@@ -256,8 +251,7 @@ func (r rec) next() rec {
 func same(a, b rec) bool {
 	return a.state == b.state && a.token == b.token && a.fp == b.fp && bytes.Equal(a.resp, b.resp) && a.keep == b.keep &&
 		a.lapsed == b.lapsed && a.rewritten == b.rewritten && a.retain == b.retain && stepsView(a.steps) == stepsView(b.steps) &&
-		a.payload == b.payload && a.payloadMaybe == b.payloadMaybe && a.attempts == b.attempts && a.backoff == b.backoff &&
-		a.resetMaybe == b.resetMaybe && a.keptAttempts == b.keptAttempts && a.keptBackoff == b.keptBackoff
+		a.payload == b.payload && a.payloadMaybe == b.payloadMaybe && a.attempts == b.attempts && a.backoff == b.backoff
 }
 
 // samePayloadAside is same, but for the recovery payload (and its
@@ -689,7 +683,6 @@ func (mc *machine) acquireEffect(c rec, tok, fp string, lease time.Duration, kee
 // and recovery payload (a takeover with c's fingerprint).
 func (r *rec) resume(c rec) {
 	r.steps, r.retain, r.payload, r.payloadMaybe, r.attempts, r.backoff = c.steps, c.retain, c.payload, c.payloadMaybe, c.attempts, c.backoff
-	r.resetMaybe, r.keptAttempts, r.keptBackoff = c.resetMaybe, c.keptAttempts, c.keptBackoff
 }
 
 // acquireAnswer is an Acquire's answer: "acquired", "acquired over"
@@ -1100,14 +1093,6 @@ func (mc *machine) due(c rec, start, end time.Time) string {
 	if !c.lapsed || c.payload == "" || c.keep.Uncertain > 0 {
 		return "no"
 	}
-	if c.resetMaybe && c.keptBackoff != c.backoff {
-		k := c
-		k.resetMaybe, k.backoff = false, c.keptBackoff
-		c.resetMaybe = false
-		if a, b := mc.due(c, start, end), mc.due(k, start, end); a != b {
-			return "maybe"
-		}
-	}
 	switch {
 	case start.Add(-mc.tg.margin).After(c.leaseHi.Add(c.backoff)) && !c.payloadMaybe:
 		return "yes"
@@ -1151,10 +1136,7 @@ func (mc *machine) Claim(t *rapid.T) {
 		}
 		n := rec{state: idem.StateInProgress, token: tok, fp: c.fp, keep: c.keep, lo: start.Add(lease), hi: end.Add(lease)}
 		n.resume(c)
-		n.attempts, n.backoff, n.payloadMaybe, n.resetMaybe = c.attempts+1, backoff, false, false
-		if c.resetMaybe && claimed && got.Attempts == c.keptAttempts+1 {
-			n.attempts = got.Attempts // the store kept the count through ResolveStep
-		}
+		n.attempts, n.backoff, n.payloadMaybe = c.attempts+1, backoff, false
 		e := effect{answer: fmt.Sprintf("claimed %q fp=%.8s attempts=%d over %s", c.payload, c.fp, n.attempts, c.token), next: n, pres: presYes}
 		if due == "maybe" {
 			e.alt, e.altNext = no.answer, &c
@@ -1207,11 +1189,7 @@ func (mc *machine) ResolveStep(t *rapid.T) {
 			n.steps[k].Done, n.steps[k].Result = true, slices.Clone(result)
 		}
 		n.state, n.lapsed, n.rewritten, n.keep.Uncertain = idem.StateInProgress, true, true, 0
-		n.keptAttempts, n.keptBackoff = c.attempts, c.backoff
-		if c.resetMaybe {
-			n.keptAttempts, n.keptBackoff = c.keptAttempts, c.keptBackoff
-		}
-		n.attempts, n.backoff, n.resetMaybe = 0, 0, true
+		n.attempts, n.backoff = 0, 0 // an operator settled it: claims count from zero, due at once
 		n.leaseLo, n.leaseHi, n.lo, n.hi = start, end, start.Add(c.retain), end.Add(c.retain)
 		if c.payloadMaybe {
 			// kept or dropped when it turned uncertain: a Claim tells
@@ -1241,7 +1219,7 @@ func (mc *machine) Lapsed(t *rapid.T) {
 		mc.logf(t, "Lapsed() lists k%d attempts %d [model %s]", i, l.Attempts, mc.m[i].describe())
 		ok := false
 		for _, c := range mc.cands(i, start, end) {
-			ok = ok || mc.due(c, start, end) != "no" && (c.attempts == l.Attempts || c.resetMaybe && c.keptAttempts == l.Attempts)
+			ok = ok || mc.due(c, start, end) != "no" && c.attempts == l.Attempts
 		}
 		if !ok {
 			mc.fatalf(t, "Lapsed() listed k%d (attempts %d), which the model holds not due", i, l.Attempts)
