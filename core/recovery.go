@@ -121,7 +121,9 @@ type StepResolver interface {
 	// token, fingerprint, journal and payload kept, for the retain it had,
 	// so that the next [Store.Acquire] with its fingerprint, or a
 	// recoverer's [Recoverable.Claim], takes it over and the handler
-	// resumes. Any other record (absent, live lease, completed, expired, no
+	// resumes. Its recovery attempts count from 0 again and its backoff is
+	// 0 (an operator settled what stopped it): a recoverer's Claim finds it
+	// due at once and reports Attempts 1. Any other record (absent, live lease, completed, expired, no
 	// such step, the step done) is left unchanged and [ErrRecordChanged]
 	// returned.
 	ResolveStep(ctx context.Context, key, name string, result []byte) error

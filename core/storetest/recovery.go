@@ -27,7 +27,8 @@ import (
 // claims; Lapsed's hint property (a due record behind more than limit
 // entries that are not due is returned once claims took them out of the
 // way); ResolveStep on uncertain and lapsed records, then a takeover that
-// resumes after the resolved step, and [idem.ErrRecordChanged] for every
+// resumes after the resolved step (a record in a claim's backoff due at
+// once, its attempts counted from zero again), and [idem.ErrRecordChanged] for every
 // other record; a step resolved as not done (the journal's only entry, or
 // one amid others) started again by the next holder as a fresh entry of
 // its token that it finishes, Steps in start order throughout; cancelled
@@ -672,12 +673,22 @@ func testResolveStepLapsed(t *testing.T, s idem.Store) {
 	}
 	shorten(t, s, key, tok)
 	waitListed(t, r, key)
-	if err := res.ResolveStep(ctx(t), key, "email", []byte("sent")); err != nil {
-		t.Fatalf("ResolveStep of a lapsed record: %v", err)
+	// A recoverer claims it with an hour's backoff, and its lease lapses:
+	// the record is in backoff, not due.
+	claimer := Token()
+	if c, ok, err := r.Claim(ctx(t), key, claimer, longLease, time.Hour); err != nil || !ok || c.Attempts != 1 {
+		t.Fatalf("Claim of a due record = %+v, %v, %v; want attempts 1", c, ok, err)
+	}
+	shorten(t, s, key, claimer)
+	resolveLapsed(t, res, key, "email", []byte("sent"))
+	// Resolved: attempts count from zero again and the backoff is gone, so
+	// it is due at once (an hour's backoff is far beyond recoveryWait).
+	if n := waitListed(t, r, key); n != 0 {
+		t.Fatalf("Lapsed reported %d attempts after ResolveStep; want 0", n)
 	}
 	c := waitClaim(t, r, key, Token(), 0)
-	if c.PreviousToken != tok || !bytes.Equal(c.Payload, payloadOf(key)) {
-		t.Fatalf("Claim after ResolveStep = %+v; want the payload, taken over from %s", c, tok)
+	if c.Attempts != 1 || c.PreviousToken != claimer || !bytes.Equal(c.Payload, payloadOf(key)) {
+		t.Fatalf("Claim after ResolveStep = %+v; want attempts 1, the payload, taken over from %s", c, claimer)
 	}
 	if st := steps(t, j, key); len(st) != 1 || !st[0].Done || string(st[0].Result) != "sent" {
 		t.Fatalf("journal after ResolveStep = %+v; want email done", st)

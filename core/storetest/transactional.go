@@ -58,6 +58,10 @@ type TxHooks struct {
 //   - they are rolled back when the lease was lost (another token took
 //     the key), the other holder's record is untouched, and another
 //     Unit.Complete still returns [idem.ErrNotOwner];
+//   - a Unit that implements [idem.RollbackUnit] (as a recovery run that
+//     ends without an answer uses it) rolls the writes back and closes the
+//     transaction on Rollback, any number of times, leaving the record in
+//     progress under its token;
 //   - Unit.Complete with an invalid retention returns
 //     [idem.ErrInvalidDuration] and leaves the transaction open;
 //   - when the transaction's connection dies before the completion, the
@@ -82,6 +86,7 @@ func RunTransactional(t *testing.T, newStore func(t *testing.T) (idem.Store, TxH
 		{"CommitWithStoredResponse", testTxCommit},
 		{"RollbackOnRelease", testTxRollbackOnRelease},
 		{"RollbackOnLostLease", testTxLostLease},
+		{"RollbackKeepsRecord", testTxRollbackKeepsRecord},
 		{"InvalidRetentionKeepsTransaction", testTxInvalidRetention},
 		{"TransactionUnused", testTxUnused},
 		{"ConnectionLost", testTxConnectionLost},
@@ -240,6 +245,37 @@ func testTxRollbackOnRelease(t *testing.T, p *txProbe, h TxHooks) {
 			t.Fatalf("retry of %s = %+v; want an execution (the key was released)", k, resp)
 		}
 		x.Fail()
+	}
+}
+
+func testTxRollbackKeepsRecord(t *testing.T, p *txProbe, h TxHooks) {
+	e := doEngine(t, p)
+	const k = "rolled-back"
+	x, hc := begin(t, e, p, h, k)
+	r, ok := p.unit(t, k).(idem.RollbackUnit)
+	if !ok {
+		x.Fail()
+		t.Skipf("%T's Unit does not implement idem.RollbackUnit", p.Store)
+	}
+	for range 2 { // idempotent
+		if err := r.Rollback(ctx(t)); err != nil {
+			t.Fatalf("Rollback: %v", err)
+		}
+	}
+	ended(hc, t, h, k)
+	if n := h.Rows(t, k); n != 0 {
+		t.Errorf("%d rows committed after Rollback; want 0", n)
+	}
+	key := scoped(k)
+	p.mu.Lock()
+	tok := p.tokens[key]
+	p.mu.Unlock()
+	if rec, found := get(t, p.Store, key); !found || rec.State != idem.StateInProgress || rec.Token != tok {
+		t.Fatalf("record after Rollback = %+v, %v; want in progress under %s", rec, found, tok)
+	}
+	x.Fail() // ends the execution: releases the record
+	if n := h.Rows(t, k); n != 0 {
+		t.Errorf("%d rows committed after Rollback and release; want 0", n)
 	}
 }
 

@@ -256,8 +256,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 // holds the step not done, an update pinned to the version read that
 // marks the step done (or removes it, moving each later entry's index
 // down by one: pinned to nsteps too), drops the Keep.Uncertain (in
-// progress, lapsed; kept for the retain from now when it was uncertain)
-// and, with a payload, sets dueAt. Twice: the second finds the step done
+// progress, lapsed; kept for the retain from now when it was uncertain),
+// drops the recovery attempts and backoff (counted from zero again) and,
+// with a payload, sets dueAt to the lease's end (due at once). Twice: the second finds the step done
 // or gone, [idem.ErrRecordChanged].
 func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte) error {
 	if err := ctx.Err(); err != nil {
@@ -292,7 +293,7 @@ func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte
 	field := stepField(name)
 	filter := append(pinned(&d), bson.E{Key: field + ".d", Value: false})
 	set := bson.D{}
-	unset := bson.D{{Key: fieldKeepU, Value: ""}}
+	unset := bson.D{{Key: fieldKeepU, Value: ""}, {Key: fieldAttempts, Value: ""}, {Key: fieldBackoff, Value: ""}}
 	switch {
 	case result != nil:
 		set = append(set, bson.E{Key: field + ".d", Value: true}, bson.E{Key: field + ".r", Value: result})
@@ -314,7 +315,7 @@ func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte
 		set = append(set, bson.E{Key: fieldExpiresAt, Value: date(now.Add(time.Duration(d.Retain) * time.Millisecond))})
 	}
 	if len(d.Recovery) > 0 {
-		set = append(set, bson.E{Key: fieldDueAt, Value: d.until() + bson.DateTime(d.Backoff)})
+		set = append(set, bson.E{Key: fieldDueAt, Value: d.until()})
 	}
 	update := bson.D{{Key: "$unset", Value: unset}}
 	if len(set) > 0 {

@@ -34,9 +34,10 @@ const (
 	// resumable: the columns of a row whose step was resolved, assigned
 	// left to right: kept for its retain from now when it was uncertain
 	// (expires_at first, while keep_uncertain tells), then in progress
-	// with its lease lapsed, due for recovery when it has a payload.
+	// with its lease lapsed, its recovery attempts and backoff none again,
+	// due for recovery at once when it has a payload.
 	resumable = `expires_at = IF(keep_uncertain IS NOT NULL, ` + now + ` + INTERVAL IFNULL(retain, 0) MICROSECOND, expires_at),
-  keep_uncertain = NULL, due_at = IF(recovery IS NULL, NULL, ends_at + INTERVAL IFNULL(backoff, 0) MICROSECOND)`
+  keep_uncertain = NULL, attempts = NULL, backoff = NULL, due_at = IF(recovery IS NULL, NULL, ends_at)`
 )
 
 // addRecovery sets the statements of [idem.Recoverable] and
@@ -226,7 +227,8 @@ func (s *Store) claim(ctx context.Context, key, token string, lease, backoff tim
 // ResolveStep implements [idem.StepResolver]: with a result, one
 // conditional UPDATE of the uncertain or lapsed row holding step name, not
 // done; without, a SELECT … FOR UPDATE of that row and an UPDATE in one
-// transaction (see [Store.resolveStepUndone]).
+// transaction (see [Store.resolveStepUndone]). Either counts the row's
+// recovery attempts from zero again, backoff 0.
 func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte) error {
 	if len(result) > idem.MaxStepBytes {
 		return fmt.Errorf("mysqlstore: step result of %d bytes: %w", len(result), idem.ErrTooLarge)

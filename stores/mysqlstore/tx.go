@@ -16,8 +16,8 @@ import (
 // replayed, fail-open, or an adapter that did not bind the context).
 var ErrNoExecution = errors.New("mysqlstore: context carries no execution of a mysqlstore Store")
 
-// ErrExecutionEnded is returned by [Tx] once the engine completed or released
-// the execution: its transaction is committed or rolled back.
+// ErrExecutionEnded is returned by [Tx] once the engine completed, released
+// or rolled back the execution: its transaction is committed or rolled back.
 var ErrExecutionEnded = errors.New("mysqlstore: the execution has ended; its transaction is closed")
 
 // ErrRolledBack is returned (wrapped, with the cause) by the completion of
@@ -71,6 +71,9 @@ func Tx(ctx context.Context) (*sql.Tx, error) {
 	return u.tx, nil
 }
 
+// The Units of [Store.Unit] roll back without releasing their record.
+var _ idem.RollbackUnit = (*unit)(nil)
+
 // Unit implements [idem.Transactional]; it does no I/O.
 func (s *Store) Unit(key, token string) idem.Unit { return &unit{s: s, key: key, token: token} }
 
@@ -88,7 +91,7 @@ type unit struct {
 	key, token string
 
 	mu      sync.Mutex
-	ended   bool    // Complete or Release was called: Tx refuses
+	ended   bool    // Complete, Release or Rollback was called: Tx refuses
 	tx      *sql.Tx // nil until Tx
 	outcome int
 }
@@ -180,6 +183,21 @@ func (u *unit) Release(ctx context.Context) error {
 		u.rollback()
 	}
 	return u.s.Release(ctx, u.key, u.token)
+}
+
+// Rollback implements [idem.RollbackUnit]: it rolls the handler's writes
+// back, if the handler began a transaction, and ends the unit ([Tx] refuses
+// from then on); the record is left as it is, in progress under the
+// unit's token. It does nothing after Complete, Release or an earlier
+// Rollback, and returns nil.
+func (u *unit) Rollback(context.Context) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ended = true
+	if u.tx != nil && u.outcome == txOpen {
+		u.rollback()
+	}
+	return nil
 }
 
 // rollback ends the transaction. If ROLLBACK itself fails, the driver

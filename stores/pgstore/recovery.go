@@ -28,11 +28,11 @@ const (
 	settled = `r.state = 1 AND r.expires_at > n.t AND r.until_at <= n.t AND ` + unresolved
 	// resumable sets the columns of a row r whose step was resolved: in
 	// progress with its lease lapsed (no longer uncertain), kept for its
-	// retain from now when it was uncertain, due for recovery when it has
-	// a payload.
-	resumable = `keep_uncertain = NULL,
+	// retain from now when it was uncertain, its recovery attempts and
+	// backoff none again, due for recovery at once when it has a payload.
+	resumable = `keep_uncertain = NULL, attempts = NULL, backoff = NULL,
   expires_at = CASE WHEN r.keep_uncertain > 0 THEN n.t + coalesce(r.retain, 0)::float8 * ` + us + ` ELSE r.expires_at END,
-  due_at = CASE WHEN r.recovery IS NOT NULL THEN r.until_at + coalesce(r.backoff, 0)::float8 * ` + us + ` END`
+  due_at = CASE WHEN r.recovery IS NOT NULL THEN r.until_at END`
 )
 
 // addRecovery sets the statements of [idem.Recoverable] and
@@ -162,7 +162,8 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 }
 
 // ResolveStep implements [idem.StepResolver]: one conditional UPDATE of
-// the uncertain or lapsed row holding step name, not done.
+// the uncertain or lapsed row holding step name, not done, which also
+// counts its recovery attempts from zero again, backoff 0.
 func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte) error {
 	if len(result) > idem.MaxStepBytes {
 		return fmt.Errorf("pgstore: step result of %d bytes: %w", len(result), idem.ErrTooLarge)

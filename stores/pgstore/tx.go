@@ -17,8 +17,8 @@ import (
 // replayed, fail-open, or an adapter that did not bind the context).
 var ErrNoExecution = errors.New("pgstore: context carries no execution of a pgstore Store")
 
-// ErrExecutionEnded is returned by [Tx] once the engine completed or released
-// the execution: its transaction is committed or rolled back.
+// ErrExecutionEnded is returned by [Tx] once the engine completed, released
+// or rolled back the execution: its transaction is committed or rolled back.
 var ErrExecutionEnded = errors.New("pgstore: the execution has ended; its transaction is closed")
 
 // ErrEngineEnds is returned by Commit and Rollback of the transaction [Tx]
@@ -76,6 +76,9 @@ func (handlerTx) Commit(context.Context) error { return ErrEngineEnds }
 // Rollback does nothing and returns [ErrEngineEnds].
 func (handlerTx) Rollback(context.Context) error { return ErrEngineEnds }
 
+// The Units of [Store.Unit] roll back without releasing their record.
+var _ idem.RollbackUnit = (*unit)(nil)
+
 // Unit implements [idem.Transactional]; it does no I/O.
 func (s *Store) Unit(key, token string) idem.Unit { return &unit{s: s, key: key, token: token} }
 
@@ -93,7 +96,7 @@ type unit struct {
 	key, token string
 
 	mu      sync.Mutex
-	ended   bool   // Complete or Release was called: Tx refuses
+	ended   bool   // Complete, Release or Rollback was called: Tx refuses
 	tx      pgx.Tx // nil until Tx
 	outcome int
 }
@@ -178,6 +181,21 @@ func (u *unit) Release(ctx context.Context) error {
 		u.rollback(ctx)
 	}
 	return u.s.Release(ctx, u.key, u.token)
+}
+
+// Rollback implements [idem.RollbackUnit]: it rolls the handler's writes
+// back, if the handler began a transaction, and ends the unit ([Tx] refuses
+// from then on); the record is left as it is, in progress under the
+// unit's token. It does nothing after Complete, Release or an earlier
+// Rollback, and returns nil.
+func (u *unit) Rollback(ctx context.Context) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ended = true
+	if u.tx != nil && u.outcome == txOpen {
+		u.rollback(ctx)
+	}
+	return nil
 }
 
 // rollback ends the transaction, within ctx or, when ctx is already done,

@@ -146,9 +146,10 @@ return {1, pl, fp, a + 1, tok, lapsed}
 // by one: the indexes stay 0 to n-1 in start order, as startScript gives
 // a new entry the index n), rewrites the record with u = 0 (in
 // progress, lapsed: its TTL unchanged, or its retain when it was
-// uncertain), and returns {1, 1 when it has a recovery payload}. Twice:
-// the step is then done or absent: {0}.
-var resolveStepScript = newScript(luaDecode + luaLapse + `
+// uncertain), counts its recovery attempts from 0 again with backoff 0
+// (its payload kept), and returns {1, 1 when it has a recovery payload}.
+// Twice: the step is then done or absent: {0}.
+var resolveStepScript = newScript(luaDecode + luaLapse + luaRecovery + `
 local k, tok, fp, u, t, r = decode(redis.pcall('GET', KEYS[1]))
 if k ~= '5' then
   return {0}
@@ -180,7 +181,12 @@ end
 local px = uncertain and tonumber(r) or p
 redis.call('SET', KEYS[1], '5' .. lp(tok) .. lp(fp) .. lp('0') .. lp(t) .. lp(r), 'PX', string.format('%d', math.max(px, 1)))
 follow(KEYS[1])
-return {1, redis.call('HEXISTS', KEYS[3], '#')}
+local a, b, pl = recovery()
+if not a then
+  return {1, 0}
+end
+redis.call('HSET', KEYS[3], '#', lp('0') .. lp('0') .. pl)
+return {1, 1}
 `)
 
 // indexScript: KEYS the recovery index; ARGV triples of member, the
@@ -365,8 +371,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 }
 
 // ResolveStep implements [idem.StepResolver.ResolveStep] with one script
-// run, then, for a record with a recovery payload, a ZADD of its key to
-// the recovery index (it is due again once its backoff allows).
+// run (which also counts the record's recovery attempts from zero again,
+// backoff 0), then, for a record with a recovery payload, a ZADD of its
+// key to the recovery index (it is due at once).
 func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
