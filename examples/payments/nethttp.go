@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemhttp"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
@@ -28,12 +29,16 @@ func nethttpServer(app *payments.App) (payments.Server, error) {
 	for _, rt := range payments.Routes(app.Service) {
 		h := http.Handler(httpRoute(rt))
 		if rt.Protected {
-			h = httpAuthenticate(idempotent(h))
+			h = httpAuthenticate(app, idempotent(h))
 		}
 		mux.Handle(rt.Method+" "+rt.Path, h)
 	}
 	mux.Handle("GET /metrics", app.Metrics)
-	return &http.Server{Handler: otelhttp.NewHandler(httpRequestID(httpRecoverer(mux)), "payments"), ReadHeaderTimeout: 10 * time.Second}, nil
+	chain := httpRequestID(httpRecoverer(mux))
+	if err := app.Recover(idem.HTTPRunner(chain)); err != nil {
+		return nil, err
+	}
+	return &http.Server{Handler: otelhttp.NewHandler(chain, "payments"), ReadHeaderTimeout: 10 * time.Second}, nil
 }
 
 // httpRoute adapts rt to net/http.
@@ -60,10 +65,11 @@ func writeHTTP(w http.ResponseWriter, res payments.Response) {
 
 type httpUserKey struct{}
 
-// httpAuthenticate stands in for real authentication: it trusts X-User-ID.
-func httpAuthenticate(next http.Handler) http.Handler {
+// httpAuthenticate stands in for real authentication: it trusts X-User-ID,
+// or re-establishes a recovery run's stored principal (app.User).
+func httpAuthenticate(app *payments.App, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user := r.Header.Get("X-User-ID")
+		user := app.User(r.Header.Get(idem.RecoveryHeader), r.Header.Get("X-User-ID"))
 		if user == "" {
 			writeHTTP(w, payments.ProblemResponse(payments.Unauthenticated))
 			return

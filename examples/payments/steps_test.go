@@ -179,6 +179,8 @@ type crashEnv struct {
 	args     []string // the service's flags: store and provider
 	provider string   // the card provider's URL
 	logs     *os.File
+	// cfg names the store as args do, for payments.OpenStore.
+	cfg payments.Config
 	// rows counts user's ledger rows (SQL stores), nil for the others.
 	rows func(t *testing.T, user string) int64
 }
@@ -205,10 +207,12 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 		args: []string{"-framework", "nethttp", "-store", store, "-lease", "2s", "-store-timeout", "500ms", "-provider-url", provider.URL}}
 	suffix := strings.ToLower(rand.Text()[:10])
 	ctx := context.Background()
+	env.cfg.Store = store
 	switch store {
 	case "redis":
 		url, prefix := envOr("IDEM_REDIS_URL", "redis://127.0.0.1:6379/0"), "idemtest:steps:"+suffix+":"
 		env.args = append(env.args, "-redis-url", url, "-redis-prefix", prefix)
+		env.cfg.RedisURL, env.cfg.RedisPrefix = url, prefix
 		opts, err := redis.ParseURL(url)
 		if err != nil {
 			t.Fatal(err)
@@ -222,10 +226,12 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 			_ = rc.Close()
 		})
 	case "mongo": // the service's collection idem.idempotency; records expire with the retention
-		env.args = append(env.args, "-mongo-uri", envOr("IDEM_MONGO_URI", "mongodb://127.0.0.1:27017/"))
+		env.cfg.MongoURI = envOr("IDEM_MONGO_URI", "mongodb://127.0.0.1:27017/")
+		env.args = append(env.args, "-mongo-uri", env.cfg.MongoURI)
 	case "postgres":
 		url, schema := envOr("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "steps_"+suffix
 		env.args = append(env.args, "-postgres-url", url, "-postgres-schema", schema)
+		env.cfg.PostgresURL, env.cfg.PostgresSchema = url, schema
 		pool, err := pgxpool.New(ctx, url)
 		if err != nil {
 			t.Fatal(err)
@@ -249,6 +255,7 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 		}
 		cfg.DBName = "steps_" + suffix
 		env.args = append(env.args, "-mysql-dsn", cfg.FormatDSN())
+		env.cfg.MySQLDSN = cfg.FormatDSN()
 		db, err := sql.Open("mysql", cfg.FormatDSN())
 		if err != nil {
 			t.Fatal(err)

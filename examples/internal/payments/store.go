@@ -85,6 +85,16 @@ type Config struct {
 	// PauseAt (test hook, with ProviderURL) holds each payment at that
 	// point of PausePoints, printing "paused at POINT", until SIGUSR1.
 	PauseAt string
+	// CrashAt (test hook, with ProviderURL) makes every payment that
+	// reaches that point of PausePoints kill its own process (SIGKILL):
+	// a handler that always crashes.
+	CrashAt string
+	// Recover makes POST /v1/payments recoverable (idem.RouteRecovery)
+	// and runs an idem.Recoverer in the instance, every RecoverEvery,
+	// parking a record after RecoverAttempts runs.
+	Recover         bool
+	RecoverEvery    time.Duration
+	RecoverAttempts int
 	// Outbox is the broker URL (nats://... or amqp://...) payment.created
 	// events are relayed to through a transactional outbox (outbox.go);
 	// OutboxName names the stream or queue, as examples/consumer's -name.
@@ -118,11 +128,18 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.ProviderURL, "provider-url", "", "charge cards and mail receipts through examples/cardprovider at this URL (http://HOST:PORT), in durable steps; default: a provider simulated in process")
 	flag.BoolVar(&f.NoSteps, "no-steps", false, "with -provider-url: call the provider without steps and without idempotency keys (a control: a crash mid-charge charges twice)")
 	flag.StringVar(&f.PauseAt, "pause-at", "", "test hook, with -provider-url: hold each payment at this point ("+strings.Join(PausePoints, ", ")+"), print \"paused at POINT\", go on at SIGUSR1")
+	flag.StringVar(&f.CrashAt, "crash-at", "", "test hook, with -provider-url: every payment reaching this point ("+strings.Join(PausePoints, ", ")+") kills the process (SIGKILL)")
+	flag.BoolVar(&f.Recover, "recover", false, "make POST /v1/payments recoverable and run a recoverer in this instance: a payment whose instance crashed is finished without its client (README: Recovery without a client)")
+	flag.DurationVar(&f.RecoverEvery, "recover-every", idem.DefaultRecoverInterval, "with -recover: how often the recoverer looks for lapsed payments (idem.RecoverEvery)")
+	flag.IntVar(&f.RecoverAttempts, "recover-attempts", idem.DefaultRecoverAttempts, "with -recover: recovery runs of a payment before it is parked uncertain (idem.RecoverAttempts)")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
 	// The transactional outbox (outbox.go).
 	flag.StringVar(&f.Outbox, "outbox", "", "publish payment.created through a transactional outbox relayed to this broker: nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ); needs -store postgres, -store mysql or -payments-postgres")
 	flag.StringVar(&f.OutboxName, "outbox-name", "payments", "with -outbox: the stream (upper-cased) or queue name, as examples/consumer's -name; the outbox table is <name>_events")
 	flag.Parse()
+	if f.Recover && f.Framework == "grpc" {
+		return f, errors.New("-recover: not served with -framework grpc (its recovery runs need an HTTP handler chain)")
+	}
 	if !slices.Contains(Frameworks, f.Framework) {
 		return f, fmt.Errorf("-framework %q: want one of %s", f.Framework, strings.Join(Frameworks, ", "))
 	}
@@ -136,6 +153,16 @@ type backing struct {
 	pg    *pgxpool.Pool // -store postgres
 	mysql *sql.DB       // -store mysql
 	close func()        // stops the purger, closes the store and its client
+}
+
+// OpenStore opens the store f.Store names as the service does, for tests
+// that look at its records (idem.Inspector, idem.Lister); close closes it.
+func OpenStore(f Config) (store idem.Store, closeStore func(), err error) {
+	b, err := openNamedStore(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b.store, b.close, nil
 }
 
 // openStore opens the store f.Store names without waiting for its server:
