@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"flag"
 	"fmt"
+	"io"
+	mrand "math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -71,46 +73,86 @@ func TestRecoverWithoutClients(t *testing.T) {
 	wg.Wait()
 }
 
+// rotatedPoints are payments.PausePoints in another order: the second
+// instance's points, so that the two are killed at different points.
+var rotatedPoints = append(slices.Clone(payments.PausePoints[3:]), payments.PausePoints[:3]...)
+
 // recoverFlags are the flags of an instance with a recoverer.
-var recoverFlags = []string{"-recover", "-recover-every", recoverEvery.String()}
+var recoverFlags = append([]string{"-recover", "-recover-every", recoverEvery.String()}, loadedFlags...)
+
+// loadedFlags let 50 payments at once run on a loaded machine without
+// their leases lapsing while they are held (each store call bounded by 1s, a quarter of the lease).
+var loadedFlags = []string{"-store-timeout", "1s", "-lease", "4s"}
 
 // crashWave sends n payments across two instances started with extra
-// flags, each holding its payments at the pause points (A in
-// payments.PausePoints's order, B in another), SIGKILLs both once every
-// payment is held, and returns the payments.
-func (env *crashEnv) crashWave(t *testing.T, n int, extra []string) []inflight {
+// flags, each holding its payments at the pause points (A cycling through
+// pointsA, B through pointsB), SIGKILLs both once every payment is held,
+// and returns the payments.
+func (env *crashEnv) crashWave(t *testing.T, n int, extra []string, pointsA, pointsB []string) []inflight {
 	t.Helper()
-	rotated := append(slices.Clone(payments.PausePoints[3:]), payments.PausePoints[:3]...)
-	a := env.start(t, append(slices.Clone(extra), "-pause-at", strings.Join(payments.PausePoints, ","))...)
-	b := env.start(t, append(slices.Clone(extra), "-pause-at", strings.Join(rotated, ","))...)
+	a := env.start(t, append(slices.Clone(extra), "-pause-at", strings.Join(pointsA, ","))...)
+	b := env.start(t, append(slices.Clone(extra), "-pause-at", strings.Join(pointsB, ","))...)
 	run := "rec-" + strings.ToLower(rand.Text()[:8])
 	sent := make([]inflight, n)
-	var wg sync.WaitGroup
 	for i := range sent {
 		sent[i] = inflight{user: fmt.Sprintf("%s-%d", run, i), key: rand.Text(), amount: int64(1000 + i)}
-		p := a
+	}
+	var wg sync.WaitGroup
+	next := 0
+	startNext := func() { // payment next, to A or B in turn
+		p, i := a, next
 		if i%2 == 1 {
 			p = b
 		}
-		wg.Go(func() { _, _, _ = send(p.URL, sent[i].user, sent[i].key, sent[i].amount) }) // cut by the SIGKILL: no retry
+		next++
+		wg.Go(func() { hold(p.URL, sent[i]) })
 	}
 	points := map[string]string{} // user -> point
-	for _, p := range []struct {
-		proc *procs.Proc
-		n    int
-	}{{a, (n + 1) / 2}, {b, n / 2}} {
-		for range p.n {
-			l, err := p.proc.Line("paused at ")
-			if err != nil {
-				t.Fatal(err)
+	held := make(chan [2]string)
+	done := make(chan struct{})
+	for _, p := range []*procs.Proc{a, b} {
+		go func() { // until the process exits
+			for {
+				l, err := p.Line("paused at ")
+				if err != nil {
+					return
+				}
+				var point, user string
+				if _, err := fmt.Sscanf(l, "paused at %s %s", &point, &user); err != nil {
+					continue
+				}
+				select {
+				case held <- [2]string{user, point}:
+				case <-done:
+					return
+				}
 			}
-			var point, user string
-			if _, err := fmt.Sscanf(l, "paused at %s %s", &point, &user); err != nil {
-				t.Fatalf("line %q: %v", l, err)
+		}()
+	}
+	// At most holdWindow payments on their way to their point at once (a
+	// loaded FerretDB times out under 50 acquires at once); all n are held
+	// at once when the instances are killed.
+	const holdWindow = 8
+	for next < min(n, holdWindow) {
+		startNext()
+	}
+	timeout := time.After(recoverWait)
+	for len(points) < n {
+		select {
+		case h := <-held:
+			if _, again := points[h[0]]; !again && next < n {
+				startNext()
 			}
-			points[user] = point
+			points[h[0]] = h[1] // a payment held again (its lease lapsed, the peer's recoverer took it) is held at its latest point
+		case <-timeout:
+			close(done)
+			a.Kill()
+			b.Kill()
+			wg.Wait()
+			t.Fatalf("%d of %d payments held after %v", len(points), n, recoverWait)
 		}
 	}
+	close(done)
 	a.Kill()
 	b.Kill()
 	wg.Wait()
@@ -123,10 +165,27 @@ func (env *crashEnv) crashWave(t *testing.T, n int, extra []string) []inflight {
 	return sent
 }
 
+// hold sends p until the instance is killed under it (no answer): it
+// retries whatever a loaded store makes the service answer before the
+// handler is held (503 store-unavailable, 409 in-progress after an
+// acquire that timed out, a 5xx of a step whose journal write timed out),
+// so that every payment reaches its pause point. Once held, nothing
+// retries.
+func hold(base string, p inflight) {
+	wait := 100 * time.Millisecond
+	for {
+		if status, _, _ := send(base, p.user, p.key, p.amount); status == 0 {
+			return
+		}
+		time.Sleep(wait/2 + mrand.N(wait)) //nolint:gosec // jitter, not a secret
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
 // recoverWave is TestRecoverWithoutClients on env with n payments.
 func (env *crashEnv) recoverWave(t *testing.T, in idem.Inspector, n int) {
 	before := env.stats(t)
-	sent := env.crashWave(t, n, recoverFlags)
+	sent := env.crashWave(t, n, recoverFlags, payments.PausePoints, rotatedPoints)
 	c := env.start(t, recoverFlags...) // one instance restarted; no client comes back
 	defer c.Stop()
 	states := waitStates(t, in, sent, recoverWait)
@@ -172,10 +231,10 @@ func (env *crashEnv) recoverWave(t *testing.T, in idem.Inspector, n int) {
 // controlWave crashes n payments as recoverWave does, without -recover:
 // after the lease and 20 recovery intervals no payment has completed.
 func (env *crashEnv) controlWave(t *testing.T, in idem.Inspector, n int) {
-	sent := env.crashWave(t, n, nil)
-	c := env.start(t)
+	sent := env.crashWave(t, n, loadedFlags, payments.PausePoints, rotatedPoints)
+	c := env.start(t, loadedFlags...)
 	defer c.Stop()
-	time.Sleep(2*time.Second + 20*recoverEvery) // -lease 2s
+	time.Sleep(4*time.Second + 20*recoverEvery) // -lease 4s
 	for _, p := range sent {
 		info, found, err := in.Inspect(context.Background(), p.scopedKey())
 		if err != nil {
@@ -219,4 +278,202 @@ func waitStates(t *testing.T, in idem.Inspector, sent []inflight, limit time.Dur
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestRecoverRaces crashes 20 payments inside their charge step on every
+// shared store (the provider taking 300ms a charge), then starts three
+// instances with recoverers while every client retries through them at
+// once: each record runs once at a time (the provider never sees two
+// charge calls under one key at once), each payment is charged once, and
+// every client gets the same payment.
+func TestRecoverRaces(t *testing.T) {
+	const n = 20
+	bin, provider := buildCrashBinaries(t)
+	var wg sync.WaitGroup
+	for _, store := range []string{"redis", "mongo", "postgres", "mysql"} {
+		wg.Go(func() {
+			t.Run(store, func(t *testing.T) {
+				env := newCrashEnv(t, store, bin, provider, "-latency", "300ms")
+				before := env.stats(t)
+				cut := []string{"charge-after-call"}
+				sent := env.crashWave(t, n, recoverFlags, cut, cut)
+				var live []*procs.Proc
+				for range 3 {
+					p := env.start(t, recoverFlags...)
+					defer p.Stop()
+					live = append(live, p)
+				}
+				answers := make([]string, n)
+				var clients sync.WaitGroup
+				for i, p := range sent {
+					clients.Go(func() {
+						status, body := retry(t, live[i%3].URL, p.user, p.key, p.amount)
+						if status != http.StatusCreated {
+							t.Errorf("%s: %d %s, want 201", p.user, status, body)
+						}
+						answers[i] = string(body)
+					})
+				}
+				clients.Wait()
+				after := env.stats(t)
+				if got := after.Conflicts - before.Conflicts; got != 0 {
+					t.Errorf("provider: %d charge calls came while another under the key ran: a record ran twice at once", got)
+				}
+				if got := after.Charges - before.Charges; got != n {
+					t.Errorf("provider: %d charges, want %d", got, n)
+				}
+				t.Logf("%d keyed charge calls for %d payments (one before the crash, one per run after)", after.KeyedCalls-before.KeyedCalls, n)
+				for i, p := range sent {
+					for _, l := range live {
+						status, h, body := send(l.URL, p.user, p.key, p.amount)
+						if status != http.StatusCreated || h.Get(idem.ReplayedHeader) != "true" || string(body) != answers[i] {
+							t.Errorf("%s: %d %s (replayed %q), want %s replayed", p.user, status, body, h.Get(idem.ReplayedHeader), answers[i])
+						}
+					}
+					if env.rows != nil {
+						if rows := env.rows(t, p.user); rows != 1 {
+							t.Errorf("%s: %d ledger rows, want 1", p.user, rows)
+						}
+					}
+				}
+			})
+		})
+	}
+	wg.Wait()
+}
+
+// TestRecoverParks runs, on Redis and PostgreSQL, a payment whose handler
+// always kills its process (-crash-at charge-after-call), restarting the
+// instance (with -recover-attempts 2) each time it dies and sending no
+// retry: after the client's run and two recovery runs the record is
+// parked uncertain, listed as such by the store's Lister, counted in the
+// instance's metrics (recovery-parked), charged once, and the client's
+// late retry gets 409 operation-uncertain.
+func TestRecoverParks(t *testing.T) {
+	bin, provider := buildCrashBinaries(t)
+	var wg sync.WaitGroup
+	for _, store := range []string{"redis", "postgres"} {
+		wg.Go(func() {
+			t.Run(store, func(t *testing.T) {
+				env := newCrashEnv(t, store, bin, provider)
+				st, closeStore, err := payments.OpenStore(env.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer closeStore()
+				before := env.stats(t)
+				flags := append(slices.Clone(recoverFlags), "-recover-attempts", "2", "-crash-at", "charge-after-call")
+				p := inflight{user: "park-" + strings.ToLower(rand.Text()[:8]), key: rand.Text(), amount: amount}
+				var inst *procs.Proc
+				var exited chan struct{}
+				start := func() {
+					inst, exited = env.start(t, flags...), make(chan struct{})
+					go func(p *procs.Proc, exited chan struct{}) { _ = p.Exit(); close(exited) }(inst, exited)
+				}
+				start()
+				_, _, _ = send(inst.URL, p.user, p.key, p.amount) // the instance dies under it
+				crashes := 0
+				deadline := time.Now().Add(recoverWait)
+				for {
+					info, found, err := st.(idem.Inspector).Inspect(context.Background(), p.scopedKey())
+					if err != nil {
+						t.Fatal(err)
+					}
+					if found && info.State == idem.StateUncertain {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("not parked after %v and %d crashes: %+v (found %v)", recoverWait, crashes, info, found)
+					}
+					select {
+					case <-exited: // a run crashed it: restart it
+						crashes++
+						start()
+					case <-time.After(200 * time.Millisecond):
+					}
+				}
+				defer inst.Stop()
+				if crashes < 1 || crashes > 3 {
+					t.Errorf("%d crashes, want the client's run and at most 2 recovery runs", crashes)
+				}
+				page, err := st.(idem.Lister).List(context.Background(), idem.ListQuery{KeyPrefix: p.scopedKey()[:16], State: idem.StateUncertain, Limit: 10})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.ContainsFunc(page.Records, func(r idem.ListedRecord) bool { return r.Key == p.scopedKey() }) {
+					t.Errorf("the store's Lister does not list the parked record as uncertain: %+v", page.Records)
+				}
+				if got := env.stats(t).Charges - before.Charges; got != 1 {
+					t.Errorf("provider: %d charges, want 1", got)
+				}
+				if !metricCounted(t, inst.URL, `idem_outcome="recovery-parked"`) {
+					t.Errorf("the instance that parked the record has no recovery-parked metric")
+				}
+				status, _, body := send(inst.URL, p.user, p.key, p.amount)
+				if status != http.StatusConflict || !strings.Contains(string(body), "operation-uncertain") {
+					t.Errorf("the late retry got %d %s, want 409 operation-uncertain", status, body)
+				}
+			})
+		})
+	}
+	wg.Wait()
+}
+
+// metricCounted reports whether base's GET /metrics has a sample whose
+// labels contain label with a value > 0.
+func metricCounted(t *testing.T, base, label string) bool {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, label) && !strings.HasPrefix(l, "#") && !strings.HasSuffix(l, " 0") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRecoverFrameworks checks -recover's wiring on every HTTP framework
+// (Redis): two payments held in their charge step and after their steps,
+// both instances SIGKILLed, one restarted, no retry: the recoverer's runs
+// pass the framework's authentication (the stored principal, through
+// Engine.RecoveryPrincipal) and complete both, which the late retries
+// get replayed.
+func TestRecoverFrameworks(t *testing.T) {
+	bin, provider := buildCrashBinaries(t)
+	var wg sync.WaitGroup
+	for _, fw := range procs.Frameworks {
+		wg.Go(func() {
+			t.Run(fw, func(t *testing.T) {
+				env := newCrashEnv(t, "redis", bin, provider)
+				st, closeStore, err := payments.OpenStore(env.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer closeStore()
+				flags := append(slices.Clone(recoverFlags), "-framework", fw)
+				sent := env.crashWave(t, 2, flags, []string{"charge-after-call"}, []string{"after-steps"})
+				c := env.start(t, flags...)
+				defer c.Stop()
+				states := waitStates(t, st.(idem.Inspector), sent, recoverWait)
+				for _, p := range sent {
+					if states[p.key] != idem.StateCompleted {
+						t.Errorf("%s cut at %s: %v, want completed", p.user, p.point, states[p.key])
+					}
+					status, h, body := send(c.URL, p.user, p.key, p.amount)
+					if status != http.StatusCreated || h.Get(idem.ReplayedHeader) != "true" {
+						t.Errorf("%s cut at %s: the late retry got %d %s (replayed %q), want the payment replayed", p.user, p.point, status, body, h.Get(idem.ReplayedHeader))
+					}
+				}
+			})
+		})
+	}
+	wg.Wait()
 }

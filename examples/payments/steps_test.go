@@ -185,7 +185,7 @@ type crashEnv struct {
 	rows func(t *testing.T, user string) int64
 }
 
-func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
+func newCrashEnv(t *testing.T, store, bin, providerBin string, providerArgs ...string) *crashEnv {
 	t.Helper()
 	logs, err := os.Create(filepath.Join(t.TempDir(), "logs"))
 	if err != nil {
@@ -198,7 +198,7 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 		}
 		logs.Close()
 	})
-	provider, err := procs.Start(providerBin, logs)
+	provider, err := procs.Start(providerBin, logs, providerArgs...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +294,11 @@ func (env *crashEnv) start(t *testing.T, args ...string) *procs.Proc {
 }
 
 // providerStats is the card provider's GET /v1/stats.
-type providerStats struct{ Charges, Emails int64 }
+type providerStats struct {
+	Charges, Emails int64
+	KeyedCalls      int64 `json:"keyed_calls"`
+	Conflicts       int64
+}
 
 func (env *crashEnv) stats(t *testing.T) providerStats {
 	t.Helper()
