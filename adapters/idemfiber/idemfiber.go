@@ -138,7 +138,7 @@ func New(e *idem.Engine, opts ...Option) fiber.Handler {
 		if cfg.scope != nil {
 			req.Principal = cfg.scope(c)
 		}
-		recoveryFields(e, &req, &rq.Header)
+		recoveryFields(e, &req, rq.Header.Peek)
 		x, resp := e.Begin(c.UserContext(), &req)
 		if resp != nil {
 			if resp.IsReplay() {
@@ -348,9 +348,10 @@ func hasUpper(s string) bool {
 }
 
 // recoveryFields sets req's Recovery from the request's idem.RecoveryHeader
-// and, for a recoverable route, its Header with the lines the route keeps.
-func recoveryFields(e *idem.Engine, req *idem.Request, h *fasthttp.RequestHeader) {
-	if v := h.Peek(idem.RecoveryHeader); len(v) > 0 {
+// and, for a recoverable route, its Header with the lines the route keeps;
+// peek returns a request header line's value.
+func recoveryFields(e *idem.Engine, req *idem.Request, peek func(name string) []byte) {
+	if v := peek(idem.RecoveryHeader); len(v) > 0 {
 		req.Recovery = string(v)
 	}
 	names := e.RecoveryHeaders(req.Method, req.Route)
@@ -359,7 +360,7 @@ func recoveryFields(e *idem.Engine, req *idem.Request, h *fasthttp.RequestHeader
 	}
 	req.Header = make(http.Header, len(names))
 	for _, n := range names {
-		if v := h.Peek(n); len(v) > 0 {
+		if v := peek(n); len(v) > 0 {
 			req.Header[n] = []string{string(v)}
 		}
 	}

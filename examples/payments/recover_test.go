@@ -78,11 +78,15 @@ func TestRecoverWithoutClients(t *testing.T) {
 var rotatedPoints = append(slices.Clone(payments.PausePoints[3:]), payments.PausePoints[:3]...)
 
 // recoverFlags are the flags of an instance with a recoverer.
-var recoverFlags = append([]string{"-recover", "-recover-every", recoverEvery.String()}, loadedFlags...)
+var recoverFlags = append(slices.Clone(quickRecoverFlags), loadedFlags...)
+
+// quickRecoverFlags are the flags of an instance with a recoverer and the
+// crash tests' short lease (2s), for tests with a payment or two.
+var quickRecoverFlags = []string{"-recover", "-recover-every", recoverEvery.String()}
 
 // loadedFlags let 50 payments at once run on a loaded machine without
-// their leases lapsing while they are held (each store call bounded by 1s, a quarter of the lease).
-var loadedFlags = []string{"-store-timeout", "1s", "-lease", "4s"}
+// their leases lapsing while they are held (each store call bounded by 2s, a fifth of the lease: a FerretDB under load fails renewals).
+var loadedFlags = []string{"-store-timeout", "2s", "-lease", "10s"}
 
 // crashWave sends n payments across two instances started with extra
 // flags, each holding its payments at the pause points (A cycling through
@@ -234,7 +238,7 @@ func (env *crashEnv) controlWave(t *testing.T, in idem.Inspector, n int) {
 	sent := env.crashWave(t, n, loadedFlags, payments.PausePoints, rotatedPoints)
 	c := env.start(t, loadedFlags...)
 	defer c.Stop()
-	time.Sleep(4*time.Second + 20*recoverEvery) // -lease 4s
+	time.Sleep(10*time.Second + 20*recoverEvery) // -lease 10s
 	for _, p := range sent {
 		info, found, err := in.Inspect(context.Background(), p.scopedKey())
 		if err != nil {
@@ -362,7 +366,7 @@ func TestRecoverParks(t *testing.T) {
 				}
 				defer closeStore()
 				before := env.stats(t)
-				flags := append(slices.Clone(recoverFlags), "-recover-attempts", "2", "-crash-at", "charge-after-call")
+				flags := append(slices.Clone(quickRecoverFlags), "-recover-attempts", "2", "-crash-at", "charge-after-call")
 				p := inflight{user: "park-" + strings.ToLower(rand.Text()[:8]), key: rand.Text(), amount: amount}
 				var inst *procs.Proc
 				var exited chan struct{}
@@ -406,7 +410,7 @@ func TestRecoverParks(t *testing.T) {
 				if got := env.stats(t).Charges - before.Charges; got != 1 {
 					t.Errorf("provider: %d charges, want 1", got)
 				}
-				if !metricCounted(t, inst.URL, `idem_outcome="recovery-parked"`) {
+				if !metricSeen(t, inst.URL, `idem_outcome="recovery-parked"`) {
 					t.Errorf("the instance that parked the record has no recovery-parked metric")
 				}
 				status, _, body := send(inst.URL, p.user, p.key, p.amount)
@@ -417,27 +421,6 @@ func TestRecoverParks(t *testing.T) {
 		})
 	}
 	wg.Wait()
-}
-
-// metricCounted reports whether base's GET /metrics has a sample whose
-// labels contain label with a value > 0.
-func metricCounted(t *testing.T, base, label string) bool {
-	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, label) && !strings.HasPrefix(l, "#") && !strings.HasSuffix(l, " 0") {
-			return true
-		}
-	}
-	return false
 }
 
 // TestRecoverFrameworks checks -recover's wiring on every HTTP framework
@@ -458,7 +441,7 @@ func TestRecoverFrameworks(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer closeStore()
-				flags := append(slices.Clone(recoverFlags), "-framework", fw)
+				flags := append(slices.Clone(quickRecoverFlags), "-framework", fw)
 				sent := env.crashWave(t, 2, flags, []string{"charge-after-call"}, []string{"after-steps"})
 				c := env.start(t, flags...)
 				defer c.Stop()
@@ -476,4 +459,123 @@ func TestRecoverFrameworks(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestRecoverWithoutClient SIGKILLs the payments service (-provider-url,
+// lease 2s) mid-payment and restarts it, on every shared store, and no
+// client retries: with -recover the restarted instance's recoverer
+// finishes the payment on its own (a crash after the charge: one charge,
+// one receipt, one ledger row on the SQL stores, and the client's late
+// retry gets the payment replayed) or parks it uncertain (a crash inside
+// the receipt step: one charge, no row, the late retry gets 409
+// operation-uncertain). The control, without -recover, leaves the
+// payment incomplete (no row) until the client's retry takes it over and
+// runs it (not a replay).
+func TestRecoverWithoutClient(t *testing.T) {
+	bin, provider := buildCrashBinaries(t)
+	var wg sync.WaitGroup // all stores at once: each mostly waits for a lease to lapse
+	for _, store := range []string{"redis", "mongo", "postgres", "mysql"} {
+		wg.Go(func() {
+			t.Run(store, func(t *testing.T) {
+				env := newCrashEnv(t, store, bin, provider)
+				for _, c := range []struct {
+					point   string
+					recover bool
+					want    crashOutcome
+				}{
+					{"charge-after-call", true, crashOutcome{http.StatusCreated, 1, 1}},
+					{"receipt-before-call", true, crashOutcome{http.StatusConflict, 1, 0}},
+					{"charge-after-call", false, crashOutcome{http.StatusCreated, 1, 1}},
+				} {
+					got, rows, replayed := env.crashUnattended(t, c.point, c.recover)
+					if got != c.want || replayed != (c.recover && c.want.status == http.StatusCreated) {
+						t.Errorf("%s, recover %v: %+v, replayed %v; want %+v, replayed %v", c.point, c.recover, got, replayed, c.want, c.recover && c.want.status == http.StatusCreated)
+					}
+					if env.rows != nil && rows != c.want.charges*boolInt(c.want.status == http.StatusCreated) {
+						t.Errorf("%s, recover %v: %d ledger rows", c.point, c.recover, rows)
+					}
+				}
+			})
+		})
+	}
+	wg.Wait()
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// crashUnattended sends one payment to an instance held at point,
+// SIGKILLs it there and restarts the service (with recovery or not), with
+// no client retry: with recovery it waits for the recoverer's answer
+// (its metrics count a recovered or an uncertain execution); without,
+// for two leases, and checks the ledger has no row. Then the client's late
+// retry gets the final answer. It returns that answer, the provider's new
+// charges and receipts, the ledger rows, and whether the late retry was a
+// replay.
+func (env *crashEnv) crashUnattended(t *testing.T, point string, recover bool) (crashOutcome, int64, bool) {
+	t.Helper()
+	var extra []string
+	if recover {
+		extra = quickRecoverFlags
+	}
+	before := env.stats(t)
+	user, key := "unattended-"+rand.Text()[:8], rand.Text()
+	a := env.start(t, append([]string{"-pause-at", point}, extra...)...)
+	sent := make(chan struct{})
+	go func() { defer close(sent); _, _, _ = send(a.URL, user, key, amount) }() // cut by the SIGKILL
+	if _, err := a.Line("paused at " + point); err != nil {
+		t.Fatalf("%s: %v", point, err)
+	}
+	a.Kill()
+	<-sent
+	b := env.start(t, extra...)
+	defer b.Stop()
+	if recover {
+		for deadline := time.Now().Add(60 * time.Second); !metricSeen(t, b.URL, `idem_outcome="recovered"`) && !metricSeen(t, b.URL, `idem_outcome="uncertain"`); time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the recoverer finished nothing in 60s", point)
+			}
+		}
+	} else {
+		time.Sleep(4 * time.Second) // two leases: nothing happens without a client
+		if metricSeen(t, b.URL, `idem_outcome="recovered"`) {
+			t.Fatalf("%s: recovered without -recover", point)
+		}
+	}
+	if env.rows != nil && !recover {
+		if n := env.rows(t, user); n != 0 {
+			t.Fatalf("%s without -recover: %d ledger rows before the client came back, want 0", point, n)
+		}
+	}
+	status, h, body := send(b.URL, user, key, amount)
+	if status == http.StatusConflict && h.Get("Retry-After") != "" { // without -recover: the lapsed lease is taken over by a retry
+		status, body = retry(t, b.URL, user, key, amount)
+		h = http.Header{}
+	}
+	if status == http.StatusConflict && !strings.Contains(string(body), "operation-uncertain") {
+		t.Errorf("%s: 409 %s, want operation-uncertain", point, body)
+	}
+	after := env.stats(t)
+	var rows int64
+	if env.rows != nil {
+		rows = env.rows(t, user)
+	}
+	return crashOutcome{status, after.Charges - before.Charges, after.Emails - before.Emails}, rows, h.Get(idem.ReplayedHeader) == "true"
+}
+
+// metricSeen reports whether the instance's GET /metrics has a line
+// containing s.
+func metricSeen(t *testing.T, base, s string) bool {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.Contains(string(b), s)
 }

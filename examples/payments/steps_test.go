@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
@@ -225,9 +227,17 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string, providerArgs ...s
 			}
 			_ = rc.Close()
 		})
-	case "mongo": // the service's collection idem.idempotency; records expire with the retention
-		env.cfg.MongoURI = envOr("IDEM_MONGO_URI", "mongodb://127.0.0.1:27017/")
-		env.args = append(env.args, "-mongo-uri", env.cfg.MongoURI)
+	case "mongo": // a database of its own: recoverers claim every lapsed record of their collection
+		env.cfg.MongoURI, env.cfg.MongoDB = envOr("IDEM_MONGO_URI", "mongodb://127.0.0.1:27017/"), "steps_"+suffix
+		env.args = append(env.args, "-mongo-uri", env.cfg.MongoURI, "-mongo-db", env.cfg.MongoDB)
+		client, err := mongo.Connect(options.Client().ApplyURI(env.cfg.MongoURI))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = client.Database(env.cfg.MongoDB).Drop(ctx)
+			_ = client.Disconnect(ctx)
+		})
 	case "postgres":
 		url, schema := envOr("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "steps_"+suffix
 		env.args = append(env.args, "-postgres-url", url, "-postgres-schema", schema)

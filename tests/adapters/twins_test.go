@@ -35,7 +35,7 @@ var twins = []twin{
 		newer: "adapters/idemfiberv3/idemfiberv3.go",
 		names: []string{
 			"Option", "config", "WithScope", "WithRoute", "WithNext", "outerHeader",
-			"contentType", "routeIndex", "leafRoute", "matchedRoute", "newRouteIndex",
+			"contentType", "routeIndex", "leafRoute", "matchedRoute", "newRouteIndex", "recoveryFields",
 		},
 		known: []difference{
 			{"", "*fiber.Ctx", "fiber.Ctx", "v3's Ctx is an interface"},

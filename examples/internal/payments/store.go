@@ -47,6 +47,7 @@ type Config struct {
 	RedisURL      string
 	RedisPrefix   string // redisstore.WithPrefix
 	MongoURI      string
+	MongoDB       string        // the database of -store mongo's collection idempotency
 	ChargeLatency time.Duration // every operation's provider call
 	TTL           time.Duration // idem.WithRetention
 	Lease         time.Duration // idem.WithLease
@@ -111,7 +112,8 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis, mongo, postgres or mysql")
 	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
 	flag.StringVar(&f.RedisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key, for -store redis")
-	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection idempotency)")
+	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (collection idempotency of -mongo-db)")
+	flag.StringVar(&f.MongoDB, "mongo-db", "idem", "MongoDB database of -store mongo's collection idempotency")
 	flag.DurationVar(&f.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated provider latency of every operation")
 	flag.DurationVar(&f.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
 	flag.DurationVar(&f.Lease, "lease", idem.DefaultLease, "lease of an in-progress request")
@@ -207,7 +209,11 @@ func openNamedStore(f Config) (backing, error) {
 		if err != nil {
 			return backing{}, fmt.Errorf("-mongo-uri: %w", err)
 		}
-		s := mongostore.New(client.Database("idem").Collection("idempotency"))
+		db := f.MongoDB
+		if db == "" {
+			db = "idem"
+		}
+		s := mongostore.New(client.Database(db).Collection("idempotency"))
 		go func() { // index creation must not block start-up while the server is down
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
