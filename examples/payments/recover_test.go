@@ -33,6 +33,9 @@ type inflight struct {
 	user, key string
 	amount    int64
 	point     string // the pause point the instance was killed at
+	// disturbed: a try before it was held failed 5xx (a loaded store timed
+	// out under the handler), so it ran part of its handler twice.
+	disturbed bool
 }
 
 // scopedKey is the payment's record key in the store.
@@ -109,7 +112,7 @@ func (env *crashEnv) crashWave(t *testing.T, n int, extra []string, pointsA, poi
 			p = b
 		}
 		next++
-		wg.Go(func() { hold(p.URL, sent[i]) })
+		wg.Go(func() { sent[i].disturbed = hold(p.URL, sent[i]) })
 	}
 	points := map[string]string{} // user -> point
 	held := make(chan [2]string)
@@ -140,7 +143,8 @@ func (env *crashEnv) crashWave(t *testing.T, n int, extra []string, pointsA, poi
 	for next < min(n, holdWindow) {
 		startNext()
 	}
-	timeout := time.After(recoverWait)
+	limit := recoverWait * time.Duration(max(1, n/50)) // -soak: 500 payments
+	timeout := time.After(limit)
 	for len(points) < n {
 		select {
 		case h := <-held:
@@ -153,7 +157,7 @@ func (env *crashEnv) crashWave(t *testing.T, n int, extra []string, pointsA, poi
 			a.Kill()
 			b.Kill()
 			wg.Wait()
-			t.Fatalf("%d of %d payments held after %v", len(points), n, recoverWait)
+			t.Fatalf("%d of %d payments held after %v", len(points), n, limit)
 		}
 	}
 	close(done)
@@ -174,15 +178,32 @@ func (env *crashEnv) crashWave(t *testing.T, n int, extra []string, pointsA, poi
 // handler is held (503 store-unavailable, 409 in-progress after an
 // acquire that timed out, a 5xx of a step whose journal write timed out),
 // so that every payment reaches its pause point. Once held, nothing
-// retries.
-func hold(base string, p inflight) {
+// retries. It reports whether a try failed 5xx.
+func hold(base string, p inflight) (disturbed bool) {
 	wait := 100 * time.Millisecond
 	for {
-		if status, _, _ := send(base, p.user, p.key, p.amount); status == 0 {
-			return
+		status, _, _ := send(base, p.user, p.key, p.amount)
+		if status == 0 {
+			return disturbed
 		}
+		disturbed = disturbed || status >= 500
 		time.Sleep(wait/2 + mrand.N(wait)) //nolint:gosec // jitter, not a secret
 		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// sendSettled sends p until it is not answered 409 in-progress (60s at
+// most): an execution whose completion write timed out answered its
+// client and retries the write in the background; until it lands, the
+// record is in progress.
+func sendSettled(base string, p inflight) (int, http.Header, []byte) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		status, h, body := send(base, p.user, p.key, p.amount)
+		if status != http.StatusConflict || h.Get("Retry-After") == "" || time.Now().After(deadline) {
+			return status, h, body
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 
@@ -192,9 +213,12 @@ func (env *crashEnv) recoverWave(t *testing.T, in idem.Inspector, n int) {
 	sent := env.crashWave(t, n, recoverFlags, payments.PausePoints, rotatedPoints)
 	c := env.start(t, recoverFlags...) // one instance restarted; no client comes back
 	defer c.Stop()
-	states := waitStates(t, in, sent, recoverWait)
-	wantEmails := int64(0)
+	states := waitStates(t, in, sent, recoverWait*time.Duration(max(1, n/50)))
+	wantEmails, disturbed := int64(0), int64(0)
 	for _, p := range sent {
+		if p.disturbed {
+			disturbed++
+		}
 		want := crashOutcomes[p.point]
 		wantEmails += want.emails
 		wantState := idem.StateCompleted
@@ -218,11 +242,16 @@ func (env *crashEnv) recoverWave(t *testing.T, in idem.Inspector, n int) {
 	if got := after.Charges - before.Charges; got != int64(n) {
 		t.Errorf("provider: %d charges, want %d (one per payment)", got, n)
 	}
-	if got := after.Emails - before.Emails; got != wantEmails {
-		t.Errorf("provider: %d receipts, want %d (one per payment but where the crash came before the mail)", got, wantEmails)
+	// A payment whose try failed 5xx before it was held (the store timed
+	// out under its handler) may have mailed in that try too.
+	if got := after.Emails - before.Emails; got < wantEmails || got > wantEmails+disturbed {
+		t.Errorf("provider: %d receipts, want %d (one per payment but where the crash came before the mail; up to %d more for payments whose earlier try failed 5xx)", got, wantEmails, disturbed)
+	}
+	if disturbed > 0 {
+		t.Logf("%d payments failed 5xx before they were held (the store timed out)", disturbed)
 	}
 	for _, p := range sent { // the clients' late retries
-		status, h, body := send(c.URL, p.user, p.key, p.amount)
+		status, h, body := sendSettled(c.URL, p)
 		switch want := crashOutcomes[p.point].status; {
 		case want == http.StatusCreated && (status != want || h.Get(idem.ReplayedHeader) != "true"):
 			t.Errorf("%s cut at %s: the late retry got %d %s (replayed %q), want the payment replayed", p.user, p.point, status, body, h.Get(idem.ReplayedHeader))
@@ -329,7 +358,7 @@ func TestRecoverRaces(t *testing.T) {
 				t.Logf("%d keyed charge calls for %d payments (one before the crash, one per run after)", after.KeyedCalls-before.KeyedCalls, n)
 				for i, p := range sent {
 					for _, l := range live {
-						status, h, body := send(l.URL, p.user, p.key, p.amount)
+						status, h, body := sendSettled(l.URL, p)
 						if status != http.StatusCreated || h.Get(idem.ReplayedHeader) != "true" || string(body) != answers[i] {
 							t.Errorf("%s: %d %s (replayed %q), want %s replayed", p.user, status, body, h.Get(idem.ReplayedHeader), answers[i])
 						}
