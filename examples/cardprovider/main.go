@@ -15,8 +15,10 @@
 //     the key's answer, replayed as a charge would be.
 //   - POST /v1/emails sends a receipt. It takes no idempotency key, as most
 //     mail relays: every call sends one.
-//   - GET /v1/stats answers {"charges": n, "emails": n}: the real effects,
-//     for tests that count them.
+//   - GET /v1/stats answers {"charges": n, "emails": n, "keyed_calls": n,
+//     "conflicts": n}: the real effects, and the charge requests with an
+//     Idempotency-Key received and those of them answered 409 (another
+//     request under the key still running), for tests that count them.
 //
 // It prints "cardprovider listening on http://ADDR" once it serves.
 //
@@ -90,6 +92,10 @@ type provider struct {
 	keys    map[string]*keyed
 	charges int
 	emails  int
+	calls   int // charge requests with an Idempotency-Key
+	// conflicts counts keyed charge requests that came while another
+	// request under the key was running (answered 409).
+	conflicts int
 }
 
 func newProvider(latency time.Duration) http.Handler {
@@ -118,6 +124,7 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.mu.Lock()
+	p.calls++
 	k, seen := p.keys[key]
 	if !seen {
 		k = &keyed{params: params, done: make(chan struct{})}
@@ -135,6 +142,9 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Idempotent-Replayed", "true")
 			writeJSON(w, k.status, k.result)
 		default:
+			p.mu.Lock()
+			p.conflicts++
+			p.mu.Unlock()
 			writeJSON(w, http.StatusConflict, map[string]string{"error": "idempotency_error", "message": "A request with this key is in progress."})
 		}
 		return
@@ -182,7 +192,7 @@ func (p *provider) email(w http.ResponseWriter, r *http.Request) {
 func (p *provider) stats(w http.ResponseWriter, _ *http.Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]int{"charges": p.charges, "emails": p.emails})
+	writeJSON(w, http.StatusOK, map[string]int{"charges": p.charges, "emails": p.emails, "keyed_calls": p.calls, "conflicts": p.conflicts})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

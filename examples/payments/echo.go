@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemecho"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
@@ -33,11 +34,14 @@ func echoServer(app *payments.App) (payments.Server, error) {
 	for _, rt := range payments.Routes(app.Service) {
 		var mw []echo.MiddlewareFunc
 		if rt.Protected {
-			mw = []echo.MiddlewareFunc{echoAuthenticate, idempotent}
+			mw = []echo.MiddlewareFunc{echoAuthenticate(app), idempotent}
 		}
 		e.Add(rt.Method, payments.ColonPath(rt.Path), echoRoute(rt), mw...)
 	}
 	e.GET("/metrics", echo.WrapHandler(app.Metrics))
+	if err := app.Recover(idem.HTTPRunner(e)); err != nil {
+		return nil, err
+	}
 	return &http.Server{Handler: otelhttp.NewHandler(e, "payments"), ReadHeaderTimeout: 10 * time.Second}, nil
 }
 
@@ -58,15 +62,18 @@ func echoRoute(rt payments.Route) echo.HandlerFunc {
 	}
 }
 
-// echoAuthenticate stands in for real authentication: it trusts X-User-ID.
-func echoAuthenticate(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		user := c.Request().Header.Get("X-User-ID")
-		if user == "" {
-			return payments.Unauthenticated
+// echoAuthenticate stands in for real authentication: it trusts X-User-ID,
+// or re-establishes a recovery run's stored principal (app.User).
+func echoAuthenticate(app *payments.App) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			user := app.User(c.Request().Header.Get(idem.RecoveryHeader), c.Request().Header.Get("X-User-ID"))
+			if user == "" {
+				return payments.Unauthenticated
+			}
+			c.Set("user_id", user)
+			return next(c)
 		}
-		c.Set("user_id", user)
-		return next(c)
 	}
 }
 

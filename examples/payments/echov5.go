@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemechov5"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
@@ -29,11 +30,14 @@ func echov5Server(app *payments.App) (payments.Server, error) {
 	for _, rt := range payments.Routes(app.Service) {
 		var mw []echo.MiddlewareFunc
 		if rt.Protected {
-			mw = []echo.MiddlewareFunc{echov5Authenticate, idempotent}
+			mw = []echo.MiddlewareFunc{echov5Authenticate(app), idempotent}
 		}
 		e.Add(rt.Method, payments.ColonPath(rt.Path), echov5Route(rt), mw...)
 	}
 	e.GET("/metrics", echo.WrapHandler(app.Metrics))
+	if err := app.Recover(idem.HTTPRunner(e)); err != nil {
+		return nil, err
+	}
 	return &http.Server{Handler: otelhttp.NewHandler(e, "payments"), ReadHeaderTimeout: 10 * time.Second}, nil
 }
 
@@ -54,15 +58,18 @@ func echov5Route(rt payments.Route) echo.HandlerFunc {
 	}
 }
 
-// echov5Authenticate stands in for real authentication: it trusts X-User-ID.
-func echov5Authenticate(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c *echo.Context) error {
-		user := c.Request().Header.Get("X-User-ID")
-		if user == "" {
-			return payments.Unauthenticated
+// echov5Authenticate stands in for real authentication: it trusts X-User-ID,
+// or re-establishes a recovery run's stored principal (app.User).
+func echov5Authenticate(app *payments.App) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c *echo.Context) error {
+			user := app.User(c.Request().Header.Get(idem.RecoveryHeader), c.Request().Header.Get("X-User-ID"))
+			if user == "" {
+				return payments.Unauthenticated
+			}
+			c.Set("user_id", user)
+			return next(c)
 		}
-		c.Set("user_id", user)
-		return next(c)
 	}
 }
 

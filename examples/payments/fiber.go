@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/requestid"
 
 	"github.com/idemkit/idem/adapters/idemfiber"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
@@ -34,11 +35,14 @@ func fiberServer(app *payments.App) (payments.Server, error) {
 	for _, rt := range payments.Routes(app.Service) {
 		handlers := []fiber.Handler{fiberRoute(rt)}
 		if rt.Protected {
-			handlers = []fiber.Handler{fiberAuthenticate, idempotent, fiberRoute(rt)}
+			handlers = []fiber.Handler{fiberAuthenticate(app), idempotent, fiberRoute(rt)}
 		}
 		a.Add(rt.Method, payments.ColonPath(rt.Path), handlers...)
 	}
 	a.Get("/metrics", adaptor.HTTPHandler(app.Metrics))
+	if err := app.Recover(idemfiber.Runner(a)); err != nil {
+		return nil, err
+	}
 	return fiberApp{a}, nil
 }
 
@@ -63,14 +67,17 @@ func fiberRoute(rt payments.Route) fiber.Handler {
 	}
 }
 
-// fiberAuthenticate stands in for real authentication: it trusts X-User-ID.
-func fiberAuthenticate(c *fiber.Ctx) error {
-	user := c.Get("X-User-ID")
-	if user == "" {
-		return payments.Unauthenticated
+// fiberAuthenticate stands in for real authentication: it trusts X-User-ID,
+// or re-establishes a recovery run's stored principal (app.User).
+func fiberAuthenticate(app *payments.App) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		user := app.User(c.Get(idem.RecoveryHeader), c.Get("X-User-ID"))
+		if user == "" {
+			return payments.Unauthenticated
+		}
+		c.Locals("user_id", strings.Clone(user)) // c.Get aliases a buffer fasthttp reuses for the next request
+		return c.Next()
 	}
-	c.Locals("user_id", strings.Clone(user)) // c.Get aliases a buffer fasthttp reuses for the next request
-	return c.Next()
 }
 
 // fiberProblem is the app's error handler: every error becomes an RFC 9457

@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v3/middleware/requestid"
 
 	"github.com/idemkit/idem/adapters/idemfiberv3"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
@@ -28,12 +29,15 @@ func fiberv3Server(app *payments.App) (payments.Server, error) {
 	a.Use(recover.New(), requestid.New())
 	for _, rt := range payments.Routes(app.Service) {
 		if rt.Protected {
-			a.Add([]string{rt.Method}, payments.ColonPath(rt.Path), fiberv3Authenticate, idempotent, fiberv3Route(rt))
+			a.Add([]string{rt.Method}, payments.ColonPath(rt.Path), fiberv3Authenticate(app), idempotent, fiberv3Route(rt))
 		} else {
 			a.Add([]string{rt.Method}, payments.ColonPath(rt.Path), fiberv3Route(rt))
 		}
 	}
 	a.Get("/metrics", adaptor.HTTPHandler(app.Metrics))
+	if err := app.Recover(idemfiberv3.Runner(a)); err != nil {
+		return nil, err
+	}
 	return fiberv3App{a}, nil
 }
 
@@ -60,14 +64,17 @@ func fiberv3Route(rt payments.Route) fiber.Handler {
 	}
 }
 
-// fiberv3Authenticate stands in for real authentication: it trusts X-User-ID.
-func fiberv3Authenticate(c fiber.Ctx) error {
-	user := c.Get("X-User-ID")
-	if user == "" {
-		return payments.Unauthenticated
+// fiberv3Authenticate stands in for real authentication: it trusts X-User-ID,
+// or re-establishes a recovery run's stored principal (app.User).
+func fiberv3Authenticate(app *payments.App) fiber.Handler {
+	return func(c fiber.Ctx) error {
+		user := app.User(c.Get(idem.RecoveryHeader), c.Get("X-User-ID"))
+		if user == "" {
+			return payments.Unauthenticated
+		}
+		fiber.Locals(c, "user_id", strings.Clone(user)) // c.Get aliases a buffer fasthttp reuses for the next request
+		return c.Next()
 	}
-	fiber.Locals(c, "user_id", strings.Clone(user)) // c.Get aliases a buffer fasthttp reuses for the next request
-	return c.Next()
 }
 
 // fiberv3Problem is the app's error handler: every error becomes an RFC 9457

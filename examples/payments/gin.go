@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/idemkit/idem/adapters/idemgin"
+	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 )
 
@@ -32,11 +33,14 @@ func ginServer(app *payments.App) (payments.Server, error) {
 	for _, rt := range payments.Routes(app.Service) {
 		handlers := []gin.HandlerFunc{ginRoute(rt)}
 		if rt.Protected {
-			handlers = []gin.HandlerFunc{ginAuthenticate, idempotent, ginRoute(rt)}
+			handlers = []gin.HandlerFunc{ginAuthenticate(app), idempotent, ginRoute(rt)}
 		}
 		r.Handle(rt.Method, payments.ColonPath(rt.Path), handlers...)
 	}
 	r.GET("/metrics", gin.WrapH(app.Metrics))
+	if err := app.Recover(idem.HTTPRunner(r)); err != nil {
+		return nil, err
+	}
 	return &http.Server{Handler: otelhttp.NewHandler(r, "payments"), ReadHeaderTimeout: 10 * time.Second}, nil
 }
 
@@ -62,14 +66,17 @@ func writeGin(c *gin.Context, res payments.Response) {
 	c.Abort()
 }
 
-// ginAuthenticate stands in for real authentication: it trusts X-User-ID.
-func ginAuthenticate(c *gin.Context) {
-	user := c.GetHeader("X-User-ID")
-	if user == "" {
-		writeGin(c, payments.ProblemResponse(payments.Unauthenticated))
-		return
+// ginAuthenticate stands in for real authentication: it trusts X-User-ID,
+// or re-establishes a recovery run's stored principal (app.User).
+func ginAuthenticate(app *payments.App) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		user := app.User(c.GetHeader(idem.RecoveryHeader), c.GetHeader("X-User-ID"))
+		if user == "" {
+			writeGin(c, payments.ProblemResponse(payments.Unauthenticated))
+			return
+		}
+		c.Set("user_id", user)
 	}
-	c.Set("user_id", user)
 }
 
 // ginRequestID echoes the client's X-Request-Id, or a new one, on the

@@ -34,13 +34,11 @@ func nethttpServer(app *payments.App) (payments.Server, error) {
 		mux.Handle(rt.Method+" "+rt.Path, h)
 	}
 	mux.Handle("GET /metrics", app.Metrics)
-	handler := otelhttp.NewHandler(httpRequestID(httpRecoverer(mux)), "payments")
-	if app.Config.Recover {
-		if err := app.StartRecovery(handler); err != nil {
-			return nil, err
-		}
+	chain := httpRequestID(httpRecoverer(mux))
+	if err := app.Recover(idem.HTTPRunner(chain)); err != nil {
+		return nil, err
 	}
-	return &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}, nil
+	return &http.Server{Handler: otelhttp.NewHandler(chain, "payments"), ReadHeaderTimeout: 10 * time.Second}, nil
 }
 
 // httpRoute adapts rt to net/http.
@@ -67,15 +65,11 @@ func writeHTTP(w http.ResponseWriter, res payments.Response) {
 
 type httpUserKey struct{}
 
-// httpAuthenticate stands in for real authentication: it trusts X-User-ID.
-// A recovery run (-recover) is authenticated as its stored principal by the
-// engine's hook instead; a forged Idem-Recovery header is not.
+// httpAuthenticate stands in for real authentication: it trusts X-User-ID,
+// or re-establishes a recovery run's stored principal (app.User).
 func httpAuthenticate(app *payments.App, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, ok := app.Engine.RecoveryPrincipal(r.Header.Get(idem.RecoveryHeader))
-		if !ok {
-			user = r.Header.Get("X-User-ID")
-		}
+		user := app.User(r.Header.Get(idem.RecoveryHeader), r.Header.Get("X-User-ID"))
 		if user == "" {
 			writeHTTP(w, payments.ProblemResponse(payments.Unauthenticated))
 			return

@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
@@ -179,11 +181,13 @@ type crashEnv struct {
 	args     []string // the service's flags: store and provider
 	provider string   // the card provider's URL
 	logs     *os.File
+	// cfg names the store as args do, for payments.OpenStore.
+	cfg payments.Config
 	// rows counts user's ledger rows (SQL stores), nil for the others.
 	rows func(t *testing.T, user string) int64
 }
 
-func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
+func newCrashEnv(t *testing.T, store, bin, providerBin string, providerArgs ...string) *crashEnv {
 	t.Helper()
 	logs, err := os.Create(filepath.Join(t.TempDir(), "logs"))
 	if err != nil {
@@ -196,7 +200,7 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 		}
 		logs.Close()
 	})
-	provider, err := procs.Start(providerBin, logs)
+	provider, err := procs.Start(providerBin, logs, providerArgs...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,10 +209,12 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 		args: []string{"-framework", "nethttp", "-store", store, "-lease", "2s", "-store-timeout", "500ms", "-provider-url", provider.URL}}
 	suffix := strings.ToLower(rand.Text()[:10])
 	ctx := context.Background()
+	env.cfg.Store = store
 	switch store {
 	case "redis":
 		url, prefix := envOr("IDEM_REDIS_URL", "redis://127.0.0.1:6379/0"), "idemtest:steps:"+suffix+":"
 		env.args = append(env.args, "-redis-url", url, "-redis-prefix", prefix)
+		env.cfg.RedisURL, env.cfg.RedisPrefix = url, prefix
 		opts, err := redis.ParseURL(url)
 		if err != nil {
 			t.Fatal(err)
@@ -221,11 +227,21 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 			}
 			_ = rc.Close()
 		})
-	case "mongo": // the service's collection idem.idempotency; records expire with the retention
-		env.args = append(env.args, "-mongo-uri", envOr("IDEM_MONGO_URI", "mongodb://127.0.0.1:27017/"))
+	case "mongo": // a database of its own: recoverers claim every lapsed record of their collection
+		env.cfg.MongoURI, env.cfg.MongoDB = envOr("IDEM_MONGO_URI", "mongodb://127.0.0.1:27017/"), "steps_"+suffix
+		env.args = append(env.args, "-mongo-uri", env.cfg.MongoURI, "-mongo-db", env.cfg.MongoDB)
+		client, err := mongo.Connect(options.Client().ApplyURI(env.cfg.MongoURI))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = client.Database(env.cfg.MongoDB).Drop(ctx)
+			_ = client.Disconnect(ctx)
+		})
 	case "postgres":
 		url, schema := envOr("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "steps_"+suffix
 		env.args = append(env.args, "-postgres-url", url, "-postgres-schema", schema)
+		env.cfg.PostgresURL, env.cfg.PostgresSchema = url, schema
 		pool, err := pgxpool.New(ctx, url)
 		if err != nil {
 			t.Fatal(err)
@@ -249,6 +265,7 @@ func newCrashEnv(t *testing.T, store, bin, providerBin string) *crashEnv {
 		}
 		cfg.DBName = "steps_" + suffix
 		env.args = append(env.args, "-mysql-dsn", cfg.FormatDSN())
+		env.cfg.MySQLDSN = cfg.FormatDSN()
 		db, err := sql.Open("mysql", cfg.FormatDSN())
 		if err != nil {
 			t.Fatal(err)
@@ -287,7 +304,11 @@ func (env *crashEnv) start(t *testing.T, args ...string) *procs.Proc {
 }
 
 // providerStats is the card provider's GET /v1/stats.
-type providerStats struct{ Charges, Emails int64 }
+type providerStats struct {
+	Charges, Emails int64
+	KeyedCalls      int64 `json:"keyed_calls"`
+	Conflicts       int64
+}
 
 func (env *crashEnv) stats(t *testing.T) providerStats {
 	t.Helper()

@@ -535,7 +535,10 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	}
 	defer s.keeps.drop(key, token)
 	end := now.Add(s.deleteLease)
-	if owner := d.ExpiresAt.Time(); owner.After(end) {
+	// The owner's lease end (until, not the retention a journal's record is
+	// kept for): a claim left by a Release whose delete found the lease
+	// lapsed must not block takeovers and recovery claims for the retention.
+	if owner := d.until().Time(); owner.After(end) {
 		end = owner
 	}
 	won, w, err := s.insertClaim(ctx, key, d.version(), claim{

@@ -32,22 +32,9 @@ type App struct {
 	// Metrics serves GET /metrics (Prometheus text format), to be mounted
 	// outside authentication.
 	Metrics http.Handler
-	// Recoverer finishes abandoned requests (-recover), once started by
-	// the wiring with its handler chain (StartRecovery).
-	Recoverer *idem.Recoverer
-	closers   []func()
-}
-
-// StartRecovery starts a recoverer that runs abandoned requests through
-// h, the service's whole handler chain (-recover); Serve stops it.
-func (a *App) StartRecovery(h http.Handler) error {
-	r, err := idem.NewRecoverer(a.Engine, idem.RecoverRequests(idem.HTTPRunner(h)), idem.RecoverEvery(a.Config.RecoverEvery))
-	if err != nil {
-		return err
-	}
-	a.Recoverer = r
-	r.Start()
-	return nil
+	closers []func()
+	// recoverer is -recover's, set by Recover; Serve runs it.
+	recoverer *idem.Recoverer
 }
 
 // Open opens what f names: the store (openStore), telemetry (metrics,
@@ -83,7 +70,7 @@ func Open(f Config) (_ *App, err error) {
 		idem.WithEventHook(hook),
 	}
 	if f.Recover {
-		opts = append(opts, idem.WithRecovery())
+		opts = append(opts, idem.WithRoute(http.MethodPost, "/v1/payments", idem.RouteRecovery()))
 	}
 	app.Engine, err = idem.New(b.store, opts...)
 	if err != nil {
@@ -99,6 +86,37 @@ func Open(f Config) (_ *App, err error) {
 		return nil, err
 	}
 	return app, nil
+}
+
+// Recover sets up -recover's recoverer, which Serve runs: run is the
+// framework's whole handler chain (idem.HTTPRunner of the router with its
+// middleware, idemfiber.Runner of the app), whose authentication calls
+// User. Without -recover it does nothing.
+func (a *App) Recover(run idem.Runner) error {
+	if !a.Config.Recover || a.Config.NoIdem {
+		return nil
+	}
+	r, err := idem.NewRecoverer(a.Engine, idem.RecoverRequests(run),
+		idem.RecoverEvery(a.Config.RecoverEvery), idem.RecoverAttempts(a.Config.RecoverAttempts))
+	if err != nil {
+		return fmt.Errorf("-recover: %w", err)
+	}
+	a.recoverer = r
+	return nil
+}
+
+// User is the principal the service's authentication establishes: the
+// stored principal of a recovery run whose Idem-Recovery header value
+// (recovery) this process's recoverer issued (idem.Engine.RecoveryPrincipal),
+// else the examples' stand-in credential, the X-User-ID header (claimed);
+// "" is unauthenticated. A client sending Idem-Recovery gains nothing: an
+// unknown nonce falls back to X-User-ID, and the engine refuses the
+// request (403 recovery-refused).
+func (a *App) User(recovery, claimed string) string {
+	if p, ok := a.Engine.RecoveryPrincipal(recovery); ok {
+		return p
+	}
+	return claimed
 }
 
 // Close releases what Open opened, in reverse order.
@@ -133,6 +151,10 @@ func (a *App) Serve(srv Server) error {
 	fmt.Printf("listening on http://%s\n", ln.Addr()) // after the signal handler: a SIGTERM from now on shuts down cleanly
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	if a.recoverer != nil {
+		a.recoverer.Start()
+		defer a.recoverer.Stop() // on an early return; else stopped below
+	}
 	select {
 	case err := <-errc:
 		return err
@@ -143,11 +165,11 @@ func (a *App) Serve(srv Server) error {
 	if err := srv.Shutdown(shutdown); err != nil {
 		return err
 	}
-	if a.Recoverer != nil {
-		a.Recoverer.Stop()
-	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
+	}
+	if a.recoverer != nil {
+		a.recoverer.Stop() // its runs end before the engine closes
 	}
 	if err := a.Engine.Close(shutdown); err != nil {
 		slog.Warn("idem: completions still retrying were abandoned", "err", err)

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,38 +39,69 @@ type cardProvider struct {
 	// noSteps makes the calls without idem.Step and without idempotency
 	// keys (-no-steps: the control that shows what steps prevent).
 	noSteps bool
-	pauseAt string         // -pause-at
+	// pauseAt is -pause-at's points: the n-th payment this process
+	// handles is held at pauseAt[n mod len].
+	pauseAt []string
+	payment atomic.Int64   // payments handled, for pauseAt
 	resume  chan os.Signal // SIGUSR1 ends a pause
+	crashAt string         // -crash-at
 }
+
+// pauseKey is the context key of a payment's pause point and user.
+type pauseKey struct{}
+
+type pausePoint struct{ point, user string }
 
 // newCardProvider returns the client f's -provider-url names, nil without one.
 func newCardProvider(f Config) (*cardProvider, error) {
 	if f.ProviderURL == "" {
-		if f.NoSteps || f.PauseAt != "" {
-			return nil, errors.New("-no-steps and -pause-at need -provider-url")
+		if f.NoSteps || f.PauseAt != "" || f.CrashAt != "" {
+			return nil, errors.New("-no-steps, -pause-at and -crash-at need -provider-url")
 		}
 		return nil, nil
 	}
 	if !strings.HasPrefix(f.ProviderURL, "http://") && !strings.HasPrefix(f.ProviderURL, "https://") {
 		return nil, fmt.Errorf("-provider-url %q: want an http:// or https:// URL", f.ProviderURL)
 	}
-	if f.PauseAt != "" && !slices.Contains(PausePoints, f.PauseAt) {
-		return nil, fmt.Errorf("-pause-at %q: want one of %s", f.PauseAt, strings.Join(PausePoints, ", "))
-	}
 	p := &cardProvider{url: strings.TrimSuffix(f.ProviderURL, "/"), client: &http.Client{Timeout: 10 * time.Second},
-		noSteps: f.NoSteps, pauseAt: f.PauseAt}
-	if p.pauseAt != "" {
+		noSteps: f.NoSteps, crashAt: f.CrashAt}
+	if f.PauseAt != "" {
+		p.pauseAt = strings.Split(f.PauseAt, ",")
+	}
+	for _, point := range append(slices.Clip(p.pauseAt), f.CrashAt) {
+		if point != "" && !slices.Contains(PausePoints, point) {
+			return nil, fmt.Errorf("-pause-at or -crash-at %q: want one of %s", point, strings.Join(PausePoints, ", "))
+		}
+	}
+	if len(p.pauseAt) > 0 {
 		p.resume = make(chan os.Signal, 1)
 		signal.Notify(p.resume, syscall.SIGUSR1)
 	}
 	return p, nil
 }
 
-// pause holds the handler at point when it is -pause-at's: it prints
-// "paused at POINT" and waits for SIGUSR1.
-func (p *cardProvider) pause(point string) {
-	if point == p.pauseAt {
-		fmt.Println("paused at", point)
+// assign returns ctx carrying the point of -pause-at the payment of user
+// is held at: the n-th payment of the process gets the n-th point,
+// cyclically.
+func (p *cardProvider) assign(ctx context.Context, user string) context.Context {
+	if len(p.pauseAt) == 0 {
+		return ctx
+	}
+	n := p.payment.Add(1) - 1
+	return context.WithValue(ctx, pauseKey{}, pausePoint{p.pauseAt[n%int64(len(p.pauseAt))], user})
+}
+
+// pause kills the process at -crash-at's point, and holds the handler at
+// the point assign gave its payment: it prints "paused at POINT USER" and
+// waits for SIGUSR1.
+func (p *cardProvider) pause(ctx context.Context, point string) {
+	if point == p.crashAt {
+		fmt.Println("crashing at", point)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+	if pp, ok := ctx.Value(pauseKey{}).(pausePoint); ok && pp.point == point {
+		fmt.Println("paused at", point, pp.user)
 		<-p.resume
 	}
 }
@@ -102,13 +134,13 @@ var Declined = &Error{Status: http.StatusPaymentRequired, Title: "Card declined"
 // key uncertain instead of mailing twice). A decline is a permanent
 // failure: journaled, and answered 402 on every retry.
 func (p *cardProvider) chargeCard(ctx context.Context, user string, req ChargeRequest) (Payment, error) {
-	p.pause("before-charge")
+	p.pause(ctx, "before-charge")
 	ch, err := step(ctx, p, "charge", func(ctx context.Context) (providerCharge, error) {
 		key, _ := idem.DerivedKey(ctx) // "" with -no-steps: every call charges
-		p.pause("charge-before-call")
+		p.pause(ctx, "charge-before-call")
 		var ch providerCharge
 		status, err := p.post(ctx, "/v1/charges", key, req, &ch)
-		p.pause("charge-after-call")
+		p.pause(ctx, "charge-after-call")
 		switch {
 		case err != nil:
 			return ch, err
@@ -133,12 +165,12 @@ func (p *cardProvider) chargeCard(ctx context.Context, user string, req ChargeRe
 	}
 	receipt := map[string]string{"to": user, "subject": "Receipt for " + ch.ID}
 	_, err = step(ctx, p, "receipt", func(ctx context.Context) (string, error) {
-		p.pause("receipt-before-call")
+		p.pause(ctx, "receipt-before-call")
 		var sent struct {
 			ID string `json:"id"`
 		}
 		status, err := p.post(ctx, "/v1/emails", "", receipt, &sent)
-		p.pause("receipt-after-call")
+		p.pause(ctx, "receipt-after-call")
 		if err == nil && status != http.StatusOK {
 			err = fmt.Errorf("payments: POST /v1/emails: %d", status)
 		}
@@ -147,7 +179,7 @@ func (p *cardProvider) chargeCard(ctx context.Context, user string, req ChargeRe
 	if err != nil {
 		return Payment{}, err
 	}
-	p.pause("after-steps")
+	p.pause(ctx, "after-steps")
 	return Payment{ID: newID("pay_"), ChargeID: ch.ID, Amount: req.Amount, Currency: req.Currency, UserID: user}, nil
 }
 

@@ -236,6 +236,7 @@ func (s *Service) Charge(ctx context.Context, user string, req ChargeRequest) (P
 	}
 	var p Payment
 	if s.card != nil {
+		ctx = s.card.assign(ctx, user)
 		var err error
 		if p, err = s.card.chargeCard(ctx, user, req); err != nil {
 			return Payment{}, err
@@ -258,7 +259,7 @@ func (s *Service) Charge(ctx context.Context, user string, req ChargeRequest) (P
 		}
 	}
 	if s.card != nil {
-		s.card.pause("before-completion")
+		s.card.pause(ctx, "before-completion")
 	}
 	s.mu.Lock()
 	s.payments[p.ID] = p

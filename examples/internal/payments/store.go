@@ -48,6 +48,7 @@ type Config struct {
 	RedisPrefix   string // redisstore.WithPrefix
 	MongoURI      string
 	MongoColl     string        // the collection of database idem, for -store mongo
+	MongoDB       string        // the database of -store mongo's collection idempotency
 	ChargeLatency time.Duration // every operation's provider call
 	TTL           time.Duration // idem.WithRetention
 	Lease         time.Duration // idem.WithLease
@@ -76,10 +77,6 @@ type Config struct {
 	// payment row is written, printing "paused", until SIGUSR1.
 	NoRenewal        bool
 	PauseAfterRecord bool
-	// Recover makes every route recoverable and runs an idem.Recoverer in
-	// this instance every RecoverEvery (-framework nethttp).
-	Recover      bool
-	RecoverEvery time.Duration
 	// ProviderURL is examples/cardprovider's base URL: payments charge
 	// it and mail a receipt through it, in durable steps (idem.Step); ""
 	// simulates the provider in process.
@@ -90,6 +87,16 @@ type Config struct {
 	// PauseAt (test hook, with ProviderURL) holds each payment at that
 	// point of PausePoints, printing "paused at POINT", until SIGUSR1.
 	PauseAt string
+	// CrashAt (test hook, with ProviderURL) makes every payment that
+	// reaches that point of PausePoints kill its own process (SIGKILL):
+	// a handler that always crashes.
+	CrashAt string
+	// Recover makes POST /v1/payments recoverable (idem.RouteRecovery)
+	// and runs an idem.Recoverer in the instance, every RecoverEvery,
+	// parking a record after RecoverAttempts runs.
+	Recover         bool
+	RecoverEvery    time.Duration
+	RecoverAttempts int
 	// Outbox is the broker URL (nats://... or amqp://...) payment.created
 	// events are relayed to through a transactional outbox (outbox.go);
 	// OutboxName names the stream or queue, as examples/consumer's -name.
@@ -106,8 +113,9 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.Store, "store", "memory", "idempotency store: memory, redis, mongo, postgres or mysql")
 	flag.StringVar(&f.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL for -store redis; with a master_name parameter, Sentinel addresses (redis://SENTINEL?master_name=M&addr=SENTINEL2...)")
 	flag.StringVar(&f.RedisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key, for -store redis")
-	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (database idem, collection -mongo-collection)")
-	flag.StringVar(&f.MongoColl, "mongo-collection", "idempotency", "collection of database idem for -store mongo")
+	flag.StringVar(&f.MongoURI, "mongo-uri", "mongodb://127.0.0.1:27017/", "MongoDB URI for -store mongo (collection -mongo-collection of database -mongo-db)")
+	flag.StringVar(&f.MongoDB, "mongo-db", "idem", "MongoDB database of -store mongo's collection")
+	flag.StringVar(&f.MongoColl, "mongo-collection", "idempotency", "collection of database -mongo-db for -store mongo")
 	flag.DurationVar(&f.ChargeLatency, "charge-latency", 50*time.Millisecond, "simulated provider latency of every operation")
 	flag.DurationVar(&f.TTL, "ttl", idem.DefaultRetention, "retention of stored responses")
 	flag.DurationVar(&f.Lease, "lease", idem.DefaultLease, "lease of an in-progress request")
@@ -119,20 +127,22 @@ func ParseFlags() (Config, error) {
 	flag.StringVar(&f.PostgresSchema, "postgres-schema", "public", "PostgreSQL schema of the tables idem_records, payments and signups (created if missing)")
 	flag.BoolVar(&f.PaymentsPostgres, "payments-postgres", false, "record payments and sign-ups as rows in PostgreSQL (always with -store postgres, through the execution's transaction)")
 	flag.StringVar(&f.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/test", "MySQL/MariaDB DSN (go-sql-driver) for -store mysql: tables idem_records, payments and signups (created if missing)")
-	flag.BoolVar(&f.Recover, "recover", false, "finish requests whose instance crashed, without their client: every route keeps what running it again takes, and a recoverer runs in this instance (-framework nethttp; README: Recovery without a client)")
-	flag.DurationVar(&f.RecoverEvery, "recover-every", idem.DefaultRecoverInterval, "with -recover: how often the recoverer looks for abandoned requests")
 	flag.BoolVar(&f.NoRenewal, "no-renewal", false, "test hook: never renew leases")
 	flag.BoolVar(&f.PauseAfterRecord, "pause-after-record", false, "test hook: hold each handler after its payment row is written, print \"paused\", go on at SIGUSR1")
 	flag.StringVar(&f.ProviderURL, "provider-url", "", "charge cards and mail receipts through examples/cardprovider at this URL (http://HOST:PORT), in durable steps; default: a provider simulated in process")
 	flag.BoolVar(&f.NoSteps, "no-steps", false, "with -provider-url: call the provider without steps and without idempotency keys (a control: a crash mid-charge charges twice)")
 	flag.StringVar(&f.PauseAt, "pause-at", "", "test hook, with -provider-url: hold each payment at this point ("+strings.Join(PausePoints, ", ")+"), print \"paused at POINT\", go on at SIGUSR1")
+	flag.StringVar(&f.CrashAt, "crash-at", "", "test hook, with -provider-url: every payment reaching this point ("+strings.Join(PausePoints, ", ")+") kills the process (SIGKILL)")
+	flag.BoolVar(&f.Recover, "recover", false, "make POST /v1/payments recoverable and run a recoverer in this instance: a payment whose instance crashed is finished without its client (README: Recovery without a client)")
+	flag.DurationVar(&f.RecoverEvery, "recover-every", idem.DefaultRecoverInterval, "with -recover: how often the recoverer looks for lapsed payments (idem.RecoverEvery)")
+	flag.IntVar(&f.RecoverAttempts, "recover-attempts", idem.DefaultRecoverAttempts, "with -recover: recovery runs of a payment before it is parked uncertain (idem.RecoverAttempts)")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
 	// The transactional outbox (outbox.go).
 	flag.StringVar(&f.Outbox, "outbox", "", "publish payment.created through a transactional outbox relayed to this broker: nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ); needs -store postgres, -store mysql or -payments-postgres")
 	flag.StringVar(&f.OutboxName, "outbox-name", "payments", "with -outbox: the stream (upper-cased) or queue name, as examples/consumer's -name; the outbox table is <name>_events")
 	flag.Parse()
-	if f.Recover && f.Framework != "nethttp" {
-		return f, fmt.Errorf("-recover: this example wires the recoverer for -framework nethttp only")
+	if f.Recover && f.Framework == "grpc" {
+		return f, errors.New("-recover: not served with -framework grpc (its recovery runs need an HTTP handler chain)")
 	}
 	if !slices.Contains(Frameworks, f.Framework) {
 		return f, fmt.Errorf("-framework %q: want one of %s", f.Framework, strings.Join(Frameworks, ", "))
@@ -147,6 +157,16 @@ type backing struct {
 	pg    *pgxpool.Pool // -store postgres
 	mysql *sql.DB       // -store mysql
 	close func()        // stops the purger, closes the store and its client
+}
+
+// OpenStore opens the store f.Store names as the service does, for tests
+// that look at its records (idem.Inspector, idem.Lister); close closes it.
+func OpenStore(f Config) (store idem.Store, closeStore func(), err error) {
+	b, err := openNamedStore(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b.store, b.close, nil
 }
 
 // openStore opens the store f.Store names without waiting for its server:
@@ -191,7 +211,14 @@ func openNamedStore(f Config) (backing, error) {
 		if err != nil {
 			return backing{}, fmt.Errorf("-mongo-uri: %w", err)
 		}
-		s := mongostore.New(client.Database("idem").Collection(f.MongoColl))
+		db, coll := f.MongoDB, f.MongoColl
+		if db == "" {
+			db = "idem"
+		}
+		if coll == "" {
+			coll = "idempotency"
+		}
+		s := mongostore.New(client.Database(db).Collection(coll))
 		go func() { // index creation must not block start-up while the server is down
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
