@@ -87,7 +87,7 @@ type instruments struct {
 	active    metric.Int64UpDownCounter
 
 	storeOps [idem.OpLapsed + 1]metric.MeasurementOption // by idem.StoreOp, for calls that did not fail
-	sets     sync.Map                                     // scopeKey → *scopeSets, at most maxCachedScopes
+	sets     sync.Map                                    // scopeKey → *scopeSets, at most maxCachedScopes
 	cached   atomic.Int64
 }
 
