@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,17 +48,7 @@ func newChaosWorld(t *testing.T) *chaosWorld {
 	t.Cleanup(func() { dropTables(db, w.pay) })
 	w.fx = newEffects(t, pgPool)
 	w.cons = consumeNATS(t, w.stream, w.fx.natsHandler())
-	var err error
-	if w.logs, err = os.Create(filepath.Join(t.TempDir(), "children.log")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = w.logs.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(w.logs.Name())
-			t.Logf("children's logs:\n%s", b)
-		}
-	})
+	w.logs = childLogs(t)
 	w.env = []string{"OB_PG=" + pgURL(), "OB_TABLE=" + w.ob.Table(), "OB_PAY=" + w.pay, "OB_PREFIX=" + strings.ToLower(name),
 		"OB_SUBJECT=" + w.subject, "OB_NATS=" + urls(w.nodes), "OB_ROLLBACK_EVERY=5"}
 	return w

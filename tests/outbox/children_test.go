@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -15,7 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/adapters/idemkafka"
 	"github.com/idemkit/idem/adapters/idemnats"
 	"github.com/idemkit/idem/outbox"
 )
@@ -127,11 +130,13 @@ func handlerChild(ctx context.Context) error {
 	return nil
 }
 
-// relayChild runs a relay on OB_TABLE to the NATS servers OB_NATS until
-// SIGTERM. At its OB_PAUSE_AT-th publish it prints "pausing" at OB_PAUSE
-// (before-publish; after-publish: sent, its PubAck not awaited;
-// after-confirm: PubAck received, the sent mark not committed) and waits
-// to be killed.
+// relayChild runs a relay on OB_TABLE until SIGTERM, publishing to the
+// Kafka brokers OB_KAFKA (seed addresses, comma-separated) if set, else to
+// the NATS servers OB_NATS, each publish bounded by OB_PUBLISH_TIMEOUT (a
+// duration; 2s when unset). At its OB_PAUSE_AT-th publish it prints
+// "pausing <message id>" at OB_PAUSE (before-publish; after-publish: sent,
+// its confirmation not awaited; after-confirm: confirmed, the sent mark
+// not committed) and waits to be killed.
 func relayChild(ctx context.Context) error {
 	db, closeDB, err := childDB(ctx)
 	if err != nil {
@@ -142,21 +147,54 @@ func relayChild(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(os.Getenv("OB_NATS"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
-	if err != nil {
-		return err
+	var (
+		p    outbox.Publisher // an outbox.BatchPublisher: pipelined waves
+		send func(context.Context, outbox.Message) error
+	)
+	if seeds := os.Getenv("OB_KAFKA"); seeds != "" {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(seeds, ",")...))
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		kp := idemkafka.NewPublisher(cl)
+		p = kp
+		send = func(ctx context.Context, m outbox.Message) error {
+			go func() { _ = kp.Publish(context.WithoutCancel(ctx), m) }() // produced; its ack never reaches the relay
+			return nil
+		}
+	} else {
+		nc, err := nats.Connect(os.Getenv("OB_NATS"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		p = idemnats.NewPublisher(js)
+		send = func(_ context.Context, m outbox.Message) error {
+			msg := nats.NewMsg(m.Subject)
+			msg.Data = m.Payload
+			msg.Header.Set(jetstream.MsgIDHeader, m.ID)
+			if err := nc.PublishMsg(msg); err != nil {
+				return err
+			}
+			return nc.Flush() // on the wire; its PubAck never awaited
+		}
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	var p outbox.Publisher = idemnats.NewPublisher(js) // an outbox.BatchPublisher: pipelined waves
 	if os.Getenv("OB_PAUSE") != "" {
-		p = &pausingPublisher{inner: idemnats.NewPublisher(js), nc: nc, point: os.Getenv("OB_PAUSE"), at: int64(envInt("OB_PAUSE_AT"))}
+		p = &pausingPublisher{inner: p, send: send, point: os.Getenv("OB_PAUSE"), at: int64(envInt("OB_PAUSE_AT"))}
+	}
+	timeout := 2 * time.Second
+	if d := os.Getenv("OB_PUBLISH_TIMEOUT"); d != "" {
+		if timeout, err = time.ParseDuration(d); err != nil {
+			return err
+		}
 	}
 	r, err := outbox.NewRelay(db, ob, p, outbox.WithBatchSize(max(1, envInt("OB_BATCH"))), outbox.WithWorkers(max(1, envInt("OB_WORKERS"))),
-		outbox.WithPollInterval(20*time.Millisecond), outbox.WithBackoff(50*time.Millisecond, time.Second), outbox.WithPublishTimeout(2*time.Second))
+		outbox.WithPollInterval(20*time.Millisecond), outbox.WithBackoff(50*time.Millisecond, time.Second), outbox.WithPublishTimeout(timeout))
 	if err != nil {
 		return err
 	}
@@ -164,11 +202,13 @@ func relayChild(ctx context.Context) error {
 	return r.Run(ctx)
 }
 
-// pausingPublisher publishes one message at a time (no PublishBatch),
-// pausing at its at-th.
+// pausingPublisher publishes one message at a time through inner (no
+// PublishBatch), pausing at its at-th: before publishing it, after send
+// (the message sent, its confirmation not awaited), or after inner
+// confirmed it.
 type pausingPublisher struct {
-	inner *idemnats.Publisher
-	nc    *nats.Conn
+	inner outbox.Publisher
+	send  func(context.Context, outbox.Message) error
 	point string
 	at    int64
 	n     atomic.Int64
@@ -180,13 +220,7 @@ func (p *pausingPublisher) Publish(ctx context.Context, m outbox.Message) error 
 	}
 	switch p.point {
 	case "after-publish":
-		msg := nats.NewMsg(m.Subject)
-		msg.Data = m.Payload
-		msg.Header.Set(jetstream.MsgIDHeader, m.ID)
-		if err := p.nc.PublishMsg(msg); err != nil {
-			return err
-		}
-		if err := p.nc.Flush(); err != nil {
+		if err := p.send(ctx, m); err != nil {
 			return err
 		}
 	case "after-confirm":

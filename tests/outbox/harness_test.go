@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -308,6 +309,24 @@ type proc struct {
 	cmd   *exec.Cmd
 	lines chan string
 	done  chan struct{}
+}
+
+// childLogs returns a file in t.TempDir for children's stderr, logged
+// when t fails.
+func childLogs(t testing.TB) *os.File {
+	t.Helper()
+	logs, err := os.Create(filepath.Join(t.TempDir(), "children.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = logs.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logs.Name())
+			t.Logf("children's logs:\n%s", b)
+		}
+	})
+	return logs
 }
 
 // startChild runs this test binary in role with the given environment.

@@ -2,6 +2,8 @@ package outboxtest
 
 import (
 	"context"
+	"database/sql"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -69,12 +71,17 @@ func (k *kafkaCluster) start() {
 	}})
 }
 
-func (k *kafkaCluster) client(opts ...kgo.Opt) *kgo.Client {
+// addrs returns the brokers' addresses.
+func (k *kafkaCluster) addrs() []string {
 	addrs := make([]string, len(k.ports))
 	for i, p := range k.ports {
 		addrs[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
 	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...)}, opts...)...)
+	return addrs
+}
+
+func (k *kafkaCluster) client(opts ...kgo.Opt) *kgo.Client {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(k.addrs()...)}, opts...)...)
 	if err != nil {
 		k.t.Fatal(err)
 	}
@@ -95,55 +102,27 @@ func consumeKafka(t testing.TB, k *kafkaCluster, fx *effects, records *atomic.In
 	t.Cleanup(func() { cancel(); <-done; cl.Close() })
 }
 
-// killablePublisher is a relay's publisher that, at its at-th message,
-// does what point says and then hangs until its relay is "killed"
-// (its context cancelled: the relay's transaction rolls back, nothing is
-// marked sent, as when its process dies): before-publish; after-publish
-// (the record sent, its ack not awaited); after-confirm (the ack
-// received, the sent mark not committed).
-type killablePublisher struct {
-	inner  *idemkafka.Publisher
-	cl     *kgo.Client
-	point  string
-	at     int64
-	n      atomic.Int64
-	paused chan struct{}
-}
-
-func (p *killablePublisher) Publish(ctx context.Context, m outbox.Message) error {
-	if p.n.Add(1) != p.at {
-		return p.inner.Publish(ctx, m)
-	}
-	switch p.point {
-	case "after-publish":
-		r := &kgo.Record{Topic: m.Subject, Key: []byte(m.Key), Value: m.Payload, Headers: []kgo.RecordHeader{{Key: idemkafka.KeyHeader, Value: []byte(m.ID)}}}
-		p.cl.Produce(context.WithoutCancel(ctx), r, nil)
-		time.Sleep(50 * time.Millisecond) // on the wire, or not yet: either is a kill's outcome
-	case "after-confirm":
-		if err := p.inner.Publish(ctx, m); err != nil {
-			return err
-		}
-	}
-	close(p.paused)
-	<-ctx.Done()
-	return ctx.Err()
-}
-
 // TestKafkaRelay relays payments committed through idem on PostgreSQL
 // (pgstore.Tx, outbox.Pgx) to kfake under the relay kill matrix of
-// TestChaosOutbox: relays killed before a publish, after a publish before
-// its ack, and between the ack and the sent mark; the cluster restarted
-// from its data directory while two relays run; a partition moved and a
-// broker removed and added back under load; one produce in four answered
-// REQUEST_TIMED_OUT after being applied. Every committed payment must
-// yield exactly one effect at idemkafka's consumer, none of a rolled-back
-// one, and each ordering key's payments must be in the topic in enqueue
-// order (first copies; a re-publish adds later copies).
+// TestChaosOutbox: relay processes SIGKILLed before a publish, after a
+// publish before its ack, and between the ack and the sent mark; the
+// cluster restarted from its data directory while two relays run; a
+// partition moved and a broker removed and added back under load; one
+// produce in four answered REQUEST_TIMED_OUT after being applied. Every
+// committed payment must yield exactly one effect at idemkafka's
+// consumer, none of a rolled-back one, and each ordering key's payments
+// must be in the topic in enqueue order (first copies). A message is in
+// the topic more than once only where README says: published again after
+// a relay died between its publish and the sent mark (each message a
+// kill left in the topic and unsent has a copy more), or after a publish
+// that failed; the idempotent producer drops the copies of its own
+// retries.
 func TestKafkaRelay(t *testing.T) {
 	n := 60
 	if *soak {
 		n = 600
 	}
+	rng := rand.New(rand.NewPCG(uint64(*seed), 43))
 	db, pool := openDB(t, outbox.PostgreSQL)
 	ob := newOutbox(t, db, outbox.PostgreSQL)
 	topic := uniq("k")
@@ -159,35 +138,47 @@ func TestKafkaRelay(t *testing.T) {
 		}
 	}
 	want := prod.committed()
-	relayOpts := []outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithPollInterval(20 * time.Millisecond),
-		outbox.WithBackoff(50*time.Millisecond, time.Second), outbox.WithPublishTimeout(2 * time.Second)}
-	for i, point := range []string{"before-publish", "after-publish", "after-confirm"} {
-		cl := k.client()
-		pub := &killablePublisher{inner: idemkafka.NewPublisher(cl), cl: cl, point: point, at: int64(3 + 2*i), paused: make(chan struct{})}
-		r, err := outbox.NewRelay(db, ob, pub, append(relayOpts, outbox.WithBatchSize(5))...)
-		if err != nil {
-			t.Fatal(err)
+	// Relay processes killed at each point, publishing one message at a
+	// time; their publish timeout is a hang guard: no publish fails, and
+	// each publish adds one copy. A copy a killed relay added to a message
+	// it did not mark sent is one the next relay adds another after.
+	logs := childLogs(t)
+	env := []string{"OB_PG=" + pgURL(), "OB_TABLE=" + ob.Table(), "OB_KAFKA=" + strings.Join(k.addrs(), ","), "OB_BATCH=5", "OB_PUBLISH_TIMEOUT=2m"}
+	left := map[string]int{} // message id -> copies the killed relays added with it unsent
+	before := map[string]int{}
+	for _, point := range []string{"before-publish", "after-publish", "after-confirm"} {
+		r := startChild(t, logs, "relay", append(env, "OB_PAUSE="+point, "OB_PAUSE_AT="+strconv.Itoa(2+rng.IntN(8)))...)
+		id := strings.TrimPrefix(r.waitLine(t, "pausing "), "pausing ")
+		if point == "after-publish" { // the record reaches the broker; its ack, if any, never the relay
+			waitFor(t, id+" in the topic", 60*time.Second, func() bool { return kafkaCopies(readKafka(t, k, topic))[id] > before[id] })
 		}
-		rctx, kill := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = r.Run(rctx) }()
-		select {
-		case <-pub.paused:
-		case <-ctx.Done():
-			t.Fatalf("relay never reached %s", point)
+		r.kill()
+		copies := kafkaCopies(readKafka(t, k, topic))
+		want := 1 // sent, or confirmed
+		if point == "before-publish" {
+			want = 0
 		}
-		kill()
-		<-done
-		cl.Close()
+		if added := copies[id] - before[id]; added != want {
+			t.Errorf("relay killed %s %s: it added %d copies of it to the topic, want %d", point, id, added, want)
+		}
+		unsentAdded := 0
+		for _, id := range unsentIDs(t, db, ob.Table()) {
+			left[id] += copies[id] - before[id]
+			unsentAdded += copies[id] - before[id]
+		}
+		t.Logf("relay killed %s %s: %d copies it added are of messages unsent", point, id, unsentAdded)
+		before = copies
 	}
 	// Two relays (the pipelined BatchPublisher) under the cluster's
 	// restart, a partition move and a broker's removal.
 	k.c.Close()
 	var wg sync.WaitGroup
 	rctx, stop := context.WithCancel(ctx)
+	obs := &countingObserver{}
 	for _, batch := range []int{7, 3} {
 		cl := k.client()
-		r, err := outbox.NewRelay(db, ob, idemkafka.NewPublisher(cl), append(relayOpts, outbox.WithBatchSize(batch), outbox.WithWorkers(2))...)
+		r, err := outbox.NewRelay(db, ob, idemkafka.NewPublisher(cl), outbox.WithLogger(quiet), outbox.WithObserver(obs), outbox.WithPollInterval(20*time.Millisecond),
+			outbox.WithBackoff(50*time.Millisecond, time.Second), outbox.WithPublishTimeout(2*time.Second), outbox.WithBatchSize(batch), outbox.WithWorkers(2))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,21 +199,55 @@ func TestKafkaRelay(t *testing.T) {
 	stop()
 	wg.Wait()
 	waitFor(t, "an effect per committed payment", 120*time.Second, func() bool { return len(fx.counts()) >= len(want) })
-	stored := checkKafkaOrder(t, k, topic)
+	recs := readKafka(t, k, topic)
+	checkKafkaOrder(t, recs)
 	fx.checkExactlyOnce(want)
-	if stored < len(want) {
-		t.Errorf("the topic holds %d records for %d committed payments", stored, len(want))
+	copies := kafkaCopies(recs)
+	more, leftCopies := 0, 0
+	for id, c := range copies {
+		more += c - 1
+		leftCopies += left[id]
+		if c-1 < left[id] || c-1 > left[id]+obs.failures(id) {
+			t.Errorf("message %s: %d copies in the topic; killed relays added %d with it unsent, %d publishes of it failed", id, c, left[id], obs.failures(id))
+		}
 	}
 	t.Logf("%d payments, %d committed; relays killed at 3 points, cluster restarted, a partition moved, a broker removed and added back; "+
-		"%d produces answered REQUEST_TIMED_OUT after being applied; %d records in the topic, %d handler runs, %d effects",
-		n, len(want), k.faulted.Load(), stored, records.Load(), len(fx.counts()))
+		"%d produces answered REQUEST_TIMED_OUT after being applied; %d records in the topic, %d copies more than one a message (%d left unsent by killed relays, %d publishes failed); %d handler runs, %d effects",
+		n, len(want), k.faulted.Load(), len(recs), more, leftCopies, obs.failed.Load(), records.Load(), len(fx.counts()))
 }
 
-// checkKafkaOrder reads topic from the start and fails when an ordering
-// key's payments (their first copies) are out of enqueue order, or a
-// key's records are in more than one partition; it returns how many
-// records the topic holds.
-func checkKafkaOrder(t testing.TB, k *kafkaCluster, topic string) int {
+// unsentIDs returns the message ids of the outbox's unsent messages.
+func unsentIDs(t testing.TB, db *sql.DB, table string) []string {
+	rows, err := db.QueryContext(context.Background(), `SELECT msg_id FROM `+table+` WHERE sent_at IS NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// kafkaCopies returns how many of recs carry each message id.
+func kafkaCopies(recs []*kgo.Record) map[string]int {
+	copies := map[string]int{}
+	for _, r := range recs {
+		copies[idemkafka.HeaderKey(r)]++
+	}
+	return copies
+}
+
+// readKafka reads topic from the start to its end offsets.
+func readKafka(t testing.TB, k *kafkaCluster, topic string) []*kgo.Record {
 	t.Helper()
 	cl := k.client(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	defer cl.Close()
@@ -255,34 +280,41 @@ func checkKafkaOrder(t testing.TB, k *kafkaCluster, topic string) int {
 	for _, e := range ends {
 		total += int(e)
 	}
+	var recs []*kgo.Record
+	for len(recs) < total {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read %d of %d records: %v", len(recs), total, err)
+		}
+		fs.EachError(func(_ string, _ int32, err error) { t.Logf("fetch: %v", err) })
+		recs = append(recs, fs.Records()...)
+	}
+	return recs
+}
+
+// checkKafkaOrder fails when an ordering key's payments (their first
+// copies) are out of enqueue order in recs (a topic's records, in
+// partition order), or a key's records are in more than one partition.
+func checkKafkaOrder(t testing.TB, recs []*kgo.Record) {
+	t.Helper()
 	seen := map[string]bool{}
 	last := map[string]string{}     // key -> last first-copy payment id
 	partition := map[string]int32{} // key -> its partition
-	read := 0
-	for read < total {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("read %d of %d records: %v", read, total, err)
+	for _, r := range recs {
+		key, id := string(r.Key), idemkafka.HeaderKey(r)
+		if p, ok := partition[key]; ok && p != r.Partition {
+			t.Errorf("key %s in partitions %d and %d", key, p, r.Partition)
 		}
-		fs.EachError(func(_ string, _ int32, err error) { t.Logf("fetch: %v", err) })
-		fs.EachRecord(func(r *kgo.Record) {
-			read++
-			key, id := string(r.Key), idemkafka.HeaderKey(r)
-			if p, ok := partition[key]; ok && p != r.Partition {
-				t.Errorf("key %s in partitions %d and %d", key, p, r.Partition)
-			}
-			partition[key] = r.Partition
-			if seen[id] {
-				return
-			}
-			seen[id] = true
-			if prev := last[key]; prev != "" && strings.Compare(id, prev) < 0 {
-				t.Errorf("key %s: %s after %s", key, id, prev)
-			}
-			last[key] = id
-		})
+		partition[key] = r.Partition
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if prev := last[key]; prev != "" && strings.Compare(id, prev) < 0 {
+			t.Errorf("key %s: %s after %s", key, id, prev)
+		}
+		last[key] = id
 	}
-	return total
 }
 
 // TestKafkaDeadLetter: a record whose key was used with another payload,

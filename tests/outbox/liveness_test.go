@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -207,14 +208,34 @@ func TestRelayBrokerOutage(t *testing.T) {
 	}
 }
 
-// countingObserver counts the relay's confirmed and failed publishes.
-type countingObserver struct{ published, failed atomic.Int64 }
+// countingObserver counts the relay's confirmed and failed publishes, and
+// the failed ones of each message.
+type countingObserver struct {
+	published, failed atomic.Int64
+	mu                sync.Mutex
+	failedOf          map[string]int // message id -> failed publishes
+}
 
 func (c *countingObserver) Published(context.Context, outbox.Message, time.Duration) {
 	c.published.Add(1)
 }
 
-func (c *countingObserver) PublishFailed(context.Context, outbox.Message, error) { c.failed.Add(1) }
+func (c *countingObserver) PublishFailed(_ context.Context, m outbox.Message, _ error) {
+	c.failed.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failedOf == nil {
+		c.failedOf = map[string]int{}
+	}
+	c.failedOf[m.ID]++
+}
+
+// failures returns how many publishes of message id failed.
+func (c *countingObserver) failures(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failedOf[id]
+}
 
 func (c *countingObserver) Pending(context.Context, int64, time.Duration) {}
 
