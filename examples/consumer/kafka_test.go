@@ -81,6 +81,7 @@ func chaosKafka(t *testing.T, broker string, useIdem bool) (total, distinct int)
 		i := waitAny(t, running, mark)
 		running[i].kill()
 		running[i] = w.start(failing...)
+		t.Logf("%s: consumer killed after %q, a new one started; %s", time.Now().Format(time.StampMicro), mark, faultNames[k%len(faultNames)])
 		w.kafka.disrupt(w, k, func() *proc { return w.start(failing...) })
 	}
 	<-sent
@@ -159,8 +160,9 @@ func (w *world) checkHandovers() string {
 			if *handoverCheck {
 				report = w.t.Errorf
 			}
-			report("partition %d attempted by consumer %d at %s while consumer %d ran its handler from %s to %s, no partition lost logged: the revoke did not wait for the handler",
-				h.partition, a.proc, a.start.Format(time.StampMicro), h.proc, h.start.Format(time.StampMicro), h.end.Format(time.StampMicro))
+			report("partition %d attempted by consumer %d (pid %d) at %s while consumer %d (pid %d) ran its handler from %s to %s, no partition lost logged",
+				h.partition, a.proc, w.procs[a.proc].cmd.Process.Pid, a.start.Format(time.StampMicro),
+				h.proc, w.procs[h.proc].cmd.Process.Pid, h.start.Format(time.StampMicro), h.end.Format(time.StampMicro))
 		}
 		if others {
 			handovers++
@@ -325,7 +327,7 @@ func (k *kafkaWorld) addrs() []string {
 
 // args are the consumer's flags for this cluster.
 func (k *kafkaWorld) args() []string {
-	return []string{"-kafka", strings.Join(k.addrs(), ","), "-kafka-session", "2s"}
+	return []string{"-kafka", strings.Join(k.addrs(), ","), "-kafka-session", "2s", "-kafka-log"}
 }
 
 // send produces the payments, keyed by email, with their id in the
@@ -359,6 +361,9 @@ func (k *kafkaWorld) newClient() *kgo.Client {
 	}
 	return cl
 }
+
+// faultNames are disrupt's cases, for the run's log.
+var faultNames = []string{"a partition moved", "a broker removed and added back", "the cluster restarted", "a consumer joining and leaving"}
 
 // disrupt plays the broker's failure number i (of the kills loop), while
 // the consumers run.

@@ -72,6 +72,7 @@ type options struct {
 	publish                                      int
 	exitIdle, slow, ackDelay, ackWait            time.Duration
 	session                                      time.Duration
+	kafkaLog                                     bool
 	lease, storeTimeout, retryDelay              time.Duration
 	loseAcks, prefetch                           int
 }
@@ -90,6 +91,7 @@ func main() {
 	flag.StringVar(&o.amqpURL, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.StringVar(&o.kafka, "kafka", os.Getenv("IDEM_KAFKA_BROKERS"), "Kafka seed brokers, comma-separated (empty: a kfake cluster started in this process, gone when it exits)")
 	flag.DurationVar(&o.session, "kafka-session", 45*time.Second, "Kafka group session and rebalance timeout: how long a killed consumer keeps its partitions, and a rebalance waits for members to rejoin")
+	flag.BoolVar(&o.kafkaLog, "kafka-log", false, "Kafka: log kgo's info lines (group sessions, assignments, revokes) to stderr, prefixed with the process id")
 	flag.StringVar(&o.pgURL, "postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL")
 	flag.StringVar(&o.name, "name", "payments", "stream (upper-cased) or queue name; also the prefix of the tables it creates: <name>_idem (idem's records) and <name>_outbox (the receipts), and with -publish <name>_payments, <name>_events and <name>_events_partitions (the payments and their outbox)")
 	flag.BoolVar(&o.useIdem, "idem", true, "handle messages through idem (false: plain at-least-once handling, for comparison)")
@@ -545,6 +547,10 @@ func (c *consumer) runKafka(ctx context.Context, logger *slog.Logger) error {
 	}
 	if c.o.ackDelay > 0 {
 		opts = append(opts, kgo.Dialer(c.dialKafka))
+	}
+	if c.o.kafkaLog {
+		prefix := fmt.Sprintf("kgo pid %d: ", os.Getpid())
+		opts = append(opts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelInfo, func() string { return time.Now().Format(time.StampMicro) + " " + prefix })))
 	}
 	if !c.o.useIdem {
 		return c.consumeKafkaPlain(ctx, handle, opts)
