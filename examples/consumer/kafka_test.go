@@ -41,12 +41,12 @@ import (
 func TestExactlyOnceKafka(t *testing.T) { testExactlyOnce(t, "kafka") }
 
 // handoverCheck makes checkHandovers fail the test on a partition handled
-// by two consumers at once. Off by default: in about one run in two, a
-// consumer that joined right after the cluster's restart was seen
-// attempting a partition for seconds while an older member, which logged
-// no partition lost, went on handling it (README: kfake's gaps); not yet
-// told apart from a kfake (group state restored from its data directory)
-// or kgo limit. Each such overlap is logged meanwhile.
+// by two consumers at once. Off by default: in 2 of 12 runs, after the
+// cluster's restart, a consumer that had just joined was seen attempting
+// a partition's records while an older member, which logged no partition
+// lost, went on handling it (README: kfake's gaps); not yet told apart
+// from a kfake (group state restored from its data directory) or kgo
+// limit. Each such overlap is logged meanwhile.
 var handoverCheck = flag.Bool("kafka-handover-check", false, "Kafka: fail on a partition handled by two consumers at once, its first owner not having logged it lost")
 
 // chaosKafka is chaos on Kafka: the payments are produced while the
