@@ -92,8 +92,8 @@ func WithRetryDelay(d time.Duration) Option { return func(c *config) { c.delay =
 // lapses. Optional. Default is 2 minutes.
 func WithInProgressLimit(d time.Duration) Option { return func(c *config) { c.inProgress = d } }
 
-// WithLogger sets where records that are dead-lettered or retried are
-// logged. Optional. Default is slog.Default().
+// WithLogger sets where records that are dead-lettered or retried, and
+// partitions lost, are logged. Optional. Default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // HeaderOrPositionKey is the default key function ([WithKey]): the
@@ -421,7 +421,12 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 
 // lost stops the lost partitions' handlers and waits for them; their
 // offsets cannot be committed any more.
-func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) { c.stop(lost) }
+func (c *Consumer) lost(ctx context.Context, _ *kgo.Client, lost map[string][]int32) {
+	if len(lost) > 0 {
+		c.c.logger.WarnContext(ctx, "idemkafka: partitions lost (session expired or fenced); another member may have handled their records meanwhile, as duplicates to idem", "partitions", lost)
+	}
+	c.stop(lost)
+}
 
 func (c *Consumer) stop(parts map[string][]int32) {
 	var wait []chan struct{}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -132,6 +133,7 @@ type world struct {
 	ch     *amqp.Channel
 	logs   string
 	kafka  *kafkaWorld // kafka_test.go
+	procs  []*proc     // every consumer started
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -304,6 +306,20 @@ type proc struct {
 	cmd   *exec.Cmd
 	lines chan string
 	done  chan struct{}
+
+	mu       sync.Mutex
+	spans    []span        // Kafka: its handlers' runs ("handling"/"handled" lines)
+	attempts []span        // Kafka: its attempts at records ("attempt" lines; start only)
+	handling map[int32]int // Kafka: partition -> index in spans of the run not ended
+	lost     []time.Time   // Kafka: when it logged partitions lost
+}
+
+// span is one run of a handler of a Kafka consumer: partition and start
+// and end times, as the process printed them (end: its exit when the run
+// did not end).
+type span struct {
+	partition  int32
+	start, end time.Time
 }
 
 // start runs the consumer on w's broker objects and waits for its "ready" line.
@@ -318,30 +334,86 @@ func (w *world) start(args ...string) *proc {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	defer logs.Close()
-	cmd.Stderr = logs
 	out, err := cmd.StdoutPipe()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	errOut, err := cmd.StderrPipe()
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
 		w.t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, lines: make(chan string, 1024), done: make(chan struct{})}
+	p := &proc{cmd: cmd, lines: make(chan string, 1024), done: make(chan struct{}), handling: map[int32]int{}}
+	stderrDone := make(chan struct{})
+	go func() { // the logs, to the run's log file
+		defer close(stderrDone)
+		defer logs.Close()
+		sc := bufio.NewScanner(errOut)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			l := sc.Text()
+			if strings.Contains(l, "idemkafka: partitions lost") {
+				p.mu.Lock()
+				p.lost = append(p.lost, time.Now())
+				p.mu.Unlock()
+			}
+			_, _ = fmt.Fprintln(logs, l)
+		}
+	}()
 	go func() {
 		sc := bufio.NewScanner(out)
+		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
+			l := sc.Text()
+			p.record(l)
 			select {
-			case p.lines <- sc.Text():
+			case p.lines <- l:
 			default: // nobody reads: drop
 			}
 		}
+		<-stderrDone
 		_ = cmd.Wait()
+		p.record("exited")
 		close(p.done)
 	}()
+	w.procs = append(w.procs, p)
 	w.t.Cleanup(p.kill)
 	p.waitLine(w.t, "ready")
 	return p
+}
+
+// record notes a handler's start or end (Kafka, with -slow), or, for
+// "exited", ends the runs the process did not end.
+func (p *proc) record(l string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l == "exited" {
+		for _, i := range p.handling {
+			p.spans[i].end = time.Now()
+		}
+		clear(p.handling)
+		return
+	}
+	var what string
+	var part int32
+	var nanos int64
+	if n, _ := fmt.Sscanf(l, "%s %d %d", &what, &part, &nanos); n != 3 {
+		return
+	}
+	switch what {
+	case "attempt":
+		p.attempts = append(p.attempts, span{partition: part, start: time.Unix(0, nanos)})
+	case "handling":
+		p.handling[part] = len(p.spans)
+		p.spans = append(p.spans, span{partition: part, start: time.Unix(0, nanos)})
+	case "handled":
+		if i, ok := p.handling[part]; ok {
+			p.spans[i].end = time.Unix(0, nanos)
+			delete(p.handling, part)
+		}
+	}
 }
 
 // waitLine waits for the next output line starting with prefix, dropping

@@ -72,6 +72,7 @@ type options struct {
 	publish                                      int
 	exitIdle, slow, ackDelay, ackWait            time.Duration
 	session                                      time.Duration
+	kafkaLog                                     bool
 	lease, storeTimeout, retryDelay              time.Duration
 	loseAcks, prefetch                           int
 }
@@ -90,12 +91,13 @@ func main() {
 	flag.StringVar(&o.amqpURL, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.StringVar(&o.kafka, "kafka", os.Getenv("IDEM_KAFKA_BROKERS"), "Kafka seed brokers, comma-separated (empty: a kfake cluster started in this process, gone when it exits)")
 	flag.DurationVar(&o.session, "kafka-session", 45*time.Second, "Kafka group session and rebalance timeout: how long a killed consumer keeps its partitions, and a rebalance waits for members to rejoin")
+	flag.BoolVar(&o.kafkaLog, "kafka-log", false, "Kafka: log kgo's info lines (group sessions, assignments, revokes) to stderr, prefixed with the process id")
 	flag.StringVar(&o.pgURL, "postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL")
 	flag.StringVar(&o.name, "name", "payments", "stream (upper-cased) or queue name; also the prefix of the tables it creates: <name>_idem (idem's records) and <name>_outbox (the receipts), and with -publish <name>_payments, <name>_events and <name>_events_partitions (the payments and their outbox)")
 	flag.BoolVar(&o.useIdem, "idem", true, "handle messages through idem (false: plain at-least-once handling, for comparison)")
 	flag.IntVar(&o.publish, "publish", 0, "commit this many payments with their payment.created events in an outbox (table <name>_events) and relay them while consuming; then exit once idle")
 	flag.DurationVar(&o.exitIdle, "exit-idle", 0, "exit after this long without a message (default 2s with -publish, else never)")
-	flag.DurationVar(&o.slow, "slow", 0, "handler time after its outbox write (a window to be killed in)")
+	flag.DurationVar(&o.slow, "slow", 0, "handler time after its outbox write (a window to be killed in); Kafka: also print each attempt at a record and each handler's start and end, with partition and time")
 	flag.DurationVar(&o.ackDelay, "ack-delay", 0, "pause before each ack, Kafka: before each offset commit request (a window to be killed in after the commit)")
 	flag.IntVar(&o.loseAcks, "lose-acks", 0, "lose the ack of every n-th message handled (NATS: not sent, redelivered after -ack-wait; AMQP: channel closed without it, requeued)")
 	flag.IntVar(&o.prefetch, "prefetch", 8, "messages buffered per consumer (NATS PullMaxMessages, AMQP Qos); keep prefetch × handler time below the ack wait, or buffered messages are redelivered elsewhere")
@@ -532,6 +534,11 @@ func (c *consumer) runKafka(ctx context.Context, logger *slog.Logger) error {
 			return ""
 		})
 		c.loseAck() // the idle clock; a Kafka test loses offset commits at the broker (kfake faults)
+		if c.o.slow > 0 {
+			// The tests check that no partition is handled by two consumers at once (below).
+			fmt.Println("handling", r.Partition, time.Now().UnixNano())
+			defer func() { fmt.Println("handled", r.Partition, time.Now().UnixNano()) }()
+		}
 		return c.sendReceipt(ctx, r.Value)
 	}
 	opts := []kgo.Opt{
@@ -541,10 +548,24 @@ func (c *consumer) runKafka(ctx context.Context, logger *slog.Logger) error {
 	if c.o.ackDelay > 0 {
 		opts = append(opts, kgo.Dialer(c.dialKafka))
 	}
+	if c.o.kafkaLog {
+		prefix := fmt.Sprintf("kgo pid %d: ", os.Getpid())
+		opts = append(opts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelInfo, func() string { return time.Now().Format(time.StampMicro) + " " + prefix })))
+	}
 	if !c.o.useIdem {
 		return c.consumeKafkaPlain(ctx, handle, opts)
 	}
-	kc := idemkafka.NewConsumer(c.engine, "send-receipt", handle, idemkafka.WithRetryDelay(c.o.retryDelay), idemkafka.WithLogger(logger))
+	key := idemkafka.HeaderOrPositionKey
+	if c.o.slow > 0 {
+		// The key is read at each attempt at a record, before idem: the
+		// tests check that no consumer attempts a partition's record while
+		// another runs a handler of that partition.
+		key = func(r *kgo.Record) string {
+			fmt.Println("attempt", r.Partition, time.Now().UnixNano())
+			return idemkafka.HeaderOrPositionKey(r)
+		}
+	}
+	kc := idemkafka.NewConsumer(c.engine, "send-receipt", handle, idemkafka.WithKey(key), idemkafka.WithRetryDelay(c.o.retryDelay), idemkafka.WithLogger(logger))
 	cl, err := kgo.NewClient(append(kc.ClientOpts(), opts...)...)
 	if err != nil {
 		return err
