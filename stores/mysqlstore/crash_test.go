@@ -159,7 +159,8 @@ func startHelper(t *testing.T, c helperConfig) *helper {
 	return h
 }
 
-// next returns the helper's next output line, failing after 20s.
+// next returns the helper's next output line, failing after retryBudget
+// (a hang guard: a request to the helper may be retried that long).
 func (h *helper) next(t *testing.T) string {
 	t.Helper()
 	select {
@@ -168,8 +169,8 @@ func (h *helper) next(t *testing.T) string {
 			t.Fatal("helper exited")
 		}
 		return l
-	case <-time.After(20 * time.Second):
-		t.Fatal("no output from the helper within 20s")
+	case <-time.After(retryBudget):
+		t.Fatalf("no output from the helper within %v", retryBudget)
 	}
 	return ""
 }
@@ -189,7 +190,7 @@ func (h *helper) kill(t *testing.T) {
 // 409s before it.
 func retryUntilExecuted(t *testing.T, client *http.Client, url, key string) (answer, int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(retryBudget)
 	conflicts := 0
 	for {
 		a, err := post(client, url, key, `{"amount":4200}`)
@@ -204,7 +205,7 @@ func retryUntilExecuted(t *testing.T, client *http.Client, url, key string) (ans
 			return a, conflicts
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("still %d after 20s", a.status)
+			t.Fatalf("still %d after %v", a.status, retryBudget)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -217,16 +218,19 @@ func crash(t *testing.T, autocommit bool) int {
 	db := newDB(t)
 	_, table := newStore(t, db)
 	payments := createPayments(t, db, table)
-	cfg := helperConfig{table: table, payments: payments, lease: 2 * time.Second, pause: true, autocommit: autocommit}
+	// A 5s lease (1.25s store timeout) holds while the test kills A and
+	// sends its first retry through B however loaded the machine is, so
+	// that retry meets A's live lease.
+	cfg := helperConfig{table: table, payments: payments, lease: 5 * time.Second, pause: true, autocommit: autocommit}
 	a := startHelper(t, cfg)
 	cfg.pause = false
 	b := startHelper(t, cfg)
-	client := &http.Client{Timeout: 20 * time.Second}
+	client := &http.Client{Timeout: 2 * retryBudget} // a hang guard: A's request waits for the test
 	defer client.CloseIdleConnections()
 	key := "crash-" + storetest.Token()
 
 	first := make(chan error, 1)
-	go func() { _, err := post(client, a.url, key, `{"amount":4200}`); first <- err }()
+	go func() { _, _, err := postRetrying(client, a.url, key, `{"amount":4200}`); first <- err }()
 	if l := a.next(t); l != "inserted 1" {
 		t.Fatalf("A said %q; want inserted 1", l)
 	}
@@ -244,7 +248,7 @@ func crash(t *testing.T, autocommit bool) int {
 	if l := b.next(t); l != "inserted 1" {
 		t.Fatalf("B said %q; want inserted 1", l)
 	}
-	if again, err := post(client, b.url, key, `{"amount":4200}`); err != nil || !again.replayed || again.body != won.body {
+	if again, _, err := postRetrying(client, b.url, key, `{"amount":4200}`); err != nil || !again.replayed || again.body != won.body {
 		t.Fatalf("retry after B completed = %+v, %v; want the replay of %q", again, err, won.body)
 	}
 	t.Logf("A killed after its insert; %d retries answered 409 until its lease lapsed; B executed once", conflicts)
@@ -285,7 +289,7 @@ func TestSlowHandlerWithoutRenewal(t *testing.T) {
 	a := startHelper(t, cfg)
 	cfg.pause = false
 	b := startHelper(t, cfg)
-	client := &http.Client{Timeout: 20 * time.Second}
+	client := &http.Client{Timeout: 2 * retryBudget} // a hang guard: A's request waits for the test
 	defer client.CloseIdleConnections()
 	key := "slow-" + storetest.Token()
 
@@ -294,7 +298,7 @@ func TestSlowHandlerWithoutRenewal(t *testing.T) {
 		err error
 	}
 	first := make(chan result, 1)
-	go func() { a, err := post(client, a.url, key, `{"amount":4200}`); first <- result{a, err} }()
+	go func() { a, _, err := postRetrying(client, a.url, key, `{"amount":4200}`); first <- result{a, err} }()
 	if l := a.next(t); l != "inserted 1" {
 		t.Fatalf("A said %q; want inserted 1", l)
 	}
@@ -319,7 +323,7 @@ func TestSlowHandlerWithoutRenewal(t *testing.T) {
 	if n := countRows(t, db, payments, key); n != 1 {
 		t.Fatalf("%d payment rows after A's late completion; want 1 (A's commit refused)", n)
 	}
-	if again, err := post(client, a.url, key, `{"amount":4200}`); err != nil || !again.replayed || again.body != won.body {
+	if again, _, err := postRetrying(client, a.url, key, `{"amount":4200}`); err != nil || !again.replayed || again.body != won.body {
 		t.Fatalf("retry through A = %+v, %v; want the replay of B's %q", again, err, won.body)
 	}
 	t.Logf("B took over after %d 409s and executed; A's late completion was refused; A's client saw %s", conflicts, r.a.body)

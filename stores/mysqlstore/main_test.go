@@ -76,7 +76,7 @@ func openDB(tb testing.TB, cfg *mysql.Config) *sql.DB {
 	db.SetMaxOpenConns(16)
 	db.SetMaxIdleConns(16)
 	tb.Cleanup(func() { _ = db.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a refused connection fails at once; a loaded machine may take seconds
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
 		tb.Fatalf("MySQL unreachable at %s (IDEM_MYSQL_DSN; scripts/services.sh starts MariaDB): %v", cfg.Addr, err)

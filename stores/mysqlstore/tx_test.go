@@ -62,17 +62,22 @@ func TestTransactionalUnused(t *testing.T) {
 	db := newDB(t, countRoundTrips(&n))
 	db.SetMaxOpenConns(1)
 	s, _ := newStore(t, db)
-	e, err := idem.New(s)
+	e, err := idem.New(s, countedOptions...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, _ := e.Begin(ctxT(t), request("warm-up", `{}`))
-	x.WithInfo(ctxT(t))
-	x.Finish(201, nil)
+	execute := func(key string) {
+		t.Helper()
+		x, resp := e.Begin(ctxT(t), request(key, `{}`))
+		if x == nil {
+			t.Fatalf("Begin(%s) = %+v; want an execution", key, resp)
+		}
+		x.WithInfo(ctxT(t))
+		x.Finish(201, nil)
+	}
+	execute("warm-up")
 	n.Store(0)
-	x, _ = e.Begin(ctxT(t), request("k", `{}`))
-	x.WithInfo(ctxT(t))
-	x.Finish(201, nil)
+	execute("k")
 	if got := n.Load(); got != 2 {
 		t.Fatalf("%d round trips for an execution that never used Tx; want 2", got)
 	}

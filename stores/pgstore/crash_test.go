@@ -68,7 +68,7 @@ func helperMain() int {
 	}
 	// Dial the pool's connection and prepare the acquire and complete
 	// statements before listening, so that the first request's store
-	// timeout (125ms for a 500ms lease) is not spent setting them up on a
+	// timeout (a quarter of the lease) is not spent setting them up on a
 	// loaded machine.
 	wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	warm := fmt.Sprintf("warm-up-%d", os.Getpid())
@@ -169,7 +169,8 @@ func startHelper(t *testing.T, c helperConfig) *helper {
 	return h
 }
 
-// next returns the helper's next output line, failing after 20s.
+// next returns the helper's next output line, failing after retryBudget
+// (a hang guard: a request to the helper may be retried that long).
 func (h *helper) next(t *testing.T) string {
 	t.Helper()
 	select {
@@ -178,8 +179,8 @@ func (h *helper) next(t *testing.T) string {
 			t.Fatal("helper exited")
 		}
 		return l
-	case <-time.After(20 * time.Second):
-		t.Fatal("no output from the helper within 20s")
+	case <-time.After(retryBudget):
+		t.Fatalf("no output from the helper within %v", retryBudget)
 	}
 	return ""
 }
@@ -193,21 +194,32 @@ func (h *helper) kill(t *testing.T) {
 	}
 }
 
-// retryUntilExecuted retries key on url every 50ms until an answer other
-// than 409, and returns it with the number of 409s before it.
+// retryUntilExecuted retries key on url every 50ms, as a client retries
+// idem's retryable answers (409 in progress, and 503 when a store call
+// outran the store timeout on a loaded machine), until another answer
+// or retryBudget; it returns that answer with the number of 409s before it.
 func retryUntilExecuted(t *testing.T, client *http.Client, url, key string) (answer, int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for conflicts := 0; ; conflicts++ {
+	deadline := time.Now().Add(retryBudget)
+	conflicts, unavailable := 0, 0
+	for {
 		a, err := post(client, url, key, `{"amount":4200}`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.status != http.StatusConflict {
+		if !a.retryable() {
+			if unavailable > 0 {
+				t.Logf("%d answers were 503 store-unavailable, retried", unavailable)
+			}
 			return a, conflicts
 		}
+		if a.status == http.StatusConflict {
+			conflicts++
+		} else {
+			unavailable++
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("still 409 after 20s")
+			t.Fatalf("still %d (%d 409s, %d 503s) after %v", a.status, conflicts, unavailable, retryBudget)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -220,16 +232,19 @@ func crash(t *testing.T, autocommit bool) int {
 	pool := newPool(t)
 	_, table := newStore(t, pool)
 	payments := createPayments(t, pool, table)
-	cfg := helperConfig{table: table, payments: payments, lease: time.Second, pause: true, autocommit: autocommit}
+	// A 5s lease (1.25s store timeout) holds while the test kills A and
+	// sends its first retry through B however loaded the machine is, so
+	// that retry meets A's live lease.
+	cfg := helperConfig{table: table, payments: payments, lease: 5 * time.Second, pause: true, autocommit: autocommit}
 	a := startHelper(t, cfg)
 	cfg.pause = false
 	b := startHelper(t, cfg)
-	client := &http.Client{Timeout: 20 * time.Second}
+	client := &http.Client{Timeout: 2 * retryBudget} // a hang guard: A's request waits for the test
 	defer client.CloseIdleConnections()
 	key := "crash-" + storetest.Token()
 
 	first := make(chan error, 1)
-	go func() { _, err := post(client, a.url, key, `{"amount":4200}`); first <- err }()
+	go func() { _, _, err := postRetrying(client, a.url, key, `{"amount":4200}`); first <- err }()
 	if l := a.next(t); l != "inserted 1" {
 		t.Fatalf("A said %q; want inserted 1", l)
 	}
@@ -247,7 +262,7 @@ func crash(t *testing.T, autocommit bool) int {
 	if l := b.next(t); l != "inserted 1" {
 		t.Fatalf("B said %q; want inserted 1", l)
 	}
-	if again, err := post(client, b.url, key, `{"amount":4200}`); err != nil || !again.replayed || again.body != won.body {
+	if again, _, err := postRetrying(client, b.url, key, `{"amount":4200}`); err != nil || !again.replayed || again.body != won.body {
 		t.Fatalf("retry after B completed = %+v, %v; want the replay of %q", again, err, won.body)
 	}
 	t.Logf("A killed after its insert; %d retries answered 409 until its lease lapsed; B executed once", conflicts)
@@ -284,11 +299,11 @@ func TestSlowHandlerWithoutRenewal(t *testing.T) {
 	pool := newPool(t)
 	_, table := newStore(t, pool)
 	payments := createPayments(t, pool, table)
-	cfg := helperConfig{table: table, payments: payments, lease: 500 * time.Millisecond, noRenewal: true, pause: true}
+	cfg := helperConfig{table: table, payments: payments, lease: 2 * time.Second, noRenewal: true, pause: true}
 	a := startHelper(t, cfg)
 	cfg.pause = false
 	b := startHelper(t, cfg)
-	client := &http.Client{Timeout: 20 * time.Second}
+	client := &http.Client{Timeout: 2 * retryBudget} // a hang guard: A's request waits for the test
 	defer client.CloseIdleConnections()
 	key := "slow-" + storetest.Token()
 
@@ -297,7 +312,7 @@ func TestSlowHandlerWithoutRenewal(t *testing.T) {
 		err error
 	}
 	first := make(chan result, 1)
-	go func() { a, err := post(client, a.url, key, `{"amount":4200}`); first <- result{a, err} }()
+	go func() { a, _, err := postRetrying(client, a.url, key, `{"amount":4200}`); first <- result{a, err} }()
 	if l := a.next(t); l != "inserted 1" {
 		t.Fatalf("A said %q; want inserted 1", l)
 	}
@@ -322,7 +337,7 @@ func TestSlowHandlerWithoutRenewal(t *testing.T) {
 	if n := countRows(t, pool, payments, key); n != 1 {
 		t.Fatalf("%d payment rows after A's late completion; want 1 (A's commit refused)", n)
 	}
-	if again, err := post(client, a.url, key, `{"amount":4200}`); err != nil || !again.replayed || again.body != won.body {
+	if again, _, err := postRetrying(client, a.url, key, `{"amount":4200}`); err != nil || !again.replayed || again.body != won.body {
 		t.Fatalf("retry through A = %+v, %v; want the replay of B's %q", again, err, won.body)
 	}
 	t.Logf("B took over after %d 409s and executed; A's late completion was refused; A's client saw %s", conflicts, r.a.body)

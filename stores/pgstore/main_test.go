@@ -82,7 +82,7 @@ func newPoolURL(tb testing.TB, url string, configure ...func(*pgxpool.Config)) *
 		tb.Fatal(err)
 	}
 	tb.Cleanup(pool.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a refused connection fails at once; a loaded machine may take seconds
 	defer cancel()
 	if err := pool.Ping(ctx); err != nil {
 		unavailable(tb, "PostgreSQL unreachable at %s (IDEM_POSTGRES_URL): %v", url, err)
