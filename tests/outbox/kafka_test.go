@@ -40,12 +40,13 @@ func newKafkaCluster(t testing.TB, topic string) *kafkaCluster {
 }
 
 // start starts the cluster from its data directory, on the ports of the
-// previous start if any. One produce request in four is answered
+// previous start if any; a broker's listener drops its connections when
+// the broker is removed ([dropConns]). One produce request in four is answered
 // REQUEST_TIMED_OUT after the broker applied it: the client retries a
 // batch the broker holds (its idempotent producer's sequence numbers make
 // the broker drop the copy).
 func (k *kafkaCluster) start() {
-	opts := []kfake.Opt{kfake.NumBrokers(3), kfake.DataDir(k.dir), kfake.SeedTopics(4, k.topic, k.topic+idemkafka.DefaultDeadLetterSuffix), kfake.GroupMinSessionTimeout(500 * time.Millisecond)}
+	opts := []kfake.Opt{kfake.NumBrokers(3), kfake.DataDir(k.dir), kfake.SeedTopics(4, k.topic, k.topic+idemkafka.DefaultDeadLetterSuffix), kfake.GroupMinSessionTimeout(500 * time.Millisecond), kfake.ListenFn(dropConns)}
 	if k.ports != nil {
 		opts = append(opts, kfake.Ports(k.ports...))
 	}
@@ -69,6 +70,55 @@ func (k *kafkaCluster) start() {
 		}
 		return false
 	}})
+}
+
+// dropConns is kfake's listener function: a listener that, once closed,
+// closes the connections it accepted too, as a stopped broker drops them.
+// kfake's RemoveNode closes the node's listener only; kgo keeps the open
+// connections to a node added back under its ID and port, and every
+// request to it is answered NOT_LEADER_FOR_PARTITION for ever (the
+// removed broker leads nothing). Same as examples/consumer's.
+func dropConns(network, address string) (net.Listener, error) {
+	ln, err := net.Listen(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return &dropListener{Listener: ln}, nil
+}
+
+type dropListener struct {
+	net.Listener
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+}
+
+func (l *dropListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		_ = c.Close()
+		return nil, net.ErrClosed
+	}
+	l.conns = append(l.conns, c)
+	return c, nil
+}
+
+// Close stops accepting and closes the accepted connections.
+func (l *dropListener) Close() error {
+	err := l.Listener.Close()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	for _, c := range l.conns {
+		_ = c.Close()
+	}
+	l.conns = nil
+	return err
 }
 
 // addrs returns the brokers' addresses.
