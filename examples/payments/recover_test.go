@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/examples/internal/procs"
@@ -240,7 +244,7 @@ func (env *crashEnv) recoverWave(t *testing.T, in idem.Inspector, n int) {
 	sent := env.crashWave(t, n, recoverFlags, payments.PausePoints, rotatedPoints)
 	c := env.start(t, recoverFlags...) // one instance restarted; no client comes back
 	defer c.Stop()
-	states := waitStates(t, in, sent, recoverWait*time.Duration(max(1, n/50)))
+	states := env.waitStates(t, in, sent, recoverWait*time.Duration(max(1, n/50)))
 	wantEmails, disturbed := int64(0), int64(0)
 	for _, p := range sent {
 		if p.disturbed {
@@ -344,13 +348,15 @@ func (env *crashEnv) controlWave(t *testing.T, in idem.Inspector, n int) {
 }
 
 // waitStates polls the records of sent until none is in progress, for at
-// most limit, and returns each one's state by idempotency key.
-func waitStates(t *testing.T, in idem.Inspector, sent []inflight, limit time.Duration) map[string]idem.State {
+// most limit, and returns each one's state by idempotency key. When some
+// are still in progress then, it fails with what the store holds for each
+// (see describeRecord), so that a failure says why.
+func (env *crashEnv) waitStates(t *testing.T, in idem.Inspector, sent []inflight, limit time.Duration) map[string]idem.State {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	states := map[string]idem.State{}
 	for {
-		pending := 0
+		var pending []inflight
 		for _, p := range sent {
 			if s := states[p.key]; s == idem.StateCompleted || s == idem.StateUncertain {
 				continue
@@ -364,17 +370,124 @@ func waitStates(t *testing.T, in idem.Inspector, sent []inflight, limit time.Dur
 			}
 			states[p.key] = info.State
 			if info.State == idem.StateInProgress {
-				pending++
+				pending = append(pending, p)
 			}
 		}
-		if pending == 0 {
+		if len(pending) == 0 {
 			return states
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d payments still in progress after %v", pending, len(sent), limit)
+			var b strings.Builder
+			for _, p := range pending {
+				fmt.Fprintf(&b, "\n%s cut at %q (disturbed %v), key %.16s: %s", p.user, p.point, p.disturbed, p.scopedKey(), env.describeRecord(t, in, p.scopedKey()))
+			}
+			t.Fatalf("%d of %d payments still in progress after %v:%s", len(pending), len(sent), limit, b.String())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// describeRecord says what the store holds for the scoped key: the
+// record (state, owner token, TTL), its journal, whether the store's
+// Lapsed reports it due (and its recovery attempts), and, on MongoDB,
+// the document's recovery fields and the claims on its versions. For a
+// failure message; errors are part of the answer.
+func (env *crashEnv) describeRecord(t *testing.T, in idem.Inspector, key string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var b strings.Builder
+	info, found, err := in.Inspect(ctx, key)
+	fmt.Fprintf(&b, "record (found %v, err %v): state %v, token %q, TTL %v", found, err, info.State, info.Token, info.TTL)
+	if j, ok := in.(idem.Journal); ok {
+		steps, err := j.Steps(ctx, key)
+		fmt.Fprintf(&b, "; steps")
+		for _, s := range steps {
+			fmt.Fprintf(&b, " %s(token %q, done %v)", s.Name, s.Token, s.Done)
+		}
+		if err != nil {
+			fmt.Fprintf(&b, " (err %v)", err)
+		}
+	}
+	if r, ok := in.(idem.Recoverable); ok {
+		due, err := r.Lapsed(ctx, 1000)
+		i := slices.IndexFunc(due, func(d idem.LapsedRecord) bool { return d.Key == key })
+		switch {
+		case err != nil:
+			fmt.Fprintf(&b, "; Lapsed: %v", err)
+		case i >= 0:
+			fmt.Fprintf(&b, "; due for recovery (%d attempts)", due[i].Attempts)
+		default:
+			fmt.Fprintf(&b, "; not due for recovery (Lapsed answered %d other records)", len(due))
+		}
+	}
+	if env.cfg.Store == "mongo" {
+		b.WriteString("; " + mongoRecord(ctx, env.cfg, key))
+	}
+	return b.String()
+}
+
+// mongoRecord returns the fields of key's MongoDB document that decide
+// its recovery (stores/mongostore: state 1 in progress, its owner's token
+// and generation, lease end, expiry, the recovery payload's size,
+// attempts, backoff and dueAt) and the claims on its versions (documents
+// "<key>~<generation>": state 3 takeover, 4 deletion; the generation they
+// grant, the lease).
+func mongoRecord(ctx context.Context, cfg payments.Config, key string) string {
+	client, err := mongo.Connect(options.Client().ApplyURI(cfg.MongoURI))
+	if err != nil {
+		return "mongo: " + err.Error()
+	}
+	defer func() { _ = client.Disconnect(ctx) }()
+	db, name := cfg.MongoDB, cfg.MongoColl
+	if db == "" {
+		db = "idem"
+	}
+	if name == "" {
+		name = "idempotency"
+	}
+	coll := client.Database(db).Collection(name)
+	var d struct {
+		State     int32         `bson:"state"`
+		Token     string        `bson:"token"`
+		Gen       string        `bson:"gen"`
+		ExpiresAt bson.DateTime `bson:"expiresAt"`
+		Until     bson.DateTime `bson:"until"`
+		DueAt     bson.DateTime `bson:"dueAt"`
+		Recovery  []byte        `bson:"recovery"`
+		Attempts  int32         `bson:"attempts"`
+		Backoff   int64         `bson:"backoff"`
+	}
+	if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d); err != nil {
+		return "document: " + err.Error()
+	}
+	at := func(v bson.DateTime) string {
+		if v == 0 {
+			return "-"
+		}
+		return v.Time().UTC().Format("15:04:05.000")
+	}
+	out := fmt.Sprintf("document: state %d, token %q, gen %q, until %s, expiresAt %s, payload %d bytes, attempts %d, backoff %dms, dueAt %s (now %s)",
+		d.State, d.Token, d.Gen, at(d.Until), at(d.ExpiresAt), len(d.Recovery), d.Attempts, d.Backoff, at(d.DueAt), time.Now().UTC().Format("15:04:05.000"))
+	cur, err := coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$regex", Value: "^" + key + "~"}}}})
+	if err != nil {
+		return out + "; claims: " + err.Error()
+	}
+	var claims []struct {
+		ID    string        `bson:"_id"`
+		State int32         `bson:"state"`
+		Token string        `bson:"token"`
+		Gen   string        `bson:"gen"`
+		Lease bson.DateTime `bson:"lease"`
+	}
+	if err := cur.All(ctx, &claims); err != nil {
+		return out + "; claims: " + err.Error()
+	}
+	out += fmt.Sprintf("; %d claims", len(claims))
+	for _, c := range claims {
+		out += fmt.Sprintf(" [ends %s: state %d, token %q, grants gen %q, lease %s]", strings.TrimPrefix(c.ID, key+"~"), c.State, c.Token, c.Gen, at(c.Lease))
+	}
+	return out
 }
 
 // TestRecoverRaces crashes 10 payments inside their charge step on every
@@ -541,7 +654,7 @@ func TestRecoverFrameworks(t *testing.T) {
 				sent := env.crashWave(t, 2, flags, []string{"charge-after-call"}, []string{"after-steps"})
 				c := env.start(t, flags...)
 				defer c.Stop()
-				states := waitStates(t, st.(idem.Inspector), sent, recoverWait)
+				states := env.waitStates(t, st.(idem.Inspector), sent, recoverWait)
 				for _, p := range sent {
 					if states[p.key] != idem.StateCompleted {
 						t.Errorf("%s cut at %s: %v, want completed", p.user, p.point, states[p.key])

@@ -415,3 +415,98 @@ func TestRenewalRacingCompletion(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoveryClaimCutOff: a recovery Claim cut off between the insert of
+// its claim and the rewrite of the record (its call timed out on a loaded
+// server after the insert applied, so its withdrawal failed too) keeps
+// other recovery claims off only while the lease it granted itself runs:
+// the next Claim after that takes the record over by a claim on the dead
+// claim's version, as Acquire does. It used to find the claim taken and
+// answer not claimed at every pass, so the record stayed in progress for
+// as long as the claim document lived (for good on a server without TTL
+// indexes, FerretDB). A claim whose lease runs (a takeover's or a
+// Release's) keeps it off; one whose lease passed does not.
+func TestRecoveryClaimCutOff(t *testing.T) {
+	var cut atomic.Pointer[context.CancelFunc]
+	mon := &event.CommandMonitor{Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) {
+		if f := cut.Load(); f != nil && e.CommandName == "insert" {
+			(*f)() // the claim is in; the rewrite never starts
+		}
+	}}
+	coll := collection(t, connect(t, options.Client().SetMonitor(mon)))
+	s := mongostore.New(coll)
+	ctx := ctxT(t)
+	payload := []byte("payload")
+	due := func(t *testing.T) (key, owner, gen string) {
+		t.Helper()
+		key, owner = storetest.Key(), storetest.Token()
+		if _, ok, err := s.Acquire(ctx, key, owner, "fp-a", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire = %v, %v", ok, err)
+		}
+		if err := s.SetRecovery(ctx, key, owner, payload, time.Hour); err != nil {
+			t.Fatalf("SetRecovery: %v", err)
+		}
+		if err := s.Extend(ctx, key, owner, time.Millisecond); err != nil { // the holder stops: its lease lapses now
+			t.Fatalf("Extend: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		_, gen = recordOwner(t, coll, key)
+		return key, owner, gen
+	}
+	claimed := func(t *testing.T, key string) (string, bool) {
+		t.Helper()
+		tok := storetest.Token()
+		c, ok, err := s.Claim(ctx, key, tok, time.Minute, 0)
+		if err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		if ok && (string(c.Payload) != string(payload) || c.Fingerprint != "fp-a") {
+			t.Fatalf("Claim = %+v; want the record's payload and fingerprint", c)
+		}
+		return tok, ok
+	}
+
+	key, owner, _ := due(t)
+	cctx, cancel := context.WithCancel(ctx)
+	cut.Store(&cancel)
+	_, ok, err := s.Claim(cctx, key, storetest.Token(), 300*time.Millisecond, 0)
+	cut.Store(nil)
+	cancel()
+	if ok || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Claim cut off after its claim = %v, %v; want context.Canceled", ok, err)
+	}
+	if got := recordToken(t, coll, key); got != owner {
+		t.Fatalf("record token %q after the cut-off Claim; want the owner's record left", got)
+	}
+	time.Sleep(500 * time.Millisecond) // the cut-off Claim's lease passes (a live one keeps others off: below)
+	tok, ok := claimed(t, key)
+	if !ok {
+		t.Fatal("not claimed after the cut-off Claim's lease passed: the record is stuck in progress")
+	}
+	if got := recordToken(t, coll, key); got != tok {
+		t.Fatalf("record token %q after the claim; want %q", got, tok)
+	}
+	if err := s.Complete(ctx, key, tok, []byte("response"), time.Hour); err != nil {
+		t.Fatalf("Complete by the claim's token: %v", err)
+	}
+
+	for _, c := range []struct {
+		name  string
+		state int32
+		lease time.Duration
+		want  bool
+	}{
+		{"a live takeover", claimTakeover, time.Hour, false},
+		{"a dead takeover", claimTakeover, -time.Minute, true},
+		{"a live deletion", claimDeleting, time.Hour, false},
+		{"a dead deletion", claimDeleting, -time.Minute, true},
+	} {
+		key, owner, gen := due(t)
+		insertClaim(t, coll, key, gen, c.state, "other", "other-gen", "fp-a", time.Now().Add(c.lease))
+		if tok, ok := claimed(t, key); ok != c.want {
+			t.Errorf("Claim after %s claimed the record = %v; want %v", c.name, ok, c.want)
+		} else if want := map[bool]string{true: tok, false: owner}[ok]; recordToken(t, coll, key) != want {
+			t.Errorf("after %s: record token %q; want %q", c.name, recordToken(t, coll, key), want)
+		}
+	}
+}

@@ -193,8 +193,11 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 // and client takeovers exactly one wins, on FerretDB too), then the
 // rewrite of that version for token (journal, payload and retain kept,
 // one more attempt, backoff and dueAt stored): three round trips. A claim
-// whose rewrite finds the record changed is withdrawn. Twice with the same
-// token: the second finds the record leased, not due, and changes nothing.
+// already there whose lease passed (its winner died, or its call timed out,
+// before the rewrite) is followed as Acquire follows it: a claim on the
+// version it granted, one more round trip each. A claim whose rewrite finds
+// the record changed is withdrawn. Twice with the same token: the second
+// finds the record leased, not due, and changes nothing.
 func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecoveryClaim{}, false, err
@@ -218,12 +221,28 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 		return idem.RecoveryClaim{}, false, nil
 	}
 	gen, end := newGen(), now.Add(lease)
-	won, _, err := s.insertClaim(ctx, key, d.version(), claim{
-		State: stateClaimed, Token: token, Gen: gen, Fingerprint: d.Fingerprint,
-		Lease: date(end), ExpiresAt: date(end.Add(claimKeep)),
-	})
-	if err != nil || !won {
-		return idem.RecoveryClaim{}, false, err
+	// A claim already taken names its successor: while the lease it
+	// granted runs, a takeover or a deletion is under way; once it passed,
+	// its winner died before rewriting the record (or its call timed out
+	// after the insert applied), and its successor's version is claimed in
+	// turn, as Acquire does. The rewrite below is pinned to the version
+	// read, so a winner that rewrites late and this claim exclude each other.
+	ended := d.version()
+	for try := 1; ; try++ {
+		won, w, err := s.insertClaim(ctx, key, ended, claim{
+			State: stateClaimed, Token: token, Gen: gen, Fingerprint: d.Fingerprint,
+			Lease: date(end), ExpiresAt: date(end.Add(claimKeep)),
+		})
+		if err != nil {
+			return idem.RecoveryClaim{}, false, err
+		}
+		if won {
+			break
+		}
+		if w == nil || w.Lease > date(now) || try == maxAcquireAttempts {
+			return idem.RecoveryClaim{}, false, nil // purged meanwhile, or its lease runs: a later pass looks again
+		}
+		ended = w.Gen
 	}
 	b := millis(backoff)
 	res, err := s.coll.UpdateOne(ctx, pinned(&d), bson.D{{Key: "$set", Value: bson.D{
@@ -242,7 +261,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 			PreviousToken: d.Token, Lapsed: max(now.Sub(d.until().Time()), time.Millisecond),
 		}, true, nil
 	}
-	if _, derr := s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: claimID(key, d.version())}}); derr != nil && err == nil {
+	if _, derr := s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: claimID(key, ended)}}); derr != nil && err == nil {
 		err = derr
 	}
 	if err != nil {
