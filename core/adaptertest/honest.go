@@ -57,7 +57,7 @@ func (s *suite) testReplayCheck(t *testing.T) {
 			t.Errorf("held request: %v %d", err, r.status)
 		}
 	}()
-	for deadline := time.Now().Add(10 * time.Second); app.Executions() < 2; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); app.Executions() < 2; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("held request never reached the handler")
 		}
@@ -82,7 +82,7 @@ func (s *suite) testReplayCheck(t *testing.T) {
 			t.Errorf("held request: %v %d", err, r.status)
 		}
 	}()
-	for deadline := time.Now().Add(10 * time.Second); s2app.Executions() < 1; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); s2app.Executions() < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("held request never reached the handler")
 		}
@@ -201,7 +201,7 @@ func (s *suite) testUncertain(t *testing.T) {
 		}
 		first = r
 	}()
-	for deadline := time.Now().Add(10 * time.Second); app.Executions() < 1; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); app.Executions() < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("held request never reached the handler")
 		}

@@ -97,7 +97,7 @@ func (s *suite) crash(t *testing.T, app *stepApp, base string, c call) {
 		_, _ = s.send(base, c)
 	}()
 	t.Cleanup(func() { app.once.Do(func() { close(app.release) }); cancel(); wg.Wait() })
-	for deadline := time.Now().Add(10 * time.Second); app.holding.Load() < 1; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); app.holding.Load() < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the first run never reached its crash point")
 		}
@@ -155,7 +155,7 @@ func (s *suite) testStepUncertainAnswer(t *testing.T) {
 	charge := call{path: "/a?crash=inside", body: `{"amount":1}`, keys: []string{"pay-2"}}
 	s.crash(t, app, base, charge)
 	var took result
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		took = s.do(t, base, charge)
 		if took.status != http.StatusConflict || !strings.Contains(string(took.body), "in-progress") {
 			break
@@ -181,7 +181,7 @@ func (s *suite) testStepUncertainAnswer(t *testing.T) {
 func RecoverOne(t *testing.T, rec *idem.Recoverer) idem.RecoveryReport {
 	t.Helper()
 	var sum idem.RecoveryReport
-	for deadline := time.Now().Add(20 * time.Second); sum.Recovered == 0; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); sum.Recovered == 0; time.Sleep(100 * time.Millisecond) {
 		rep, err := rec.RecoverOnce(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -192,7 +192,7 @@ func RecoverOne(t *testing.T, rec *idem.Recoverer) idem.RecoveryReport {
 		sum.Deferred += rep.Deferred
 		sum.Uncertain += rep.Uncertain
 		if sum.Deferred > 0 || time.Now().After(deadline) {
-			t.Fatalf("recovery passes: %+v; want one record recovered within 20s, no run deferred", sum)
+			t.Fatalf("recovery passes: %+v; want one record recovered within 2 minutes, no run deferred", sum)
 		}
 	}
 	return sum

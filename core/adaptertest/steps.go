@@ -135,7 +135,7 @@ func (s *suite) testSteps(t *testing.T) {
 	}()
 	defer wg.Wait()
 	defer release()
-	for deadline := time.Now().Add(10 * time.Second); app.journaled.Load() < 1; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); app.journaled.Load() < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the first run never got past its step (step runs %d)", app.charges.Load())
 		}
@@ -152,7 +152,7 @@ func (s *suite) testSteps(t *testing.T) {
 	}
 	// Retry until the holder's 1s lease has lapsed: 409 in-progress till then.
 	var took result
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		took = s.do(t, base, charge)
 		if took.status != http.StatusConflict {
 			break

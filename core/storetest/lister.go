@@ -84,7 +84,7 @@ func testLister(t *testing.T, s idem.Store) {
 	gone := Key()
 	mustAcquire(t, s, gone, "tok-gone", fp, longLease)
 	mustComplete(t, s, gone, "tok-gone", sampleResponse(), time.Millisecond)
-	for deadline := time.Now().Add(10 * time.Second); ; { // a hang guard
+	for deadline := time.Now().Add(2 * time.Minute); ; { // a hang guard
 		if _, found := get(t, s, gone); !found {
 			break
 		}

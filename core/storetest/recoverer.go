@@ -113,7 +113,7 @@ func RunRecoverer(t *testing.T, newStore func(t *testing.T) idem.Store) {
 			}
 		}
 	}()
-	for deadline := time.Now().Add(10 * time.Second); steps.Load() < 2; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); steps.Load() < 2; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the first runs never ran their steps (%d)", steps.Load())
 		}
@@ -127,7 +127,7 @@ func RunRecoverer(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		return err
 	})
 	var sum idem.RecoveryReport
-	for deadline := time.Now().Add(30 * time.Second); sum.Recovered < 2; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); sum.Recovered < 2; time.Sleep(100 * time.Millisecond) {
 		rep, err := r.RecoverOnce(context.Background()) // an error (a slow store) is tried again by the next pass
 		sum.Claimed += rep.Claimed
 		sum.Recovered += rep.Recovered

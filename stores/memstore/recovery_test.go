@@ -46,7 +46,7 @@ func count(events *sync.Map, k idem.EventKind) int64 {
 func recoverUntil(t *testing.T, r *idem.Recoverer, done func(idem.RecoveryReport) bool) idem.RecoveryReport {
 	t.Helper()
 	var sum idem.RecoveryReport
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		rep, err := r.RecoverOnce(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -60,7 +60,7 @@ func recoverUntil(t *testing.T, r *idem.Recoverer, done func(idem.RecoveryReport
 			return sum
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("recovery not done within 20s: %+v", sum)
+			t.Fatalf("recovery not done within 2 minutes: %+v", sum)
 		}
 	}
 }
@@ -92,7 +92,7 @@ func TestRecoverDo(t *testing.T) {
 	}()
 	t.Cleanup(wg.Wait)
 	t.Cleanup(func() { close(hold) })
-	for deadline := time.Now().Add(10 * time.Second); sends.Load() < 1; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); sends.Load() < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the first run never ran its step")
 		}
@@ -145,7 +145,7 @@ func TestRecoverParked(t *testing.T) {
 	}()
 	t.Cleanup(wg.Wait)
 	t.Cleanup(func() { close(hold) })
-	for deadline := time.Now().Add(10 * time.Second); runs.Load() < 1; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); runs.Load() < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the first run never started")
 		}
@@ -249,7 +249,7 @@ func TestRecoverersRace(t *testing.T) {
 	}
 	t.Cleanup(first.Wait)
 	t.Cleanup(func() { close(hold) })
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(5 * time.Millisecond) {
 		mu.Lock()
 		n := len(runs)
 		mu.Unlock()
@@ -317,7 +317,7 @@ func TestRecoverersRace(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
-	for deadline := time.Now().Add(20 * time.Second); !done(); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); !done(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			break
 		}
@@ -368,9 +368,9 @@ func TestRecovererStartStop(t *testing.T) {
 	})
 	r.Start()
 	r.Start() // no second loop
-	for deadline := time.Now().Add(20 * time.Second); count(events, idem.EventRecovered) < 1; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); count(events, idem.EventRecovered) < 1; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no recovery within 20s (runs %d)", runs.Load())
+			t.Fatalf("no recovery within 2 minutes (runs %d)", runs.Load())
 		}
 	}
 	r.Stop()
