@@ -81,13 +81,19 @@ type Operation struct {
 	// failure releases the key and Do returns [ErrUnavailable]), so that
 	// a [Recoverer] runs the operation again through the function
 	// registered for Name ([Recoverer.Handle]) when its holder stopped and
-	// nobody calls Do again. Scope, Name, Key and Payload must fit
+	// nobody calls Do again. Scope, Name, Key, Payload and Input must fit
 	// [MaxRecoveryBytes] together, else Do returns an error wrapping
 	// [ErrTooLarge] without running fn. The engine's store must implement
 	// [Recoverable] and [Journal] and the engine must not use
 	// [WithUncertainAfterCrash], else Do returns [ErrNoRecovery]. Optional.
 	// Default is false.
 	Recover bool
+	// Input is kept with the recovery payload (Recover) and handed back
+	// to the recovery function ([Recoverer.Handle]) as the operation's
+	// Input, but not fingerprinted: what the function needs to run again
+	// when Payload is only a digest of it (idemmcp keeps a tool call's
+	// arguments here). It counts toward [MaxRecoveryBytes]. Optional.
+	Input []byte
 }
 
 // ErrNoRecovery is returned by [Do] for an [Operation] with Recover set on
@@ -244,9 +250,9 @@ func Do[T any](ctx context.Context, e *Engine, op Operation, fn func(ctx context
 		if e.recoverable == nil || e.journal == nil || e.cfg.keep.Uncertain > 0 {
 			return zero, ErrNoRecovery
 		}
-		payload = encodeRecovery(&recoveryRequest{Kind: recoveryOp, Method: op.Scope, Route: op.Name, Key: op.Key, Body: op.Payload})
+		payload = encodeRecovery(&recoveryRequest{Kind: recoveryOp, Method: op.Scope, Route: op.Name, Path: string(op.Input), Key: op.Key, Body: op.Payload})
 		if len(payload) > MaxRecoveryBytes {
-			return zero, fmt.Errorf("idem: operation %q: scope, key and payload larger than MaxRecoveryBytes: %w", op.Name, ErrTooLarge)
+			return zero, fmt.Errorf("idem: operation %q: scope, key, input and payload larger than MaxRecoveryBytes: %w", op.Name, ErrTooLarge)
 		}
 	}
 	token := e.tokenPrefix + strconv.FormatUint(e.tokens.Add(1), 36) // as ids makes them

@@ -122,7 +122,7 @@ const (
 
 // recoveryRequest is what a recovery payload holds: an HTTP request
 // (Kind recoveryHTTP) or an [Operation] (recoveryOp: Method is the scope,
-// Route the name, Key the key, Body the payload).
+// Route the name, Path the input, Key the key, Body the payload).
 type recoveryRequest struct {
 	Kind                                 byte
 	Method, Route, Path, RawQuery, CType string

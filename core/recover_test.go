@@ -15,6 +15,7 @@ func TestRecoveryPayloadRoundTrip(t *testing.T) {
 		{Kind: recoveryHTTP, Method: "POST", Route: "/v1/p/:id", Path: "/v1/p/7", RawQuery: "a=1&b=%20", CType: "application/json",
 			Principal: "alice", Key: `k"\1`, Header: http.Header{"X-Source": {"app", "web"}}, Body: []byte{0, 1, 0xff}},
 		{Kind: recoveryOp, Method: "scope", Route: "send", Key: "k", Body: nil},
+		{Kind: recoveryOp, Method: "scope", Route: "send", Path: `{"to":"a@b"}`, Key: "k", Body: []byte("digest")},
 	} {
 		p := encodeRecovery(&r)
 		got, err := decodeRecovery(p)

@@ -172,7 +172,7 @@ func NewRecoverer(e *Engine, opts ...RecovererOption) (*Recoverer, error) {
 
 // Handle registers fn as the recovery of the [Do] operations named name
 // ([Operation.Recover]): a recovery run calls fn with the operation as
-// it was given to Do (Scope, Name, Key, Payload; no Codec), and fn calls
+// it was given to Do (Scope, Name, Key, Payload, Input; no Codec), and fn calls
 // Do again with it (setting its Codec) and the operation's function; Do
 // adopts the run's claim through ctx instead of acquiring. fn's error
 // other than Do's own ends the run as deferred. A later Handle of the
@@ -412,7 +412,7 @@ func (r *Recoverer) runClaim(ctx context.Context, req *recoveryRequest, pc *pend
 				err = fmt.Errorf("idem: the recovery of operation %q panicked: %v", req.Route, p)
 			}
 		}()
-		op := Operation{Scope: req.Method, Name: req.Route, Key: req.Key, Payload: req.Body}
+		op := Operation{Scope: req.Method, Name: req.Route, Key: req.Key, Payload: req.Body, Input: []byte(req.Path)}
 		if err := fn(context.WithValue(ctx, recoveryCtxKey{}, pc), op); err != nil {
 			return 0, err
 		}

@@ -105,7 +105,8 @@ func NewInterceptor(e *idem.Engine, opts ...Option) connect.Interceptor {
 				principal = c.scope(ctx)
 			}
 			r := idem.Request{Method: http.MethodPost, Route: spec.Procedure, Path: spec.Procedure,
-				ContentType: idemrpc.FingerprintType, Keys: keys, Principal: principal, Body: body}
+				ContentType: idemrpc.FingerprintType, Keys: keys, Principal: principal, Body: body,
+				Recovery: req.Header().Get(idem.RecoveryHeader), Header: req.Header()}
 			x, resp := e.Begin(ctx, &r)
 			switch {
 			case resp != nil && resp.IsReplay() && resp.Status != http.StatusGone: // 410: executed, response not stored

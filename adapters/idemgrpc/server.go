@@ -104,6 +104,17 @@ func UnaryServerInterceptor(e *idem.Engine, opts ...Option) grpc.UnaryServerInte
 		}
 		r := idem.Request{Method: http.MethodPost, Route: info.FullMethod, Path: info.FullMethod,
 			ContentType: idemrpc.FingerprintType, Keys: keys, Principal: principal, Body: body}
+		if v := md.Get(RecoveryMetadata); len(v) > 0 {
+			r.Recovery = v[0]
+		}
+		if names := e.RecoveryHeaders(http.MethodPost, info.FullMethod); len(names) > 0 { // the metadata lines a recoverable method keeps
+			r.Header = make(http.Header, len(names))
+			for _, n := range names {
+				if v := md.Get(n); len(v) > 0 {
+					r.Header[n] = v
+				}
+			}
+		}
 		x, resp := e.Begin(ctx, &r)
 		switch {
 		case resp != nil && resp.IsReplay() && resp.Status != http.StatusGone: // 410: executed, response not stored

@@ -38,6 +38,9 @@ type Option func(*config)
 
 type config struct {
 	tools       map[string]bool
+	recover     map[string]bool  // WithRecovery's tools
+	recoverer   *idem.Recoverer  // WithRecovery's
+	server      *mcp.Server      // WithRecovery's
 	scope       func(ctx context.Context, req *mcp.CallToolRequest) string
 	argument    string
 	keyOptional bool
@@ -137,6 +140,7 @@ func Middleware(e *idem.Engine, opts ...Option) mcp.Middleware {
 	}
 	global := globalScope(e)
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		c.handleRecovery(e, global, next)
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			call, ok := req.(*mcp.CallToolRequest)
 			if method != "tools/call" || !ok || call.Params == nil || !c.tools[call.Params.Name] {
@@ -163,11 +167,11 @@ func (c *config) serve(ctx context.Context, e *idem.Engine, global bool, next mc
 	case key == "":
 		return nil, newError(TypeKeyMissing, "", c.missingMessage(p.Name))
 	}
-	principal := ""
-	if x := call.GetExtra(); x != nil && x.TokenInfo != nil {
+	principal, recovering := ctx.Value(recoveringKey{}).(string) // a recovery run: the stored principal
+	if x := call.GetExtra(); !recovering && x != nil && x.TokenInfo != nil {
 		principal = x.TokenInfo.UserID
 	}
-	if principal == "" && c.scope != nil {
+	if principal == "" && !recovering && c.scope != nil {
 		principal = c.scope(ctx, call)
 	}
 	if principal == "" && !global {
@@ -181,6 +185,9 @@ func (c *config) serve(ctx context.Context, e *idem.Engine, global bool, next mc
 		Scope: principal, Name: OperationPrefix + p.Name, Key: key,
 		Payload: []byte(fingerprinter.Fingerprint("tools/call", p.Name, "", "application/json", args)),
 		Codec:   idem.BytesCodec,
+	}
+	if c.recover[p.Name] {
+		op.Recover, op.Input = true, args // what the recoverer calls the tool with again
 	}
 	var (
 		ran   bool

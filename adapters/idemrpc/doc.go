@@ -5,7 +5,8 @@
 // engine's store policy decides on ([HTTPStatus]); idem's own answers as
 // google.rpc statuses by the engine's outcome ([Answer], [Code], [Reason]);
 // and the client's retry rule ([Retry], [Budget], [Backoff]). Applications use the adapters; they need this package only
-// to write a store policy by code ([HTTPStatus]) or another RPC adapter.
+// to make a procedure recoverable without a client ([Recover]), to write a
+// store policy by code ([HTTPStatus]) or another RPC adapter.
 package idemrpc
 
 // FingerprintType is the content type the engine fingerprints a request

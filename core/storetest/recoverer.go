@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -94,7 +95,7 @@ func RunRecoverer(t *testing.T, newStore func(t *testing.T) idem.Store) {
 			}
 		}
 	}()
-	op := idem.Operation{Scope: "acct", Name: "receipt", Key: "order-1", Payload: []byte("to:a@b"), Recover: true}
+	op := idem.Operation{Scope: "acct", Name: "receipt", Key: "order-1", Payload: []byte("to:a@b"), Input: []byte(`{"to":"a@b"}`), Recover: true}
 	var opRuns atomic.Int64
 	opFn := func(ctx context.Context) (string, error) {
 		n := opRuns.Add(1)
@@ -123,6 +124,9 @@ func RunRecoverer(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		t.Fatal(err)
 	}
 	r.Handle("receipt", func(ctx context.Context, op idem.Operation) error {
+		if string(op.Input) != `{"to":"a@b"}` || string(op.Payload) != "to:a@b" {
+			return fmt.Errorf("the recovery function got input %q, payload %q; want what Do was given", op.Input, op.Payload)
+		}
 		_, err := idem.Do(ctx, e, op, opFn)
 		return err
 	})

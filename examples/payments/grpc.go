@@ -29,8 +29,28 @@ import (
 // gRPC-Web protocols over HTTP/1.1 and h2c) at -addr, next to GET /metrics,
 // both with idem through app's engine; the contract is
 // examples/grpc/proto/payments/v1/payments.proto.
+//
+// With -recover, CreatePayment is recoverable (idemrpc.Recover, in
+// payments.Open) and the recoverer runs a call whose instance crashed
+// again through grpc-go's server in-process (idemgrpc.Runner), or through
+// the Connect handler with -recover-connect (idemconnect.Runner); both
+// authentications re-establish the stored principal.
 func grpcServer(app *payments.App) (payments.Server, error) {
 	grpcSrv, connectHandler := newServers(app.Engine, app.Service)
+	var runner *idemgrpc.Runner
+	if app.Config.Recover && !app.Config.NoIdem {
+		run := idemconnect.Runner(connectHandler)
+		if !app.Config.RecoverConnect {
+			var err error
+			if runner, err = idemgrpc.NewRunner(grpcSrv); err != nil {
+				return nil, err
+			}
+			run = runner.Run
+		}
+		if err := app.Recover(run); err != nil {
+			return nil, err
+		}
+	}
 	ln, err := net.Listen("tcp", app.Config.GRPCAddr)
 	if err != nil {
 		return nil, err
@@ -45,13 +65,14 @@ func grpcServer(app *payments.App) (payments.Server, error) {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	return grpcAndConnect{srv, grpcSrv}, nil
+	return grpcAndConnect{srv, grpcSrv, runner}, nil
 }
 
 // grpcAndConnect shuts both servers down.
 type grpcAndConnect struct {
 	*http.Server
-	grpc *grpc.Server
+	grpc   *grpc.Server
+	runner *idemgrpc.Runner // -recover's, nil without
 }
 
 // Shutdown shuts Connect down, then lets grpc-go's calls finish until ctx
@@ -66,6 +87,9 @@ func (s grpcAndConnect) Shutdown(ctx context.Context) error {
 		s.grpc.Stop()
 		<-done
 	}
+	if s.runner != nil {
+		_ = s.runner.Close()
+	}
 	return err
 }
 
@@ -76,7 +100,7 @@ func newServers(engine *idem.Engine, svc *payments.Service) (*grpc.Server, http.
 	api := &server{svc: svc}
 	grpcSrv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recoverer,
-		authenticate,
+		authenticate(engine),
 		idemgrpc.UnaryServerInterceptor(engine, idemgrpc.WithScope(userID)),
 	))
 	paymentsv1.RegisterPaymentsServer(grpcSrv, api)
@@ -87,7 +111,7 @@ func newServers(engine *idem.Engine, svc *payments.Service) (*grpc.Server, http.
 			slog.Error("panic", "value", p)
 			return connect.NewError(connect.CodeInternal, errors.New("the server failed; retry with the same idempotency key"))
 		}),
-		connect.WithInterceptors(connectAuthenticate, idemconnect.NewInterceptor(engine, idemconnect.WithScope(userID))),
+		connect.WithInterceptors(connectAuthenticate(engine), idemconnect.NewInterceptor(engine, idemconnect.WithScope(userID))),
 	))
 	return grpcSrv, mux
 }
@@ -97,26 +121,40 @@ type userKey struct{}
 // userID returns the principal authentication stored.
 func userID(ctx context.Context) string { s, _ := ctx.Value(userKey{}).(string); return s }
 
-// authenticate stands in for real authentication: it trusts x-user-id metadata.
-func authenticate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	user := md.Get("x-user-id")
-	if len(user) == 0 || user[0] == "" {
-		return nil, status.Error(codes.Unauthenticated, "send x-user-id metadata (the examples' stand-in for authentication)")
+// authenticate stands in for real authentication: it trusts x-user-id
+// metadata, or re-establishes a recovery run's stored principal
+// (idemgrpc.RecoveryPrincipal).
+func authenticate(engine *idem.Engine) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		if p, ok := idemgrpc.RecoveryPrincipal(ctx, engine); ok {
+			return next(context.WithValue(ctx, userKey{}, p), req)
+		}
+		md, _ := metadata.FromIncomingContext(ctx)
+		user := md.Get("x-user-id")
+		if len(user) == 0 || user[0] == "" {
+			return nil, status.Error(codes.Unauthenticated, "send x-user-id metadata (the examples' stand-in for authentication)")
+		}
+		return next(context.WithValue(ctx, userKey{}, user[0]), req)
 	}
-	return next(context.WithValue(ctx, userKey{}, user[0]), req)
 }
 
-// connectAuthenticate is authenticate for Connect: it trusts X-User-Id.
-var connectAuthenticate = connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		user := req.Header().Get("X-User-Id")
-		if user == "" {
-			return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("send X-User-Id (the examples' stand-in for authentication)"))
+// connectAuthenticate is authenticate for Connect: it trusts X-User-Id,
+// or re-establishes a recovery run's stored principal
+// (idem.Engine.RecoveryPrincipal of the Idem-Recovery header).
+func connectAuthenticate(engine *idem.Engine) connect.Interceptor {
+	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			user, ok := engine.RecoveryPrincipal(req.Header().Get(idem.RecoveryHeader))
+			if !ok {
+				user = req.Header().Get("X-User-Id")
+			}
+			if user == "" {
+				return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("send X-User-Id (the examples' stand-in for authentication)"))
+			}
+			return next(context.WithValue(ctx, userKey{}, user), req)
 		}
-		return next(context.WithValue(ctx, userKey{}, user), req)
-	}
-})
+	})
+}
 
 // recoverer turns a panic into Internal; idem has released the key.
 func recoverer(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (resp any, err error) {

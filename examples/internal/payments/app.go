@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/observability/idemotel"
 )
@@ -70,7 +71,8 @@ func Open(f Config) (_ *App, err error) {
 		idem.WithEventHook(hook),
 	}
 	if f.Recover {
-		opts = append(opts, idem.WithRoute(http.MethodPost, "/v1/payments", idem.RouteRecovery()))
+		opts = append(opts, idem.WithRoute(http.MethodPost, "/v1/payments", idem.RouteRecovery()),
+			idemrpc.Recover("/payments.v1.Payments/CreatePayment")) // -framework grpc: grpc-go and Connect
 	}
 	app.Engine, err = idem.New(b.store, opts...)
 	if err != nil {

@@ -97,6 +97,10 @@ type Config struct {
 	Recover         bool
 	RecoverEvery    time.Duration
 	RecoverAttempts int
+	// RecoverConnect, with -framework grpc, runs recovered calls through
+	// the Connect handler (idemconnect.Runner) instead of grpc-go's server
+	// (idemgrpc.Runner).
+	RecoverConnect bool
 	// Outbox is the broker URL (nats://... or amqp://...) payment.created
 	// events are relayed to through a transactional outbox (outbox.go);
 	// OutboxName names the stream or queue, as examples/consumer's -name.
@@ -133,17 +137,15 @@ func ParseFlags() (Config, error) {
 	flag.BoolVar(&f.NoSteps, "no-steps", false, "with -provider-url: call the provider without steps and without idempotency keys (a control: a crash mid-charge charges twice)")
 	flag.StringVar(&f.PauseAt, "pause-at", "", "test hook, with -provider-url: hold each payment at this point ("+strings.Join(PausePoints, ", ")+"), print \"paused at POINT\", go on at SIGUSR1")
 	flag.StringVar(&f.CrashAt, "crash-at", "", "test hook, with -provider-url: every payment reaching this point ("+strings.Join(PausePoints, ", ")+") kills the process (SIGKILL)")
-	flag.BoolVar(&f.Recover, "recover", false, "make POST /v1/payments recoverable and run a recoverer in this instance: a payment whose instance crashed is finished without its client (README: Recovery without a client)")
+	flag.BoolVar(&f.Recover, "recover", false, "make POST /v1/payments (and CreatePayment with -framework grpc) recoverable and run a recoverer in this instance: a payment whose instance crashed is finished without its client (README: Recovery without a client)")
 	flag.DurationVar(&f.RecoverEvery, "recover-every", idem.DefaultRecoverInterval, "with -recover: how often the recoverer looks for lapsed payments (idem.RecoverEvery)")
+	flag.BoolVar(&f.RecoverConnect, "recover-connect", false, "with -framework grpc -recover: run recovered calls through the Connect handler instead of grpc-go's server")
 	flag.IntVar(&f.RecoverAttempts, "recover-attempts", idem.DefaultRecoverAttempts, "with -recover: recovery runs of a payment before it is parked uncertain (idem.RecoverAttempts)")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
 	// The transactional outbox (outbox.go).
 	flag.StringVar(&f.Outbox, "outbox", "", "publish payment.created through a transactional outbox relayed to this broker: nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ); needs -store postgres, -store mysql or -payments-postgres")
 	flag.StringVar(&f.OutboxName, "outbox-name", "payments", "with -outbox: the stream (upper-cased) or queue name, as examples/consumer's -name; the outbox table is <name>_events")
 	flag.Parse()
-	if f.Recover && f.Framework == "grpc" {
-		return f, errors.New("-recover: not served with -framework grpc (its recovery runs need an HTTP handler chain)")
-	}
 	if !slices.Contains(Frameworks, f.Framework) {
 		return f, fmt.Errorf("-framework %q: want one of %s", f.Framework, strings.Join(Frameworks, ", "))
 	}

@@ -33,11 +33,14 @@ func Build(ctx context.Context, dir, name string) (string, error) {
 
 // Proc is a running example service.
 type Proc struct {
-	URL   string // http://127.0.0.1:PORT
-	cmd   *exec.Cmd
-	done  chan struct{}
-	exit  error       // cmd.Wait's, once done is closed
-	lines chan string // stdout after the "listening on" line
+	URL string // http://127.0.0.1:PORT
+	// GRPCAddr is grpc-go's address (127.0.0.1:PORT) when the process
+	// printed "grpc listening on ADDR" before its URL (-framework grpc).
+	GRPCAddr string
+	cmd      *exec.Cmd
+	done     chan struct{}
+	exit     error       // cmd.Wait's, once done is closed
+	lines    chan string // stdout after the "listening on" line
 }
 
 // Start runs bin with args plus "-addr 127.0.0.1:0" unless args set -addr,
@@ -64,6 +67,10 @@ func Start(bin string, logs io.Writer, args ...string) (*Proc, error) {
 		sc := bufio.NewScanner(out)
 		listening := false
 		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "grpc listening on "); ok && !listening {
+				p.GRPCAddr = a // written before url is sent, read after it is received
+				continue
+			}
 			if _, u, ok := strings.Cut(sc.Text(), "listening on "); ok && !listening && strings.HasPrefix(u, "http") {
 				listening = true
 				url <- u
