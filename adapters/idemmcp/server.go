@@ -38,9 +38,9 @@ type Option func(*config)
 
 type config struct {
 	tools       map[string]bool
-	recover     map[string]bool  // WithRecovery's tools
-	recoverer   *idem.Recoverer  // WithRecovery's
-	server      *mcp.Server      // WithRecovery's
+	recover     map[string]bool // WithRecovery's tools
+	recoverer   *idem.Recoverer // WithRecovery's
+	server      *mcp.Server     // WithRecovery's
 	scope       func(ctx context.Context, req *mcp.CallToolRequest) string
 	argument    string
 	keyOptional bool
