@@ -39,13 +39,20 @@ type inflight struct {
 	user, key string
 	amount    int64
 	point     string // the pause point the instance was killed at
+	route     string // the engine's route of the call, "" for POST /v1/payments
 	// disturbed: a try before it was held failed 5xx (a loaded store timed
 	// out under the handler), so it ran part of its handler twice.
 	disturbed bool
 }
 
 // scopedKey is the payment's record key in the store.
-func (p inflight) scopedKey() string { return idem.ScopedKey(p.user, "POST", "/v1/payments", p.key) }
+func (p inflight) scopedKey() string {
+	route := p.route
+	if route == "" {
+		route = "/v1/payments"
+	}
+	return idem.ScopedKey(p.user, "POST", route, p.key)
+}
 
 // TestRecoverWithoutClients runs, on every shared store (Redis, MongoDB
 // wire, PostgreSQL, MySQL), 50 payments (500 with -soak) across two

@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(stdioServerEnv) == "1" {
 		os.Exit(runStdioServer())
 	}
+	if os.Getenv(crashServerEnv) == "1" {
+		os.Exit(runCrashServer())
+	}
 	code := m.Run()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
