@@ -1,7 +1,8 @@
 // Command grpc is idem on grpc-go in one file: one store, one method,
 // graceful shutdown. payments.v1.Payments/CreatePayment (proto/) charges at
 // most once per idempotency-key metadata; a retry with the same key gets
-// the stored answer. Copy this folder to start a service (its generated
+// the stored answer; a call whose server crashed mid-call is finished by the
+// recoverer without its client (with a shared store). Copy this folder to start a service (its generated
 // code in gen/ is imported as github.com/idemkit/idem/examples/grpc/gen/...:
 // give the copy that module path or regenerate gen/, see gen.go); the full
 // payments service, also on Connect, is examples/payments -framework grpc.
@@ -28,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idem/adapters/idemgrpc"
+	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/grpc/gen/paymentsv1"
 	"github.com/idemkit/idem/stores/memstore"
@@ -46,15 +48,27 @@ func run(addr string) error {
 	// mongostore, pgstore or mysqlstore instead.
 	store := memstore.New()
 	defer store.Close()
-	engine, err := idem.New(store) // 24h retention, 30s lease
+	engine, err := idem.New(store, // 24h retention, 30s lease
+		idemrpc.Recover(paymentsv1.Payments_CreatePayment_FullMethodName)) // a call whose server crashed is finished without its client
 	if err != nil {
 		return err
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-		authenticate,
+		authenticate(engine),
 		idemgrpc.UnaryServerInterceptor(engine, idemgrpc.WithScope(user)), // keys are scoped per caller
 	))
 	paymentsv1.RegisterPaymentsServer(srv, &server{})
+	runner, err := idemgrpc.NewRunner(srv) // recovery runs go through srv's own interceptors, in-process
+	if err != nil {
+		return err
+	}
+	defer runner.Close()
+	rec, err := idem.NewRecoverer(engine, idem.RecoverRequests(runner.Run))
+	if err != nil {
+		return err
+	}
+	rec.Start()
+	defer rec.Stop() // before GracefulStop, which waits for the runs
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -73,6 +87,7 @@ func run(addr string) error {
 		return err
 	case <-ctx.Done():
 	}
+	rec.Stop()
 	srv.GracefulStop()
 	return engine.Close(context.Background())
 }
@@ -82,13 +97,19 @@ type userKey struct{}
 // user returns the principal authenticate set.
 func user(ctx context.Context) string { s, _ := ctx.Value(userKey{}).(string); return s }
 
-// authenticate stands in for your authentication: it sets the principal.
-func authenticate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if u := md.Get("x-user-id"); len(u) > 0 && u[0] != "" {
-		return next(context.WithValue(ctx, userKey{}, u[0]), req)
+// authenticate stands in for your authentication: it sets the principal,
+// the stored one for a recovery run (idemgrpc.RecoveryPrincipal).
+func authenticate(engine *idem.Engine) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		if p, ok := idemgrpc.RecoveryPrincipal(ctx, engine); ok {
+			return next(context.WithValue(ctx, userKey{}, p), req)
+		}
+		md, _ := metadata.FromIncomingContext(ctx)
+		if u := md.Get("x-user-id"); len(u) > 0 && u[0] != "" {
+			return next(context.WithValue(ctx, userKey{}, u[0]), req)
+		}
+		return nil, status.Error(codes.Unauthenticated, "send x-user-id metadata")
 	}
-	return nil, status.Error(codes.Unauthenticated, "send x-user-id metadata")
 }
 
 // server implements the service; it knows nothing about idem.

@@ -82,7 +82,14 @@ func run(w io.Writer) error {
 	mcp.AddTool(server, getBalance, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, Balance, error) {
 		return nil, Balance{Charges: charges.Load()}, nil
 	})
-	server.AddReceivingMiddleware(idemmcp.Middleware(engine, idemmcp.WithTools(createPayment, getBalance)))
+	rec, err := idem.NewRecoverer(engine) // finishes a create_payment whose server crashed, without the agent
+	if err != nil {
+		return err
+	}
+	server.AddReceivingMiddleware(idemmcp.Middleware(engine, idemmcp.WithTools(createPayment, getBalance),
+		idemmcp.WithRecovery(rec, server, "create_payment")))
+	rec.Start()
+	defer rec.Stop()
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 		if token != "agent-token" {
 			return nil, auth.ErrInvalidToken
