@@ -15,10 +15,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/dynamicpb"
 )
 
 // RecoveryMetadata is the request metadata name carrying a recovery run's
@@ -60,10 +56,9 @@ func RecoveryPrincipal(ctx context.Context, e *idem.Engine) (principal string, o
 // the principal, the idempotency key and the metadata lines the method
 // declares; never credentials.
 type Runner struct {
-	srv     *grpc.Server
 	lis     *bufconn.Listener
 	conn    *grpc.ClientConn
-	methods map[string]protoreflect.MethodDescriptor
+	methods map[string]bool // the server's unary methods
 	others  idem.Runner
 	done    chan struct{}
 }
@@ -94,27 +89,18 @@ func RunnerDialOptions(opts ...grpc.DialOption) RunnerOption {
 // NewRunner starts serving srv on an in-memory listener and returns the
 // Runner of its recovered calls; [Runner.Close] stops that. Call it once
 // every service is registered on srv (grpc.Server refuses registrations
-// once it serves). It returns an error when the descriptor of a unary
-// method of srv is not registered in protoregistry.GlobalFiles (generated
-// code registers it) or the connection cannot be made.
+// once it serves). It returns an error when the connection cannot be
+// made.
 func NewRunner(srv *grpc.Server, opts ...RunnerOption) (*Runner, error) {
 	var c runnerConfig
 	for _, o := range opts {
 		o(&c)
 	}
-	methods := map[string]protoreflect.MethodDescriptor{}
+	methods := map[string]bool{}
 	for name, info := range srv.GetServiceInfo() {
-		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name))
-		if err != nil {
-			return nil, fmt.Errorf("idemgrpc: service %s: %w", name, err)
-		}
-		sd, ok := d.(protoreflect.ServiceDescriptor)
-		if !ok {
-			return nil, fmt.Errorf("idemgrpc: %s is a %T, not a service", name, d)
-		}
 		for _, m := range info.Methods {
-			if md := sd.Methods().ByName(protoreflect.Name(m.Name)); md != nil && !m.IsClientStream && !m.IsServerStream {
-				methods["/"+name+"/"+m.Name] = md
+			if !m.IsClientStream && !m.IsServerStream {
+				methods["/"+name+"/"+m.Name] = true
 			}
 		}
 	}
@@ -127,7 +113,7 @@ func NewRunner(srv *grpc.Server, opts ...RunnerOption) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemgrpc: in-memory connection: %w", err)
 	}
-	r := &Runner{srv: srv, lis: lis, conn: conn, methods: methods, others: c.others, done: make(chan struct{})}
+	r := &Runner{lis: lis, conn: conn, methods: methods, others: c.others, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		_ = srv.Serve(lis) // returns when lis closes or srv stops
@@ -136,25 +122,25 @@ func NewRunner(srv *grpc.Server, opts ...RunnerOption) (*Runner, error) {
 }
 
 // Run is the idem.Runner: it calls req's method (its path, a full method
-// name) on the server with req's body as the request message and, as
-// metadata, req's header lines (the idempotency key, the recovery nonce,
-// the declared lines; Content-Type aside), and returns [HTTPStatus] of the
-// call's code. Requests for other paths go to [RunOthers]' runner.
+// name) on the server with req's body as the request message, as it was
+// received (the bytes are sent as they are, decoded by the server's own
+// codec), and, as metadata, req's header lines (the idempotency key, the
+// recovery nonce, the declared lines; Content-Type aside); it returns
+// [HTTPStatus] of the call's code. Requests for other paths go to
+// [RunOthers]' runner.
 func (r *Runner) Run(req *http.Request) (int, error) {
-	m, ok := r.methods[req.URL.Path]
-	if !ok {
+	if !r.methods[req.URL.Path] {
 		if r.others != nil {
 			return r.others(req)
 		}
 		return 0, fmt.Errorf("idemgrpc: %s is not a unary method of the server, and no RunOthers runner", req.URL.Path)
 	}
-	in := newMessage(m.Input())
-	body, err := readAll(req)
-	if err != nil {
-		return 0, err
-	}
-	if err := proto.Unmarshal(body, in); err != nil {
-		return 0, fmt.Errorf("idemgrpc: recovered request of %s unreadable: %w", req.URL.Path, err)
+	in := &rawMessage{}
+	if req.Body != nil {
+		var err error
+		if in.b, err = io.ReadAll(req.Body); err != nil {
+			return 0, err
+		}
 	}
 	md := metadata.MD{}
 	for k, vs := range req.Header {
@@ -162,7 +148,7 @@ func (r *Runner) Run(req *http.Request) (int, error) {
 			md[k] = append(md[k], vs...)
 		}
 	}
-	err = r.conn.Invoke(metadata.NewOutgoingContext(req.Context(), md), req.URL.Path, in, newMessage(m.Output()))
+	err := r.conn.Invoke(metadata.NewOutgoingContext(req.Context(), md), req.URL.Path, in, &rawMessage{}, grpc.ForceCodec(rawCodec{}))
 	return HTTPStatus(status.Code(err)), nil
 }
 
@@ -175,18 +161,28 @@ func (r *Runner) Close() error {
 	return err
 }
 
-// newMessage returns a new message of d's type: the registered Go type,
-// else a dynamic message.
-func newMessage(d protoreflect.MessageDescriptor) proto.Message {
-	if mt, err := protoregistry.GlobalTypes.FindMessageByName(d.FullName()); err == nil {
-		return mt.New().Interface()
+// rawMessage is a message as its encoded bytes.
+type rawMessage struct{ b []byte }
+
+// rawCodec passes messages through as bytes, under the name of the
+// protocol buffers codec: the server decodes them with its own.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	m, ok := v.(*rawMessage)
+	if !ok {
+		return nil, fmt.Errorf("idemgrpc: rawCodec cannot encode %T", v)
 	}
-	return dynamicpb.NewMessage(d)
+	return m.b, nil
 }
 
-func readAll(req *http.Request) ([]byte, error) {
-	if req.Body == nil {
-		return nil, nil
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	m, ok := v.(*rawMessage)
+	if !ok {
+		return fmt.Errorf("idemgrpc: rawCodec cannot decode into %T", v)
 	}
-	return io.ReadAll(req.Body)
+	m.b = append(m.b[:0], data...)
+	return nil
 }
+
+func (rawCodec) Name() string { return "proto" }

@@ -8,6 +8,7 @@ require (
 	github.com/idemkit/idem/adapters/idemconnect v0.1.0
 	github.com/idemkit/idem/adapters/idemgrpc v0.1.0
 	github.com/idemkit/idem/adapters/idemhttp v0.1.0
+	github.com/idemkit/idem/adapters/idemrpc v0.1.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/idemkit/idem/stores/pgstore v0.1.0
@@ -25,7 +26,6 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/gorilla/mux v1.8.1 // indirect
-	github.com/idemkit/idem/adapters/idemrpc v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
