@@ -38,6 +38,16 @@
 // a call executed through grpc-go is replayed through connect-go and the
 // reverse.
 //
+// # Recovery without a client
+//
+// A procedure made recoverable with idemrpc.Recover(procedure, headers...)
+// is finished by an idem.Recoverer when its server stopped and its client
+// does not come back: [Runner] runs the call again through the handler
+// in-process (the Connect protocol), carrying idem.RecoveryHeader, which
+// the service's authentication hands to idem.Engine.RecoveryPrincipal as
+// on HTTP; the answer is stored for the client's retry. A client sending
+// that header itself is answered CodePermissionDenied, nothing executed.
+//
 // # Why not idemhttp
 //
 // idemhttp mounted around a Connect handler does protect the Connect

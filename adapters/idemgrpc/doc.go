@@ -65,6 +65,28 @@
 // retries by the ErrorInfo reason: in-progress within the call's deadline,
 // store-unavailable up to its attempts, nothing else of idem's.
 //
+// # Recovery without a client
+//
+// A method made recoverable with idemrpc.Recover(fullMethod, metadata...)
+// keeps, from the acquire on, what running the call again takes: the
+// request message, the principal, the idempotency key and the metadata
+// lines named (never credentials). When the server running it stops
+// (crashed, or stalled past its lease) and the client does not come back,
+// an idem.Recoverer with [NewRunner]'s Run (idem.RecoverRequests) makes the
+// call again over an in-memory listener to the same grpc.Server, through
+// its interceptors and handler, carrying [RecoveryMetadata]; the
+// authentication interceptor calls [RecoveryPrincipal] to authenticate it
+// as the stored principal. Finished steps replay, and the answer is stored
+// for the client's retry. A client sending [RecoveryMetadata] itself is
+// answered PermissionDenied (reason RECOVERY_REFUSED), nothing executed:
+//
+//	e, err := idem.New(store, idemrpc.Recover("/payments.v1.Payments/Create", "x-tenant"))
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(auth, idemgrpc.UnaryServerInterceptor(e, idemgrpc.WithScope(userID))))
+//	paymentsv1.RegisterPaymentsServer(srv, svc)
+//	run, err := idemgrpc.NewRunner(srv)
+//	rec, err := idem.NewRecoverer(e, idem.RecoverRequests(run.Run))
+//	rec.Start()
+//
 // # Sharing records with HTTP and Connect
 //
 // The scope includes the route, here the full method name, so a payment

@@ -77,6 +77,21 @@
 // annotations is, by MCP's defaults, neither); [WithToolNames] names tools
 // outright. Other tools and other methods pass through untouched.
 //
+// # Recovery without an agent
+//
+// A tool named in [WithRecovery] keeps its call's arguments, principal
+// and key in the record; when the server running the call stops (crashed,
+// or stalled past its lease), the idem.Recoverer given runs the tool's
+// handler again with them, in a session of its own, finished steps
+// replayed, and stores the result: the agent's retry, whenever it comes,
+// gets it with _meta[ReplayedMetaKey]. Agents are the clients least likely
+// to come back (a cancelled run, a context window that moved on).
+//
+//	rec, err := idem.NewRecoverer(engine)
+//	server.AddReceivingMiddleware(idemmcp.Middleware(engine, idemmcp.WithTools(createPayment),
+//		idemmcp.WithRecovery(rec, server, "create_payment")))
+//	rec.Start()
+//
 // # Scope
 //
 // A key belongs to the principal that sent it (SEP-3182, "Security

@@ -124,8 +124,11 @@ func runCrashServer() int {
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			return "", fmt.Errorf("provider: %d %s %v", resp.StatusCode, b, err)
+		switch {
+		case err != nil:
+			return "", fmt.Errorf("provider: %w", err)
+		case resp.StatusCode != http.StatusOK:
+			return "", fmt.Errorf("provider: %d %s", resp.StatusCode, b)
 		}
 		return string(b), nil
 	}
