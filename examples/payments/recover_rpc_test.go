@@ -222,12 +222,15 @@ const createPaymentProcedure = paymentsv1connect.PaymentsCreatePaymentProcedure
 // payment replayed (OK, idempotent-replayed) or FailedPrecondition
 // operation-uncertain; a call carrying a forged idem-recovery value is
 // refused with PermissionDenied, executing nothing.
+// On the same binaries, three recoverers race live clients
+// (recoverRPCRaces): grpc-go on Redis and Connect on PostgreSQL, every
+// pair with -soak.
 func TestRecoverRPC(t *testing.T) {
 	t.Parallel() // each mostly waits for leases to lapse, on its own provider, schema and prefix
 	bin, provider := buildCrashBinaries(t)
 	var wg sync.WaitGroup
-	for _, door := range rpcDoors {
-		for _, store := range []string{"redis", "postgres"} {
+	for i, door := range rpcDoors {
+		for j, store := range []string{"redis", "postgres"} {
 			wg.Go(func() {
 				t.Run(door.name+"/"+store, func(t *testing.T) {
 					env := newCrashEnv(t, store, bin, provider)
@@ -239,6 +242,13 @@ func TestRecoverRPC(t *testing.T) {
 					env.recoverRPC(t, st.(idem.Inspector), door)
 				})
 			})
+			if i == j || *soak { // grpc-go on Redis, Connect on PostgreSQL; every pair with -soak
+				wg.Go(func() {
+					t.Run("races/"+door.name+"/"+store, func(t *testing.T) {
+						recoverRPCRaces(t, newCrashEnv(t, store, bin, provider, "-latency", "300ms"), door)
+					})
+				})
+			}
 		}
 	}
 	wg.Wait()
@@ -316,78 +326,60 @@ func (env *crashEnv) recoverRPC(t *testing.T, in idem.Inspector, door rpcDoor) {
 	}
 }
 
-// TestRecoverRPCRaces crashes 4 calls inside their charge step (the
-// provider taking 300ms a charge) on grpc-go with Redis and on Connect
-// with PostgreSQL (both doors on both stores with -soak), then starts
-// three instances with recoverers while every client retries through them
-// at once: each record runs once at a time (the provider never sees two
-// charge calls under one key at once), each call is charged once, and
-// every instance replays the same payment.
-func TestRecoverRPCRaces(t *testing.T) {
-	t.Parallel() // each mostly waits for leases to lapse, on its own provider, schema and prefix
+// recoverRPCRaces crashes 4 calls through door inside their charge step
+// (env's provider taking 300ms a charge), then starts three instances
+// with recoverers while every client retries through them at once: each
+// record runs once at a time (the provider never sees two charge calls
+// under one key at once), each call is charged once, and every instance
+// replays the same payment.
+func recoverRPCRaces(t *testing.T, env *crashEnv, door rpcDoor) {
 	const n = 4
-	bin, provider := buildCrashBinaries(t)
-	var wg sync.WaitGroup
-	for i, door := range rpcDoors {
-		stores := []string{"redis", "postgres"}
-		if !*soak {
-			stores = stores[i : i+1]
+	before := env.stats(t)
+	cut := []string{"charge-after-call"}
+	sent := env.rpcWave(t, door, n, recoverFlags, cut, cut)
+	var live []*procs.Proc
+	for range 3 {
+		p := env.start(t, append(slices.Clone(door.flags), recoverFlags...)...)
+		defer p.Stop()
+		live = append(live, p)
+	}
+	ids := make([]string, n)
+	var clients sync.WaitGroup
+	for i, p := range sent {
+		clients.Go(func() {
+			deadline := time.Now().Add(recoverWait)
+			for {
+				a := rpcSend(door.name, live[i%3], p)
+				if a.code == codes.OK {
+					ids[i] = a.id
+					return
+				}
+				if a.code != codes.Aborted && a.code != codes.Unavailable || time.Now().After(deadline) {
+					t.Errorf("%s: %v %q (%v), want the payment", p.user, a.code, a.msg, a.err)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+	}
+	clients.Wait()
+	after := env.stats(t)
+	if got := after.Conflicts - before.Conflicts; got != 0 {
+		t.Errorf("provider: %d charge calls came while another under the key ran: a record ran twice at once", got)
+	}
+	if got := after.Charges - before.Charges; got != n {
+		t.Errorf("provider: %d charges, want %d", got, n)
+	}
+	for i, p := range sent {
+		for _, l := range live {
+			if a := rpcSettled(door.name, l, p); a.code != codes.OK || !a.replayed || a.id != ids[i] {
+				t.Errorf("%s: %v %q (replayed %v), want %s replayed", p.user, a.code, a.id, a.replayed, ids[i])
+			}
 		}
-		for _, store := range stores {
-			wg.Go(func() {
-				t.Run(door.name+"/"+store, func(t *testing.T) {
-					env := newCrashEnv(t, store, bin, provider, "-latency", "300ms")
-					before := env.stats(t)
-					cut := []string{"charge-after-call"}
-					sent := env.rpcWave(t, door, n, recoverFlags, cut, cut)
-					var live []*procs.Proc
-					for range 3 {
-						p := env.start(t, append(slices.Clone(door.flags), recoverFlags...)...)
-						defer p.Stop()
-						live = append(live, p)
-					}
-					ids := make([]string, n)
-					var clients sync.WaitGroup
-					for i, p := range sent {
-						clients.Go(func() {
-							deadline := time.Now().Add(recoverWait)
-							for {
-								a := rpcSend(door.name, live[i%3], p)
-								if a.code == codes.OK {
-									ids[i] = a.id
-									return
-								}
-								if a.code != codes.Aborted && a.code != codes.Unavailable || time.Now().After(deadline) {
-									t.Errorf("%s: %v %q (%v), want the payment", p.user, a.code, a.msg, a.err)
-									return
-								}
-								time.Sleep(100 * time.Millisecond)
-							}
-						})
-					}
-					clients.Wait()
-					after := env.stats(t)
-					if got := after.Conflicts - before.Conflicts; got != 0 {
-						t.Errorf("provider: %d charge calls came while another under the key ran: a record ran twice at once", got)
-					}
-					if got := after.Charges - before.Charges; got != n {
-						t.Errorf("provider: %d charges, want %d", got, n)
-					}
-					for i, p := range sent {
-						for _, l := range live {
-							if a := rpcSettled(door.name, l, p); a.code != codes.OK || !a.replayed || a.id != ids[i] {
-								t.Errorf("%s: %v %q (replayed %v), want %s replayed", p.user, a.code, a.id, a.replayed, ids[i])
-							}
-						}
-						if env.rows != nil {
-							if rows := env.rows(t, p.user); rows != 1 {
-								t.Errorf("%s: %d ledger rows, want 1", p.user, rows)
-							}
-						}
-					}
-				})
-			})
+		if env.rows != nil {
+			if rows := env.rows(t, p.user); rows != 1 {
+				t.Errorf("%s: %d ledger rows, want 1", p.user, rows)
+			}
 		}
 	}
-	wg.Wait()
 }

@@ -548,15 +548,29 @@ func TestRecoverMCP(t *testing.T) {
 }
 
 // TestRecoverMCPRaces crashes 3 calls inside their charge step (the
-// provider taking 300ms a charge) on Redis, then starts three servers
-// with recoverers while every agent retries through them at once: each
-// record runs once at a time (the provider never sees two charges under
-// one key at once), each call is charged once, and every server replays
-// the same receipt.
+// provider taking 300ms a charge) on Redis (and PostgreSQL with -soak),
+// then starts three servers with recoverers while every agent retries
+// through them at once: each record runs once at a time (the provider
+// never sees two charges under one key at once), each call is charged
+// once, and every server replays the same receipt.
 func TestRecoverMCPRaces(t *testing.T) {
 	t.Parallel()
+	kinds := []string{"redis"}
+	if *soak {
+		kinds = append(kinds, "postgres")
+	}
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			recoverMCPRaces(t, kind)
+		})
+	}
+}
+
+// recoverMCPRaces is TestRecoverMCPRaces on a store of kind.
+func recoverMCPRaces(t *testing.T, kind string) {
 	const n = 3
-	cfg, _ := crashStore(t, "redis")
+	cfg, _ := crashStore(t, kind)
 	prov, url := newCrashProvider(t, 300*time.Millisecond)
 	cfg.Provider, cfg.Recover = url, true
 	cut := []string{"charge-after-call"}
