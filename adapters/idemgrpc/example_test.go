@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/idemkit/idem/adapters/idemgrpc"
+	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
 )
 
@@ -48,4 +49,33 @@ func ExampleUnaryClientInterceptor() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
+}
+
+func ExampleNewRunner() {
+	engine, err := idem.New(store,
+		idemrpc.Recover("/payments.v1.Payments/Create", "x-tenant")) // never authorization or cookies
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			if p, ok := idemgrpc.RecoveryPrincipal(ctx, engine); ok { // a recovery run: the stored principal
+				return next(context.WithValue(ctx, userKey{}, p), req)
+			}
+			return auth(ctx, req, nil, next) // every other call, a forged idem-recovery included
+		},
+		idemgrpc.UnaryServerInterceptor(engine, idemgrpc.WithScope(userID)),
+	))
+	// register the services on srv first
+	run, err := idemgrpc.NewRunner(srv)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer run.Close()
+	rec, err := idem.NewRecoverer(engine, idem.RecoverRequests(run.Run))
+	if err != nil {
+		log.Fatal(err)
+	}
+	rec.Start()
+	defer rec.Stop()
 }
