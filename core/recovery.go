@@ -9,7 +9,7 @@ import (
 // a store accepts, in bytes; a larger one is refused with [ErrTooLarge].
 // It bounds what the engine keeps to run an execution again without its
 // client: the request's method, route, target, principal, declared header
-// lines and body (an [Operation]'s name, scope, key and payload).
+// lines and body (an [Operation]'s name, scope, key, input and payload).
 const MaxRecoveryBytes = 1 << 20
 
 // LapsedRecord is one record a [Recoverable] store reports as due for
