@@ -220,7 +220,9 @@ const createPaymentProcedure = paymentsv1connect.PaymentsCreatePaymentProcedure
 // call ends completed once (one charge, one ledger row on PostgreSQL) or,
 // cut inside the receipt step, parked uncertain; the late retries get the
 // payment replayed (OK, idempotent-replayed) or FailedPrecondition
-// operation-uncertain; a call carrying a forged idem-recovery value is
+// operation-uncertain. A declined charge cut after the provider's answer
+// is recovered too: its late retry gets FailedPrecondition "card
+// declined" replayed. A call carrying a forged idem-recovery value is
 // refused with PermissionDenied, executing nothing.
 // On the same binaries, three recoverers race live clients
 // (recoverRPCRaces): grpc-go on Redis and Connect on PostgreSQL, every
@@ -312,6 +314,25 @@ func (env *crashEnv) recoverRPC(t *testing.T, in idem.Inspector, door rpcDoor) {
 	if got := after.Emails - before.Emails; got < wantEmails || got > wantEmails+int64(disturbed) {
 		t.Errorf("provider: %d receipts, want %d (one per call but where the crash came before the mail)", got, wantEmails)
 	}
+	// A declined charge cut after the provider's answer: the recovery
+	// stores the decline, which the late retry gets replayed, status and
+	// message.
+	d := env.start(t, append(slices.Clone(door.flags), append(slices.Clone(quickRecoverFlags), "-pause-at", "charge-after-call")...)...) // a 2s lease
+	declined := inflight{user: "declined-" + strings.ToLower(rand.Text()[:8]), key: rand.Text(), amount: payments.AmountDeclined, route: createPaymentProcedure}
+	cut := make(chan struct{})
+	go func() { defer close(cut); rpcSend(door.name, d, declined) }()
+	if _, err := d.Line("paused at charge-after-call"); err != nil {
+		t.Fatal(err)
+	}
+	d.Kill()
+	<-cut
+	if st := env.waitStates(t, in, []inflight{declined}, recoverWait); st[declined.key] != idem.StateCompleted {
+		t.Errorf("the declined call cut after the provider's answer: %v, want completed", st[declined.key])
+	}
+	if a := rpcSettled(door.name, c, declined); a.code != codes.FailedPrecondition || !a.replayed || !strings.Contains(a.msg, "declined") {
+		t.Errorf("the declined call's late retry got %v %q (replayed %v), want FailedPrecondition card declined replayed", a.code, a.msg, a.replayed)
+	}
+	after = env.stats(t)
 	// A forged recovery marker: refused, nothing executed, no record.
 	forged := inflight{user: "forger-" + strings.ToLower(rand.Text()[:8]), key: rand.Text(), amount: amount, route: createPaymentProcedure}
 	a := rpcSend(door.name, c, forged, strings.ToLower(idem.RecoveryHeader), rand.Text())
