@@ -114,7 +114,9 @@ func checkDocBlocks(blocks []docBlock, regions []docRegion, files map[string]str
 	return problems
 }
 
-func indent(s string) string { return "\t" + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n\t") }
+func indent(s string) string {
+	return "\t" + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n\t")
+}
 
 // docBlocksAndRegions reads every README's ```go blocks, every doc
 // comment's Go blocks and every compiled region and file of the
