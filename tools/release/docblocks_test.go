@@ -313,9 +313,15 @@ func isDocComment(f *ast.File, g *ast.CommentGroup) bool {
 	return false
 }
 
+// elided matches a "..." standing for elided statements.
+var elided = regexp.MustCompile(`(?m)(^\s*|\{ )\.\.\.( \}|\s*$)`)
+
 // isGo reports whether code parses as a Go file, as declarations or as
 // statements.
 func isGo(code string) bool {
+	// an elided part ("..." alone on its line, or "{ ... }") does not make
+	// a block less Go: it must then be written so that it compiles
+	code = elided.ReplaceAllString(code, "${1}_ = 0${2}")
 	fset := token.NewFileSet()
 	for _, src := range []string{code, "package p\n" + code, "package p\nfunc _() {\n" + code + "\n}\n"} {
 		if _, err := parser.ParseFile(fset, "", src, parser.SkipObjectResolution); err == nil {
