@@ -62,3 +62,30 @@ func TestReadmeDefaults(t *testing.T) {
 		}
 	}
 }
+
+// TestReadmeRecoverySnippet: the README's recovery snippet for an HTTP
+// route registers no Recoverer.Handle (an HTTP route needs none: Handle
+// is for Do operations with Operation.Recover, shown apart), and says what
+// RouteRecovery keeps.
+func TestReadmeRecoverySnippet(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, block := range regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if !strings.Contains(block[1], "idem.RecoverRequests(idem.HTTPRunner(") {
+			continue
+		}
+		found = true
+		if strings.Contains(block[1], ".Handle(") {
+			t.Errorf("README.md's HTTP recovery snippet calls Recoverer.Handle, which only Do operations need:\n%s", block[1])
+		}
+		if !strings.Contains(block[1], "RouteRecovery keeps") {
+			t.Errorf("README.md's HTTP recovery snippet does not say what RouteRecovery keeps:\n%s", block[1])
+		}
+	}
+	if !found {
+		t.Fatal("README.md has no Go block with idem.RecoverRequests(idem.HTTPRunner(...)): the recovery snippet")
+	}
+}
