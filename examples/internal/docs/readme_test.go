@@ -50,7 +50,7 @@ func Example_readmeNetHTTP() {
 	mux := http.NewServeMux()
 	var userIDFrom func(context.Context) string
 	var auth func(http.Handler) http.Handler
-	var createPayment http.HandlerFunc
+	var createPayment func(http.ResponseWriter, *http.Request)
 	// doc: README.md
 	store := memstore.New() // one process; redisstore, mongostore, pgstore or mysqlstore with several instances
 	defer store.Close()
