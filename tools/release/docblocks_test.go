@@ -60,10 +60,10 @@ func TestDocGoBlocks(t *testing.T) {
 // behind, are both reported, with what to do.
 func TestDocGoBlocksDrift(t *testing.T) {
 	blocks := []docBlock{{doc: "README.md", line: 10, text: "store := memstore.New()\n"}}
-	regions := []docRegion{{doc: "README.md", file: "examples/internal/docs/readme_test.go", line: 20, text: "store := memstore.New(memstore.WithShards(4))\n"}}
+	regions := []docRegion{{doc: "README.md", file: "examples/internal/docs/readme.go", line: 20, text: "store := memstore.New(memstore.WithShards(4))\n"}}
 	got := checkDocBlocks(blocks, regions, nil)
 	if len(got) != 2 || !strings.Contains(got[0], "README.md:10: this Go block is compiled nowhere") ||
-		!strings.Contains(got[1], "examples/internal/docs/readme_test.go:20: this region") {
+		!strings.Contains(got[1], "examples/internal/docs/readme.go:20: this region") {
 		t.Fatalf("problems %q; want the block compiled nowhere and the region matching no block", got)
 	}
 	regions[0].text = blocks[0].text
@@ -100,7 +100,7 @@ func checkDocBlocks(blocks []docBlock, regions []docRegion, files map[string]str
 		}
 		if !found {
 			problems = append(problems, fmt.Sprintf("%s:%d: this Go block is compiled nowhere. Copy it unchanged into a Go file of a workspace module "+
-				"(a fragment: into a function of examples/internal/docs/*_test.go that declares what it uses; webhook, MCP, sqlx and GORM blocks: examples/webhooks, examples/mcp, tests/chaos docblocks_test.go), between the lines %q and %q "+
+				"(a fragment: into a function of examples/internal/docs/*.go that declares what it uses; webhook, MCP, sqlx and GORM blocks: examples/webhooks, examples/mcp, tests/chaos docblocks_test.go), between the lines %q and %q "+
 				"(see CONTRIBUTING.md, \"Code in the docs\"); if you changed the block, change its copy (grep -rn %q) the same way:\n%s",
 				b.doc, b.line, regionStart+b.doc, regionEnd, regionStart+b.doc, indent(b.text)))
 		}

@@ -17,7 +17,7 @@ import (
 	"time"
 )
 
-func Example_mysqlstoreSetup() {
+func mysqlstoreSetup() {
 	// doc: stores/mysqlstore/README.md
 	db, err := sql.Open("mysql", "app:secret@tcp(db:3306)/payments")
 	defer db.Close() // yours: the store borrows the *sql.DB and never closes it
@@ -30,7 +30,7 @@ func Example_mysqlstoreSetup() {
 	_, _ = engine, err
 }
 
-func Example_mysqlstoreTx() {
+func mysqlstoreTx() {
 	_ = func(r *http.Request, id string, amount int) int {
 		// doc: stores/mysqlstore/README.md
 		tx, err := mysqlstore.Tx(r.Context()) // the execution's *sql.Tx, begun on first use
@@ -46,7 +46,7 @@ func Example_mysqlstoreTx() {
 	}
 }
 
-func Example_mysqlstorePool() {
+func mysqlstorePool() {
 	var db *sql.DB
 	// doc: stores/mysqlstore/README.md
 	db.SetMaxOpenConns(32)

@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/idem/adapters/idemfiber"
 )
 
-func Example_readmeEcho() {
+func readmeEcho() {
 	e := echo.New()
 	var createPayment echo.HandlerFunc
 	var auth echo.MiddlewareFunc
@@ -24,7 +24,7 @@ func Example_readmeEcho() {
 	// doc end
 }
 
-func Example_readmeFiber() {
+func readmeFiber() {
 	app := fiber.New()
 	var createPayment, auth fiber.Handler
 	// doc: README.md

@@ -17,7 +17,7 @@ import (
 // sendReceipt is the consumers' effect in their doc comments.
 func sendReceipt(ctx context.Context, tx pgx.Tx, body []byte) error { return nil }
 
-func Example_idemnatsDoc() {
+func idemnatsDoc() {
 	var stream jetstream.Stream
 	// doc: adapters/idemnats/doc.go
 	cons, _ := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "receipts", AckPolicy: jetstream.AckExplicitPolicy})
@@ -32,7 +32,7 @@ func Example_idemnatsDoc() {
 	// doc end
 }
 
-func Example_idemamqpDoc() {
+func idemamqpDoc() {
 	var ch *amqp.Channel
 	// doc: adapters/idemamqp/doc.go
 	deliveries, _ := ch.Consume("payments", "", false, false, false, false, nil) // autoAck false
@@ -49,7 +49,7 @@ func Example_idemamqpDoc() {
 	// doc end
 }
 
-func Example_idemkafkaDoc() {
+func idemkafkaDoc() {
 	var addr string
 	// doc: adapters/idemkafka/doc.go
 	c := idemkafka.NewConsumer(engine, "send-receipt", func(ctx context.Context, r *kgo.Record) error {

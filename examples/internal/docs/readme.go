@@ -46,7 +46,7 @@ var (
 	body   []byte
 )
 
-func Example_readmeNetHTTP() {
+func readmeNetHTTP() {
 	mux := http.NewServeMux()
 	var userIDFrom func(context.Context) string
 	var auth func(http.Handler) http.Handler
@@ -70,7 +70,7 @@ type authorizer struct{}
 
 func (authorizer) Allow(ctx context.Context, principal, method, path string) error { return nil }
 
-func Example_readmeReplayCheck() {
+func readmeReplayCheck() {
 	var authz authorizer
 	// doc: README.md
 	engine, err := idem.New(store, idem.WithReplayCheck(func(ctx context.Context, info idem.ReplayInfo) error {
@@ -80,7 +80,7 @@ func Example_readmeReplayCheck() {
 	_, _ = engine, err
 }
 
-func Example_readmeClient() {
+func readmeClient() {
 	body := http.NoBody
 	// doc: README.md
 	client := &http.Client{Transport: idemclient.New()} // wraps http.DefaultTransport; idemclient.WithBase(yours)
@@ -92,7 +92,7 @@ func Example_readmeClient() {
 	_, _, _, _ = resp, err, gaveUp, final
 }
 
-func Example_readmeGRPC() {
+func readmeGRPC() {
 	var recovery, auth grpc.UnaryServerInterceptor
 	var userID func(context.Context) string
 	var addr string
@@ -107,7 +107,7 @@ func Example_readmeGRPC() {
 	_, _, _ = srv, conn, err
 }
 
-func Example_readmeConnect() {
+func readmeConnect() {
 	var auth connect.Interceptor
 	var userID func(context.Context) string
 	var svc paymentsv1connect.PaymentsHandler
@@ -121,7 +121,7 @@ func Example_readmeConnect() {
 	_, _, _ = path, h, client
 }
 
-func Example_readmeRedis() {
+func readmeRedis() {
 	// doc: README.md
 	// Redis (standalone, Sentinel or Cluster): stores/redisstore
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
@@ -130,7 +130,7 @@ func Example_readmeRedis() {
 	_ = store
 }
 
-func Example_readmeMongo() {
+func readmeMongo() {
 	var client *mongo.Client
 	// doc: README.md
 	// MongoDB (driver v2; v1 is in maintenance mode): stores/mongostore
@@ -142,7 +142,7 @@ func Example_readmeMongo() {
 	_ = err
 }
 
-func Example_readmePostgres() {
+func readmePostgres() {
 	var pool *pgxpool.Pool
 	// doc: README.md
 	// PostgreSQL (pgx v5 pool): stores/pgstore
@@ -152,7 +152,7 @@ func Example_readmePostgres() {
 	_ = err
 }
 
-func Example_readmeMySQL() {
+func readmeMySQL() {
 	var r *http.Request
 	var id string
 	var amount int
@@ -183,7 +183,7 @@ type mailSender struct{}
 
 func (mailSender) Send(ctx context.Context, msg string) (string, error) { return "", nil }
 
-func Example_readmeSteps() {
+func readmeSteps() {
 	r := gin.New()
 	var provider chargeProvider
 	var mailer mailSender
@@ -208,7 +208,7 @@ func Example_readmeSteps() {
 	// doc end
 }
 
-func Example_readmeRecovery() {
+func readmeRecovery() {
 	r := gin.New()
 	var authenticate func(*gin.Context) bool
 	// doc: README.md
@@ -231,7 +231,7 @@ func Example_readmeRecovery() {
 	_ = err
 }
 
-func Example_readmeRecoveryDo() {
+func readmeRecoveryDo() {
 	var rec *idem.Recoverer
 	var sendReceipt func(context.Context) (string, error)
 	// doc: README.md
@@ -246,7 +246,7 @@ func Example_readmeRecoveryDo() {
 // Receipt is what the jobs fragment's operation returns.
 type Receipt struct{ ID string }
 
-func Example_readmeDo() {
+func readmeDo() {
 	var event struct{ ID string }
 	sendReceipt := func(context.Context, pgx.Tx, struct{ ID string }) (Receipt, error) { return Receipt{}, nil }
 	// doc: README.md
@@ -266,7 +266,7 @@ func Example_readmeDo() {
 	_, _ = receipt, err
 }
 
-func Example_readmeOutbox() {
+func readmeOutbox() {
 	var db *sql.DB
 	var js jetstream.JetStream
 	var p struct{ ID string }
@@ -285,7 +285,7 @@ func Example_readmeOutbox() {
 	_ = err
 }
 
-func Example_readmeEventHook() {
+func readmeEventHook() {
 	// doc: README.md
 	hook, err := idemotel.NewEventHook() // the global MeterProvider; idemotel.WithMeterProvider(mp) to choose
 	engine, err := idem.New(store, idem.WithEventHook(hook))

@@ -19,7 +19,7 @@ import (
 	idem "github.com/idemkit/idem/core"
 )
 
-func Example_readmeMetrics() {
+func readmeMetrics() {
 	r := gin.New()
 	// doc: README.md
 	reg := prometheus.NewRegistry()

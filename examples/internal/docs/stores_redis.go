@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-func Example_redisstoreSetup() {
+func redisstoreSetup() {
 	// doc: stores/redisstore/README.md
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer client.Close() // yours: the store borrows the client and never closes it
@@ -26,7 +26,7 @@ func Example_redisstoreSetup() {
 	_, _ = engine, err
 }
 
-func Example_redisstoreCheck() {
+func redisstoreCheck() {
 	var store *redisstore.Store
 	var logger *slog.Logger
 	_ = func() error {
@@ -40,7 +40,7 @@ func Example_redisstoreCheck() {
 	_ = idem.New
 }
 
-func Example_redisstorePipeliner() {
+func redisstorePipeliner() {
 	_ = func() error {
 		// doc: stores/redisstore/README.md
 		client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379",

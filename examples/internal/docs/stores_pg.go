@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-func Example_pgstoreSetup() {
+func pgstoreSetup() {
 	// doc: stores/pgstore/README.md
 	pool, err := pgxpool.New(ctx, "postgres://app@db:5432/payments")
 	defer pool.Close() // yours: the store borrows the pool and never closes it
@@ -28,7 +28,7 @@ func Example_pgstoreSetup() {
 	_, _ = engine, err
 }
 
-func Example_pgstoreTx() {
+func pgstoreTx() {
 	_ = func(r *http.Request, id string, amount int) int {
 		// doc: stores/pgstore/README.md
 		tx, err := pgstore.Tx(r.Context()) // the execution's pgx.Tx, begun on first use

@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idem/stores/mongostore"
 )
 
-func Example_mongostoreSetup() {
+func mongostoreSetup() {
 	_ = func() error {
 		// doc: stores/mongostore/README.md
 		client, err := mongo.Connect(options.Client().ApplyURI("mongodb://db-1,db-2,db-3/?replicaSet=rs0"))

@@ -26,7 +26,7 @@ import (
 	"github.com/idemkit/idem/stores/pgstore"
 )
 
-func Example_idemconnectDoc() {
+func idemconnectDoc() {
 	mux := http.NewServeMux()
 	var svc paymentsv1connect.PaymentsHandler
 	var userID func(context.Context) string
@@ -44,7 +44,7 @@ func Example_idemconnectDoc() {
 	_, _ = err, client
 }
 
-func Example_idemginDoc() {
+func idemginDoc() {
 	r := gin.New()
 	var auth, createPayment gin.HandlerFunc
 	// doc: adapters/idemgin/idemgin.go
@@ -57,7 +57,7 @@ func Example_idemginDoc() {
 	_ = err
 }
 
-func Example_idemgrpcDoc() {
+func idemgrpcDoc() {
 	var recovery, auth grpc.UnaryServerInterceptor
 	var userID func(context.Context) string
 	var addr string
@@ -73,7 +73,7 @@ func Example_idemgrpcDoc() {
 	_, _, _ = srv, conn, err
 }
 
-func Example_idemhttpDoc() {
+func idemhttpDoc() {
 	mux := http.NewServeMux()
 	var userID func(*http.Request) string
 	var payments http.Handler
@@ -84,7 +84,7 @@ func Example_idemhttpDoc() {
 	_ = err
 }
 
-func Example_idemclientDoc() {
+func idemclientDoc() {
 	var body io.Reader
 	// doc: client/idemclient/doc.go
 	client := &http.Client{Transport: idemclient.New()}
@@ -99,7 +99,7 @@ func Example_idemclientDoc() {
 	_ = ctx
 }
 
-func Example_recoveryPrincipalDoc() {
+func recoveryPrincipalDoc() {
 	var eng *idem.Engine
 	var r *http.Request
 	var withUser func(context.Context, string) context.Context
@@ -114,13 +114,13 @@ func Example_recoveryPrincipalDoc() {
 	_ = ctx
 }
 
-func Example_routeDoc() {
+func routeDoc() {
 	// doc: core/route.go
 	idem.WithRoute("POST", "/v1/exports", idem.RouteLease(2*time.Minute), idem.RouteRetention(time.Hour))
 	// doc end
 }
 
-func Example_idemotelDoc() {
+func idemotelDoc() {
 	var mp metric.MeterProvider
 	// doc: observability/idemotel/doc.go
 	hook, err := idemotel.NewEventHook(idemotel.WithMeterProvider(mp))
@@ -129,7 +129,7 @@ func Example_idemotelDoc() {
 	_, _ = engine, err
 }
 
-func Example_outboxDoc() {
+func outboxDoc() {
 	var db *sql.DB
 	var js jetstream.JetStream
 	var p struct{ ID string }

@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/idem/adapters/idemfiberv3"
 )
 
-func Example_readmeFiberV3() {
+func readmeFiberV3() {
 	app := fiber.New()
 	var createPayment, auth fiber.Handler
 	// doc: README.md
@@ -23,7 +23,7 @@ func Example_readmeFiberV3() {
 	// doc end
 }
 
-func Example_readmeEchoV5() {
+func readmeEchoV5() {
 	e := echo.New()
 	var createPayment echo.HandlerFunc
 	var auth echo.MiddlewareFunc

@@ -5,6 +5,6 @@ import idem "github.com/idemkit/idem/core"
 
 // doc end
 
-func Example_coreImportDoc() {
+func coreImportDoc() {
 	_ = idem.ScopedKey
 }

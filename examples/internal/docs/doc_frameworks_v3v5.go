@@ -9,7 +9,7 @@ import (
 	idem "github.com/idemkit/idem/core"
 )
 
-func Example_idemechov5Doc() {
+func idemechov5Doc() {
 	app := echo.New()
 	var auth echo.MiddlewareFunc
 	// doc: adapters/idemechov5/doc.go
@@ -23,7 +23,7 @@ func Example_idemechov5Doc() {
 	_ = err
 }
 
-func Example_idemfiberv3Doc() {
+func idemfiberv3Doc() {
 	app := fiber.New()
 	var auth, createPayment fiber.Handler
 	// doc: adapters/idemfiberv3/doc.go

@@ -13,7 +13,7 @@ import (
 	idem "github.com/idemkit/idem/core"
 )
 
-func Example_idemechoDoc() {
+func idemechoDoc() {
 	app := echo.New()
 	var auth echo.MiddlewareFunc
 	// doc: adapters/idemecho/idemecho.go
@@ -27,7 +27,7 @@ func Example_idemechoDoc() {
 	_ = err
 }
 
-func Example_idemfiberDoc() {
+func idemfiberDoc() {
 	app := fiber.New()
 	var auth, createPayment fiber.Handler
 	// doc: adapters/idemfiber/idemfiber.go
@@ -40,7 +40,7 @@ func Example_idemfiberDoc() {
 	_ = err
 }
 
-func Example_idemwebhookBridgesDoc() {
+func idemwebhookBridgesDoc() {
 	r, e, app := gin.New(), echo.New(), fiber.New()
 	var h http.Handler
 	// doc: adapters/idemwebhook/doc.go
