@@ -312,13 +312,13 @@ func (o *cmdFlags) scopedKey() (key, prefix string, err error) {
 }
 
 // recordMethod returns -method as the engine records it: an HTTP method
-// upper-cased (post names POST), anything else, such as "(do)" (the method
-// of idem.Do and consumer records), as given.
+// upper-cased (post names POST); "(do)", the method of idem.Do and
+// consumer records, which is no HTTP method token, as given.
 func recordMethod(m string) string {
-	if strings.Trim(strings.ToLower(m), "abcdefghijklmnopqrstuvwxyz") == "" {
-		return strings.ToUpper(m)
+	if strings.HasPrefix(m, "(") {
+		return m
 	}
-	return m
+	return strings.ToUpper(m)
 }
 
 // listQuery returns list's query: its state, -limit, -cursor and the key

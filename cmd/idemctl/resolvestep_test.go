@@ -197,3 +197,16 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestRecordMethod: -method names the record as the engine keys it: HTTP
+// methods upper-cased, idem.Do's "(do)" as given.
+func TestRecordMethod(t *testing.T) {
+	for in, want := range map[string]string{"post": "POST", "PATCH": "PATCH", "m-search": "M-SEARCH", "(do)": "(do)"} {
+		if got := recordMethod(in); got != want {
+			t.Errorf("recordMethod(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if idem.ScopedKey("acct_1", recordMethod("(do)"), "pay", "k") != (idem.Operation{Scope: "acct_1", Name: "pay", Key: "k"}).RecordKey() {
+		t.Fatal(`-method "(do)" -route pay does not name idem.Do's record of operation pay`)
+	}
+}
