@@ -82,7 +82,7 @@ type Engine struct {
 	problems    problems
 
 	unreadableMu sync.Mutex
-	unreadable   map[string]struct{} // keys logged once: unreadable, or "uncertain:"+key (firstReport)
+	unreadable   map[string]struct{} // keys logged once: unreadable, or "uncertain:"+key; "suspended:"+token (firstReport)
 
 	mu        sync.Mutex // guards closed and wg.Add
 	closed    bool
@@ -422,8 +422,11 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 
 // reportTakeover reports an acquisition that took a lapsed lease over
 // from rec.Token's holder ([Journal] stores report it): an
-// [EventTakeover] and a warning naming the whole key (idemctl show takes
-// it) and the previous owner.
+// [EventTakeover] and a log line naming the whole key (idemctl show takes
+// it) and the previous owner. When this engine itself left the record
+// uncertain under that token (a step's outcome unknown, or recovery
+// parked), an operator's [ResolveStep] made it due: the line, at Info,
+// reports a resume, not a crash.
 func (e *Engine) reportTakeover(ctx context.Context, ev Event, rec Record) {
 	ev.Kind, ev.PreviousOwner, ev.Lapsed = EventTakeover, rec.Token, -rec.LeaseLeft
 	ev.Op, ev.StoreDuration = 0, 0 // the acquire is reported once, by EventAcquired
@@ -431,10 +434,19 @@ func (e *Engine) reportTakeover(ctx context.Context, ev Event, rec Record) {
 	if host, pid, ok := TokenOwner(rec.Token); ok {
 		owner = host + ":" + strconv.Itoa(pid)
 	}
-	e.cfg.logger.WarnContext(ctx, "idem: took over a lapsed lease; its holder stopped renewing it (crashed or stalled), the handler runs again from its last journaled step (README: After a crash)",
-		"key", ev.Key, "previous_owner", owner, "lapsed", ev.Lapsed, "method", ev.Method, "route", ev.Route)
+	if e.reported(suspendedName(rec.Token)) {
+		e.cfg.logger.InfoContext(ctx, "idem: resumed a record an operator resolved (idemctl resolve-step) after this process left it uncertain (not a crash); the handler resumes from its last journaled step (docs/runbook.md#uncertain-payment)",
+			"key", ev.Key, "previous_owner", owner, "method", ev.Method, "route", ev.Route)
+	} else {
+		e.cfg.logger.WarnContext(ctx, "idem: took over a lapsed lease; its holder stopped renewing it (crashed or stalled), or it was uncertain and an operator resolved a step (idemctl resolve-step); the handler runs again from its last journaled step (README: After a crash; docs/runbook.md#takeover-alert)",
+			"key", ev.Key, "previous_owner", owner, "lapsed", ev.Lapsed, "method", ev.Method, "route", ev.Route)
+	}
 	e.emit(ctx, ev)
 }
+
+// suspendedName is the name under which firstReport remembers a token
+// this engine suspended a record with (uncertain), for reportTakeover.
+func suspendedName(token string) string { return "suspended:" + token }
 
 // reportUncertain logs, once per key, a key found uncertain
 // ([WithUncertainAfterCrash]), with the whole hashed key that idemctl
@@ -444,6 +456,14 @@ func (e *Engine) reportUncertain(ctx context.Context, ev Event) {
 		e.cfg.logger.WarnContext(ctx, "idem: operation uncertain (its holder stopped mid-request); answering 409 until an operator resolves the key with idemctl release or complete (README: After a crash)",
 			"key", ev.Key, "method", ev.Method, "route", ev.Route)
 	}
+}
+
+// reported reports whether firstReport remembers name.
+func (e *Engine) reported(name string) bool {
+	e.unreadableMu.Lock()
+	defer e.unreadableMu.Unlock()
+	_, seen := e.unreadable[name]
+	return seen
 }
 
 // firstReport reports whether name was not reported before, remembering

@@ -24,7 +24,7 @@ const (
 	EventFingerprintChanged                      // 422: the key's record was fingerprinted by a function this engine does not know
 	EventUncertain                               // 409: the key's holder crashed mid-request; an operator must resolve it (WithUncertainAfterCrash)
 	EventKeyExpired                              // 410: the key's response is no longer stored, its tombstone is (WithTombstones)
-	EventTakeover                                // a lapsed lease was taken over (its holder crashed or stalled); EventAcquired follows
+	EventTakeover                                // a lapsed lease was taken over (its holder crashed or stalled, or an operator resolved a step: ResolveStep); EventAcquired follows
 	EventRecoveryStarted                         // a Recoverer claimed a record whose holder stopped and runs it again; EventTakeover and EventAcquired follow
 	EventRecovered                               // a Recoverer's run stored the execution's answer (Status)
 	EventRecoveryDeferred                        // a Recoverer's run ended without an answer to store (error, 5xx, panic, refused on its way): the record is due again after its backoff

@@ -257,7 +257,9 @@ func (p *pending) take(nonce string) *pendingClaim {
 //
 //	if p, ok := eng.RecoveryPrincipal(r.Header.Get(idem.RecoveryHeader)); ok {
 //		ctx = withUser(ctx, p) // the principal the adapter's scope function returns
-//	} else { /* check the credential */ }
+//	} else {
+//		// check the credential
+//	}
 func (e *Engine) RecoveryPrincipal(nonce string) (principal string, ok bool) {
 	if nonce == "" {
 		return "", false

@@ -452,6 +452,7 @@ func (r *Recoverer) park(ctx context.Context, ev Event, pol *routePolicy, token 
 		e.emitErr(ctx, ev, EventStoreError, err, "idem: parking a record whose recovery attempts are exhausted failed; it is due again")
 		return
 	}
+	e.firstReport(suspendedName(token)) // a takeover from it follows an operator's resolve (reportTakeover)
 	e.cfg.logger.WarnContext(ctx, "idem: recovery attempts exhausted; the record is parked uncertain until an operator resolves it (idemctl list -state uncertain; README: Recovery without a client)",
 		"key", ev.Key, "method", ev.Method, "route", ev.Route, "attempts", attempts-1)
 	ev.Kind = EventRecoveryParked

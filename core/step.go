@@ -311,6 +311,7 @@ func (x *Execution) suspend(step string) {
 		x.e.emitErr(x.ctx, ev, EventStoreError, err, "idem: suspending an execution with an uncertain step failed; the key stays in progress until its lease lapses")
 	default:
 		ev.Kind = EventUncertain
+		x.e.firstReport(suspendedName(x.token)) // a takeover from it follows an operator's resolve (reportTakeover)
 		x.e.cfg.logger.WarnContext(x.ctx, "idem: a step's outcome is unknown (started before a crash, or not journaled); the key is uncertain until an operator resolves it with idemctl (README: Durable steps)",
 			"key", x.ev.Key, "step", step, "method", x.ev.Method, "route", x.ev.Route)
 		x.e.emit(x.ctx, ev)

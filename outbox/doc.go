@@ -5,7 +5,8 @@
 // pgx.Tx), so they commit or roll back with the business rows and idem's
 // record; a [Relay] then publishes the committed ones through a
 // [Publisher] (idemnats.Publisher for NATS JetStream, idemamqp.Publisher
-// for RabbitMQ; both pipeline, [BatchPublisher]) and marks them sent. The
+// for RabbitMQ, idemkafka.Publisher for Kafka; all three pipeline,
+// [BatchPublisher]) and marks them sent. The
 // module depends on no driver and no broker client.
 //
 //	ob, _ := outbox.New(outbox.PostgreSQL, outbox.WithTable("payments_outbox"))

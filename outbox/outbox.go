@@ -30,11 +30,11 @@ type Message struct {
 	// Optional: messages without a key are spread over partitions by ID
 	// and have no order.
 	Key string
-	// Subject is where to publish: the NATS subject, or the AMQP routing
-	// key. Required, at most 255 bytes.
+	// Subject is where to publish: the NATS subject, the AMQP routing key,
+	// or the Kafka topic. Required, at most 255 bytes.
 	Subject string
 	// Headers are sent with the message (NATS headers, AMQP headers
-	// table). Optional; [WithHeaders] adds some at enqueue.
+	// table, Kafka record headers). Optional; [WithHeaders] adds some at enqueue.
 	Headers map[string]string
 	// Payload is the message body.
 	Payload []byte

@@ -6,7 +6,10 @@
 //	deliveries, _ := ch.Consume("payments", "", false, false, false, false, nil) // autoAck false
 //	handle := idemamqp.Handler(engine, "send-receipt", func(ctx context.Context, d amqp.Delivery) error {
 //		tx, err := pgstore.Tx(ctx) // the outbox row commits with the record
-//		...
+//		if err != nil {
+//			return err
+//		}
+//		return sendReceipt(ctx, tx, d.Body) // your effect, written through tx
 //	})
 //	for d := range deliveries {
 //		handle(ctx, d)

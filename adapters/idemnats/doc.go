@@ -6,7 +6,10 @@
 //	cons, _ := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "receipts", AckPolicy: jetstream.AckExplicitPolicy})
 //	cc, _ := cons.Consume(idemnats.Handler(engine, "send-receipt", func(ctx context.Context, msg jetstream.Msg) error {
 //		tx, err := pgstore.Tx(ctx) // the outbox row commits with the record
-//		...
+//		if err != nil {
+//			return err
+//		}
+//		return sendReceipt(ctx, tx, msg.Data()) // your effect, written through tx
 //	}))
 //	defer cc.Stop()
 //

@@ -63,9 +63,9 @@
 //
 // Gin, Echo and Fiber mount net/http handlers through their bridges:
 //
-//	r.POST("/webhooks/stripe", gin.WrapH(h))                 // Gin
-//	e.POST("/webhooks/stripe", echo.WrapHandler(h))          // Echo v4 and v5
-//	app.Post("/webhooks/stripe", adaptor.HTTPHandler(h))     // Fiber v2 (fiber/v2/middleware/adaptor); Fiber v3 takes h as it is
+//	r.POST("/webhooks/stripe", gin.WrapH(h))             // Gin
+//	e.POST("/webhooks/stripe", echo.WrapHandler(h))      // Echo v4 and v5
+//	app.Post("/webhooks/stripe", adaptor.HTTPHandler(h)) // Fiber v2 (fiber/v2/middleware/adaptor); Fiber v3 takes h as it is
 //
 // An app-wide idem middleware must skip webhook routes (idemhttp.WithSkip,
 // idemgin.WithSkipper, idemecho.WithSkipper, idemfiber.WithNext): senders send no Idempotency-Key. Give the

@@ -49,10 +49,12 @@
 //
 // list prints one line per record: scoped key, state, and for in-progress
 // records whether the lease is held and renewed, held but no longer
-// renewed, or lapsed (its holder stopped renewing: the next request
-// executes; SQL and MongoDB keep such records until purged, Redis expires
-// them with the lease), for completed ones the retention left, and the
-// lease owner. It cannot show the route: stores keep only the hashed
+// renewed, or lapsed and due (its holder stopped renewing, or an
+// operator resolved a step: the next request, or a recoverer, takes it
+// over and resumes from its journal; SQL and MongoDB keep such records
+// until purged, Redis expires them), for uncertain ones what resolves them, for completed ones the
+// retention left, and the lease owner. With no record it prints one line,
+// "no records" and what it checked of the layout, and exits 0. It cannot show the route: stores keep only the hashed
 // scoped key. It shows soonest expiry first, -limit records at a time, and
 // prints the -cursor of the next page; on Redis it uses SCAN with COUNT,
 // never KEYS, and a page may end early with a cursor after a bounded scan.
@@ -75,8 +77,18 @@
 // step of the record's journal (idem.Step) in the order they started: done
 // with its result decoded (idem.DecodeStep: the value as the step's codec
 // encoded it, JSON by default, first 512 bytes; or its permanent error),
-// or started and not done, with the host and process that started it.
-// With -body it writes the stored body, byte for byte, to stdout, and the
+// or started and not done, with the host and process that started it. A
+// lapsed lease is shown lapsed and due, not as a negative time to live.
+// For an uncertain record a "next" line names the command that resolves
+// it: resolve-step for a step started and not done (release deletes the
+// journal, so the retry would run that step again), else release or
+// complete; and the section of the operator's runbook
+// (docs/runbook.md) on what to check first.
+//
+// -principal, -method, -route and -key name a request's record: -method
+// is upper-cased for HTTP (post is POST) and taken as given otherwise, so
+// -method '(do)' with the operation's name as -route names an idem.Do or
+// consumer record. With -body it writes the stored body, byte for byte, to stdout, and the
 // record to stderr.
 //
 // resolve-step settles one step whose outcome is unknown: its holder

@@ -65,7 +65,7 @@ func Example_list() {
 			Record: idem.Record{State: idem.StateCompleted, Fingerprint: fp}, TTL: 23*time.Hour + 59*time.Minute}},
 	}, leaseView{idem.DefaultLease, idem.DefaultStoreTimeout})
 	// Output:
-	// 6e5b8a738606016f8575cc839341b627c31593ca1a38911c52994bebc72b5da7  in-progress  lease lapsed 42s ago: its holder stopped renewing, the next request executes, owner host api-7, pid 4242 (token api-7:4242:T7KQ3MZLJ2XW5RVA.3)
+	// 6e5b8a738606016f8575cc839341b627c31593ca1a38911c52994bebc72b5da7  in-progress  lease lapsed 42s ago, due: its holder stopped renewing it (or an operator resolved a step); the next request with its key, or a recoverer, takes it over and resumes from its journal, owner host api-7, pid 4242 (token api-7:4242:T7KQ3MZLJ2XW5RVA.3)
 	// 1f9d02fd0fc5f915a555313e67110e76eb0d26f40343236ea15b10787570c589  in-progress  lease held, 25s left, renewed or new (above 16s): retries get 409, owner host api-2, pid 977 (token api-2:977:Q2WNB5XKDPA4LMRZ.91)
 	// 06b5c93a03d2e15ecfff95356b7ae04efb8c755a54f526a19546173efbf3dd0e  in-progress  lease held, 9s left, NOT renewed (at most 16s: its holder stopped): retries get 409 until it lapses, owner host api-2, pid 977 (token api-2:977:Q2WNB5XKDPA4LMRZ.92)
 	// 30a861ae0e2538eaf5a65a01546cb4f5a6005a6d33625fc15591265a04a12e41  completed    expires in 23h59m0s

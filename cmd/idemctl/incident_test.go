@@ -161,6 +161,15 @@ func testIncident(t *testing.T, b testStore) {
 		t.Fatalf("show <unknown prefix> %v = %d\n%s%s\nwant the layout searched and a %s hint", b.wrongLayout, code, out, errOut, b.wrongLayout[0])
 	}
 
+	// An empty list is one message on stdout, nothing on stderr, exit 0.
+	code, out, errOut = ctl(ctx, t, b, "", "list", randomHex(16))
+	// (A Redis page may end its bounded scan of a large shared keyspace
+	// first: "none in this part of the store" and a cursor.)
+	empty := strings.Contains(out, "no records") || b.scans && strings.Contains(out, "none in this part of the store")
+	if code != exitOK || !empty || errOut != "" {
+		t.Fatalf("list <unknown prefix> = %d\n%s\nstderr %q\nwant exit 0, \"no records\" and nothing on stderr", code, out, errOut)
+	}
+
 	// Paging: -limit 1 walks every record, through the cursors.
 	out, pages := listAll(ctx, t, b, "-limit", "1")
 	seen := map[string]int{}

@@ -109,7 +109,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.StringVar(&o.collection, "collection", defaultCollection, "MongoDB database.collection of the store (the collection given to mongostore.New)")
 	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "SQL table of the store, table or schema.table (pgstore.WithTable, mysqlstore.WithTable)")
 	fs.StringVar(&o.principal, "principal", "", "principal the adapter's scope function returned (empty with idem.WithGlobalScope)")
-	fs.StringVar(&o.method, "method", "POST", "HTTP method")
+	fs.StringVar(&o.method, "method", "POST", `HTTP method (upper-cased), or "(do)" for an idem.Do or consumer record (taken as given)`)
 	fs.StringVar(&o.route, "route", "", "route template as the adapter reports it, e.g. /v1/payments/:id (the request path if it reports none)")
 	fs.StringVar(&o.key, "key", "", "Idempotency-Key header value as the client sent it")
 	fs.StringVar(&o.hex, "scoped-key", "", "scoped key, 64 hex characters or a prefix of them (a log line's key=), instead of -principal, -method, -route and -key")
@@ -217,6 +217,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return exitFail
 		}
 		printSteps(view, steps)
+		printNext(view, info, steps)
+	} else {
+		printNext(view, info, nil)
 	}
 	switch {
 	case cmd == "show" && o.body:
@@ -305,7 +308,17 @@ func (o *cmdFlags) scopedKey() (key, prefix string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("-key: %w", err)
 	}
-	return idem.ScopedKey(o.principal, strings.ToUpper(o.method), o.route, k), "", nil
+	return idem.ScopedKey(o.principal, recordMethod(o.method), o.route, k), "", nil
+}
+
+// recordMethod returns -method as the engine records it: an HTTP method
+// upper-cased (post names POST); "(do)", the method of idem.Do and
+// consumer records, which is no HTTP method token, as given.
+func recordMethod(m string) string {
+	if strings.HasPrefix(m, "(") {
+		return m
+	}
+	return strings.ToUpper(m)
 }
 
 // listQuery returns list's query: its state, -limit, -cursor and the key
@@ -400,8 +413,11 @@ func list(ctx context.Context, b *backend, q idem.ListQuery, lv leaseView, stdou
 	case len(page.Records) == 0 && page.Next != "":
 		fmt.Fprintln(stdout, "none in this part of the store")
 	case len(page.Records) == 0 && q.Cursor == "":
-		fmt.Fprintln(stdout, "no records")
-		notFound(ctx, b, stderr)
+		msg := "no records"
+		if h := b.hints(ctx); len(h) > 0 {
+			msg += ": " + strings.Join(h, "; ")
+		}
+		fmt.Fprintln(stdout, msg)
 	}
 	printList(stdout, page.Records, lv)
 	if page.Next != "" {
@@ -419,13 +435,13 @@ func printList(w io.Writer, recs []idem.ListedRecord, lv leaseView) {
 		ttl := roundTTL(r.TTL)
 		switch {
 		case r.State == idem.StateUncertain:
-			fmt.Fprintf(w, "%s  uncertain    holder stopped mid-request, or a step's outcome is unknown: retries get 409 until resolved (release or complete), kept %v more, owner %s\n", r.Key, ttl, owner(r.Token))
+			fmt.Fprintf(w, "%s  uncertain    holder stopped mid-request, or a step's outcome is unknown: retries get 409 until resolved (idemctl show KEY lists the steps: resolve-step for a step started and not done, else release or complete; %s), kept %v more, owner %s\n", r.Key, runbook("uncertain-payment"), ttl, owner(r.Token))
 		case r.State == idem.StateInProgress && r.TTL > 0 && lv.renewing(r.TTL):
 			fmt.Fprintf(w, "%s  in-progress  lease held, %v left, renewed or new (above %v): retries get 409, owner %s\n", r.Key, ttl, lv.floor(), owner(r.Token))
 		case r.State == idem.StateInProgress && r.TTL > 0:
 			fmt.Fprintf(w, "%s  in-progress  lease held, %v left, NOT renewed (at most %v: its holder stopped): retries get 409 until it lapses, owner %s\n", r.Key, ttl, lv.floor(), owner(r.Token))
 		case r.State == idem.StateInProgress:
-			fmt.Fprintf(w, "%s  in-progress  lease lapsed %v ago: its holder stopped renewing, the next request executes, owner %s\n", r.Key, -ttl, owner(r.Token))
+			fmt.Fprintf(w, "%s  in-progress  lease lapsed %v ago, due: its holder stopped renewing it (or an operator resolved a step); the next request with its key, or a recoverer, takes it over and resumes from its journal, owner %s\n", r.Key, -ttl, owner(r.Token))
 		default:
 			fmt.Fprintf(w, "%s  %s    expires in %v\n", r.Key, r.State, ttl)
 		}
@@ -451,6 +467,8 @@ func (lv leaseView) renewing(left time.Duration) bool { return left > lv.floor()
 // still renews it.
 func (lv leaseView) holder(left time.Duration) string {
 	switch {
+	case left <= 0:
+		return fmt.Sprintf("none: the lease lapsed %v ago (its holder stopped renewing it, or an operator resolved a step with idemctl resolve-step); due: the next request with this key, or a recoverer, takes it over and resumes the handler from its journal", roundTTL(-left))
 	case left > lv.lease:
 		return fmt.Sprintf("%v left is more than -lease %v: pass the service's lease (idem.WithLease) as -lease to tell whether its holder renews", roundTTL(left), lv.lease)
 	case lv.floor() <= 0:
@@ -527,17 +545,21 @@ func printRecord(w io.Writer, info idem.RecordInfo, lv leaseView, now time.Time)
 	fmt.Fprintf(w, "state        %s\n", info.State)
 	ttl := roundTTL(info.TTL)
 	at := now.Add(info.TTL).UTC().Format(time.RFC3339)
-	switch info.State {
-	case idem.StateInProgress:
+	switch {
+	case info.State == idem.StateInProgress && info.TTL <= 0:
+		fmt.Fprintf(w, "lease        lapsed %v ago, at %s: due (taken over by the next request with this key or a recoverer)\n", -ttl, at)
+		fmt.Fprintf(w, "last owner   %s\n", owner(info.Token))
+		fmt.Fprintf(w, "holder       %s\n", lv.holder(info.TTL))
+	case info.State == idem.StateInProgress:
 		fmt.Fprintf(w, "expires in   %v, at %s (lease: a handler that still runs renews it every lease/3)\n", ttl, at)
 		fmt.Fprintf(w, "lease owner  %s\n", owner(info.Token))
 		fmt.Fprintf(w, "holder       %s\n", lv.holder(info.TTL))
-	case idem.StateCompleted:
+	case info.State == idem.StateCompleted:
 		fmt.Fprintf(w, "expires in   %v, at %s (retention)\n", ttl, at)
-	case idem.StateUncertain:
-		fmt.Fprintf(w, "expires in   %v, at %s (uncertain: its holder stopped mid-request, or a step's outcome is unknown (see the steps below); retries get 409 operation-uncertain until release or complete)\n", ttl, at)
+	case info.State == idem.StateUncertain:
+		fmt.Fprintf(w, "expires in   %v, at %s (uncertain: its holder stopped mid-request, or a step's outcome is unknown (see the steps below); retries get 409 operation-uncertain until it is resolved: see next)\n", ttl, at)
 		fmt.Fprintf(w, "lease owner  %s\n", owner(info.Token))
-	case idem.StateExpired:
+	case info.State == idem.StateExpired:
 		fmt.Fprintf(w, "expires in   %v, at %s (tombstone: the response is gone; retries get 410 key-expired)\n", ttl, at)
 	}
 	fmt.Fprintf(w, "fingerprint  %s\n", info.Fingerprint)
@@ -662,4 +684,35 @@ func resolveUncertain(ctx context.Context, b *backend, cmd, key string, info ide
 		fmt.Fprintf(stdout, "completed: retries get %d for %v\n", o.status, o.retention)
 	}
 	return exitOK
+}
+
+// runbookURL is the operator's runbook (docs/runbook.md); its sections
+// say what each case means, what to check, which command and what never
+// to do.
+const runbookURL = "https://github.com/idemkit/idem/blob/main/docs/runbook.md"
+
+// runbook returns the address of the runbook's section anchor.
+func runbook(anchor string) string { return "runbook: " + runbookURL + "#" + anchor }
+
+// printNext writes what resolves an uncertain record, given its steps: a
+// step started and not done is settled with resolve-step (release would
+// delete the journal, so every step, that one included, would run again);
+// else release or complete.
+func printNext(w io.Writer, info idem.RecordInfo, steps []idem.StepEntry) {
+	if info.State != idem.StateUncertain {
+		return
+	}
+	var open []string
+	for _, st := range steps {
+		if !st.Done {
+			open = append(open, st.Name)
+		}
+	}
+	if len(open) == 0 {
+		fmt.Fprintf(w, "next         check whether the operation took effect: if not, idemctl release (the next retry executes it); if it did, idemctl complete -status ... -file ... (retries get that answer); %s\n", runbook("uncertain-payment"))
+		return
+	}
+	for _, name := range open {
+		fmt.Fprintf(w, "next         step %s started and its outcome is unknown: check whether its effect happened, then idemctl resolve-step -step %s -result FILE (it happened: FILE holds its result) or -not-done (it did not); the handler resumes after it. Not release: it deletes the journal, so the retry runs every step again, %s included; %s\n", name, name, name, runbook("uncertain-payment"))
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,8 +45,9 @@ func testResolveStep(t *testing.T, b testStore, done bool) {
 	}
 	// The engine's holders stop renewing (as a crashed process's): one held
 	// in the mail step loses its 2s lease.
+	var logs lockedBuffer // the takeover after the resolve is reported as a resume
 	engine, err := idem.New(adaptertest.CrashableJournal(b.store), idem.WithLease(2*time.Second), idem.WithStoreTimeout(500*time.Millisecond),
-		idem.WithLogger(slog.New(slog.DiscardHandler)))
+		idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +107,23 @@ func testResolveStep(t *testing.T, b testStore, done bool) {
 		!strings.Contains(out, "step         mail: started, not done") {
 		t.Fatalf("show = %d\n%s%s", code, out, errOut)
 	}
+	// The hints lead to resolve-step, not release (which would repeat the
+	// mail), and into the runbook.
+	for _, want := range []string{"next         step mail started and its outcome is unknown",
+		"idemctl resolve-step -step mail -result FILE", "Not release: it deletes the journal", runbookURL + "#uncertain-payment"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("show of a step-uncertain record lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "until release or complete") {
+		t.Fatalf("show of a step-uncertain record points to release or complete:\n%s", out)
+	}
+	// The record of an idem.Do operation, named by its fields: -method
+	// "(do)" is taken as given (not upper-cased).
+	code, named, errOut := ctl(ctx, t, b, "", "show", "-principal", op.Scope, "-method", "(do)", "-route", op.Name, "-key", op.Key)
+	if code != exitOK || !strings.Contains(named, "scoped key   "+scoped) || !strings.Contains(named, "state        uncertain") {
+		t.Fatalf("show -principal %s -method (do) -route %s -key %s = %d\n%s%s\nwant the record %s", op.Scope, op.Name, op.Key, code, named, errOut, scoped)
+	}
 
 	// A refusal and a usage error leave the record as it is.
 	if code, out, _ := ctl(ctx, t, b, "n\n", "resolve-step", "-step", "mail", "-not-done", scoped); code != exitFail || !strings.Contains(out, "not resolved") {
@@ -127,14 +147,23 @@ func testResolveStep(t *testing.T, b testStore, done bool) {
 	if code != exitOK || !strings.Contains(out, "resolved: step mail") {
 		t.Fatalf("resolve-step = %d\n%s%s", code, out, errOut)
 	}
-	if done {
-		if code, out, errOut := ctl(ctx, t, b, "", "show", scoped); code != exitOK || !strings.Contains(out, `step         mail: done, result {"id":"mail_provider_42"}`) {
-			t.Fatalf("show after resolve-step = %d\n%s%s", code, out, errOut)
-		}
+	// show after resolve-step: the lease lapsed, the record due; no
+	// negative expiry, no crash.
+	code, out, errOut = ctl(ctx, t, b, "", "show", scoped)
+	if code != exitOK || !strings.Contains(out, "state        in-progress") || !strings.Contains(out, "lease        lapsed") ||
+		!strings.Contains(out, ": due (taken over by the next request") || strings.Contains(out, "expires in   -") || strings.Contains(out, "crashed") {
+		t.Fatalf("show after resolve-step = %d\n%s%s\nwant the lease lapsed and the record due", code, out, errOut)
 	}
+	if done && !strings.Contains(out, `step         mail: done, result {"id":"mail_provider_42"}`) {
+		t.Fatalf("show after resolve-step = %d\n%s%s", code, out, errOut)
+	}
+	before := len(logs.String())
 	got, err := idem.Do(ctx, engine, op, pay)
 	if err != nil || got != want {
 		t.Fatalf("retry after resolve-step = %q, %v; want %q", got, err, want)
+	}
+	if after := logs.String()[before:]; !strings.Contains(after, "resumed a record an operator resolved") || strings.Contains(after, "stopped renewing") {
+		t.Fatalf("the takeover after resolve-step logged\n%s\nwant a resume, no crash", after)
 	}
 	if again, err := idem.Do(ctx, engine, op, pay); err != nil || again != want {
 		t.Fatalf("retry after the resumed run = %q, %v; want the replay of %q", again, err, want)
@@ -148,5 +177,36 @@ func testResolveStep(t *testing.T, b testStore, done bool) {
 	}
 	if code, out, _ := ctl(ctx, t, b, "", "resolve-step", "-yes", "-step", "mail", "-not-done", scoped); code != exitFail || !strings.Contains(out, "not resolved: the record is not uncertain") {
 		t.Fatalf("resolve-step of a completed record = %d\n%s", code, out)
+	}
+}
+
+// lockedBuffer is a log destination safe for concurrent writers.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRecordMethod: -method names the record as the engine keys it: HTTP
+// methods upper-cased, idem.Do's "(do)" as given.
+func TestRecordMethod(t *testing.T) {
+	for in, want := range map[string]string{"post": "POST", "PATCH": "PATCH", "m-search": "M-SEARCH", "(do)": "(do)"} {
+		if got := recordMethod(in); got != want {
+			t.Errorf("recordMethod(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if idem.ScopedKey("acct_1", recordMethod("(do)"), "pay", "k") != (idem.Operation{Scope: "acct_1", Name: "pay", Key: "k"}).RecordKey() {
+		t.Fatal(`-method "(do)" -route pay does not name idem.Do's record of operation pay`)
 	}
 }

@@ -9,8 +9,13 @@
 //	go run ./examples/consumer -broker nats -publish 5   # or -broker amqp, -broker kafka
 //
 // No Kafka broker is needed for -broker kafka: without -kafka (seed
-// brokers) the command starts kfake, franz-go's Kafka written in Go, in
-// its own process (topic <name>, 4 partitions), gone when it exits.
+// brokers) the command starts kfake, franz-go's Kafka written in Go,
+// inside its own process (topic <name>, 4 partitions, and <name>.DLT), gone
+// when it exits. To kill consumers alone, run kfake as a process of its own
+// and point the consumers at it:
+//
+//	go run ./examples/consumer -serve-kfake 9092 &
+//	go run ./examples/consumer -broker kafka -kafka 127.0.0.1:9092 -publish 5
 //
 // It plays the payments service first: 5 payments, each committed with its
 // payment.created event in one transaction (outbox.Enqueue into the table
@@ -75,6 +80,7 @@ type options struct {
 	kafkaLog                                     bool
 	lease, storeTimeout, retryDelay              time.Duration
 	loseAcks, prefetch                           int
+	serveKfake                                   int // -serve-kfake: the port of a kfake cluster to run alone
 }
 
 func env(name, def string) string {
@@ -89,7 +95,8 @@ func main() {
 	flag.StringVar(&o.broker, "broker", "nats", "nats (JetStream), amqp (RabbitMQ) or kafka")
 	flag.StringVar(&o.natsURL, "nats", env("IDEM_NATS_URL", nats.DefaultURL), "NATS server URL")
 	flag.StringVar(&o.amqpURL, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-	flag.StringVar(&o.kafka, "kafka", os.Getenv("IDEM_KAFKA_BROKERS"), "Kafka seed brokers, comma-separated (empty: a kfake cluster started in this process, gone when it exits)")
+	flag.StringVar(&o.kafka, "kafka", os.Getenv("IDEM_KAFKA_BROKERS"), "Kafka seed brokers, comma-separated (empty: a kfake cluster started in this process, gone when it exits; -serve-kfake runs one in a process of its own)")
+	flag.IntVar(&o.serveKfake, "serve-kfake", 0, "run only a kfake cluster on 127.0.0.1:PORT (topics <name>, 4 partitions, and <name>.DLT) until SIGINT or SIGTERM, so that consumers started with -kafka 127.0.0.1:PORT can be killed alone")
 	flag.DurationVar(&o.session, "kafka-session", 45*time.Second, "Kafka group session and rebalance timeout: how long a killed consumer keeps its partitions, and a rebalance waits for members to rejoin")
 	flag.BoolVar(&o.kafkaLog, "kafka-log", false, "Kafka: log kgo's info lines (group sessions, assignments, revokes) to stderr, prefixed with the process id")
 	flag.StringVar(&o.pgURL, "postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL")
@@ -111,6 +118,14 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if o.serveKfake > 0 {
+		err := serveKfake(ctx, o.serveKfake, o.name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "consumer:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, o); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)
@@ -505,10 +520,24 @@ func (a *amqpAcker) Ack(tag uint64, multiple bool) error {
 
 // --- Kafka ---
 
+// serveKfake runs a one-broker kfake cluster on 127.0.0.1:port with the
+// topic name (4 partitions) and its dead-letter topic until ctx ends.
+func serveKfake(ctx context.Context, port int, name string) error {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(4, name, name+idemkafka.DefaultDeadLetterSuffix))
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+	fmt.Printf("kfake listening on %s (topics %s, %s%s); consumers: -broker kafka -kafka %s\n",
+		strings.Join(cluster.ListenAddrs(), ","), name, name, idemkafka.DefaultDeadLetterSuffix, strings.Join(cluster.ListenAddrs(), ","))
+	<-ctx.Done()
+	return nil
+}
+
 func (c *consumer) runKafka(ctx context.Context, logger *slog.Logger) error {
 	seeds := c.o.kafka
 	if seeds == "" {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, c.o.name))
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, c.o.name, c.o.name+idemkafka.DefaultDeadLetterSuffix))
 		if err != nil {
 			return err
 		}
