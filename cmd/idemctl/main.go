@@ -15,11 +15,13 @@ import (
 	"time"
 
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/observability/idemui"
 	"github.com/idemkit/idem/stores/mysqlstore"
 	"github.com/idemkit/idem/stores/redisstore"
 )
 
 const usage = `usage: idemctl show|evict|list|release|complete|resolve-step -store ADDR [flags] [KEY]
+       idemctl serve -store ADDR [-addr HOST:PORT] [-token TOKEN] (the console; serve -h)
 
 show     prints the idempotency record of one key, with every step of its
          journal and its result decoded (-body: the stored response body,
@@ -97,6 +99,9 @@ func (h *headerLines) Set(v string) error {
 // run is the whole command: args without the program name; it returns the
 // exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "serve" {
+		return serve(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -591,11 +596,7 @@ func printSteps(w io.Writer, steps []idem.StepEntry) {
 
 // confirm asks the operator and reports whether the answer is y or yes.
 func confirm(stdin io.Reader, stdout io.Writer, state idem.State) bool {
-	what := "A retry with this key will execute the request again."
-	if state == idem.StateInProgress {
-		what = "Its handler must no longer be running: a retry with this key will execute the request again."
-	}
-	fmt.Fprintf(stdout, "Evict this %s record? %s [y/N] ", state, what)
+	fmt.Fprintf(stdout, "%s %s [y/N] ", idemui.EvictQuestion(state), idemui.EvictSteps)
 	line, _ := bufio.NewReader(stdin).ReadString('\n')
 	answer := strings.ToLower(strings.TrimSpace(line))
 	return answer == "y" || answer == "yes"
@@ -641,7 +642,7 @@ func resolveUncertain(ctx context.Context, b *backend, cmd, key string, info ide
 		return exitFail
 	}
 	if cmd == "release" && !o.yes {
-		fmt.Fprint(stdout, "Release this uncertain record? Only if the operation did not take effect: the next retry with this key executes it. [y/N] ")
+		fmt.Fprintf(stdout, "%s %s [y/N] ", idemui.ReleaseQuestion, idemui.ReleaseSteps)
 		line, _ := bufio.NewReader(stdin).ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
 			fmt.Fprintln(stdout, "not released")
