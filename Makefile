@@ -1,5 +1,5 @@
 # The test command is `make test` (README.md). It starts what the tests need.
-.PHONY: test test-under-load demo bench bench-compare bench-load bench-peers soak robustness fuzz lint vulncheck
+.PHONY: test test-under-load demo bench bench-compare bench-load bench-peers soak robustness fuzz lint vulncheck console-screenshots
 
 test:
 	./scripts/test.sh
@@ -66,3 +66,8 @@ soak:
 	bash -c 'source scripts/services.sh && cd examples/consumer && go test -count=1 -timeout 30m -run TestExactlyOnce -v -payments 300 -duplicates 100 -kills 60 .'
 	bash -c 'source scripts/services.sh && cd tests/outbox && go test -count=1 -timeout 30m -run "TestChaosOutbox|TestClusterRelay|TestKafkaRelay|TestLoad" -v -soak .'
 	bash -c 'source scripts/services.sh && cd examples/payments && go test -count=1 -timeout 30m -run TestRecoverWithoutClients -v -soak .'
+
+# The console's screenshots in docs/console, taken by its browser test
+# (tests/console) on Redis.
+console-screenshots:
+	bash -c 'source scripts/services.sh && cd tests/console && go test -count=1 -run TestConsoleSettlesACrashedPayment/redis . -args -screenshots $(CURDIR)/docs/console'

@@ -162,3 +162,11 @@ if [ -z "${IDEM_AMQP_URL:-}" ]; then
   export IDEM_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/
 fi
 echo "services: RabbitMQ at $IDEM_AMQP_URL"
+
+# --- Chromium (tests/console drives it headless through chromedp) ---
+if [ ! -x /usr/bin/chromium ]; then
+  echo "services: no /usr/bin/chromium; installing it (apt-get install chromium)" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >&2 \
+    || { echo "services: could not install chromium (tests/console needs /usr/bin/chromium)" >&2; exit 1; }
+fi
+echo "services: Chromium at /usr/bin/chromium"

@@ -99,9 +99,6 @@ func (c *console) describe(key string, info idem.RecordInfo) row {
 		rw.Status, rw.Class, rw.Expires = "uncertain: retries get 409 until an operator settles it", "uncertain", "kept "+ttl.String()
 	case idem.StateCompleted:
 		rw.Status, rw.Class, rw.Expires = "completed: retries get the replay", "completed", "in "+ttl.String()
-		if info.TTL <= c.cfg.retention {
-			rw.SinceRenewal = "completed " + roundDur(c.cfg.retention-info.TTL).String() + " ago"
-		}
 	case idem.StateExpired:
 		rw.Status, rw.Class, rw.Expires = "tombstone: retries get 410", "expired", "in "+ttl.String()
 	}
@@ -114,7 +111,7 @@ func (c *console) summary(info idem.RecordInfo, found bool) string {
 		return "absent"
 	}
 	rw := c.describe("", info)
-	s := rw.State + " (" + rw.Status + ", expires " + rw.Expires
+	s := rw.State + " (" + rw.Status + ", " + rw.Expires
 	if info.Token != "" {
 		s += ", holder " + rw.Holder
 	}
@@ -326,7 +323,9 @@ func (c *console) record(w http.ResponseWriter, r *http.Request) {
 		}
 		steps := make([]stepView, 0, len(entries))
 		for _, e := range entries {
-			steps = append(steps, stepOf(e, settleable && c.rs != nil))
+			st := stepOf(e, settleable && c.rs != nil && c.cfg.writes)
+			data["Settle"] = data["Settle"] == true || st.Settle
+			steps = append(steps, st)
 		}
 		data["Steps"] = steps
 		data["Journal"] = true
@@ -336,7 +335,6 @@ func (c *console) record(w http.ResponseWriter, r *http.Request) {
 	}
 	data["CanEvict"] = c.cfg.writes
 	data["CanResolve"] = c.cfg.writes && c.kp != nil && info.State == idem.StateUncertain
-	data["Settle"] = c.cfg.writes
 	c.render(w, r, "record", http.StatusOK, data)
 }
 
