@@ -20,6 +20,10 @@ import (
 // itself (a Redis page may be an empty batch of a large keyspace).
 const maxListCalls = 10
 
+// lapsedBatch is how many pages of in-progress records one List call of
+// the lapsed listing asks for: it keeps those whose lease lapsed.
+const lapsedBatch = 10
+
 // page is what every template gets.
 type page struct {
 	Base, Viewer, Title string
@@ -159,6 +163,7 @@ func (c *console) list(w http.ResponseWriter, r *http.Request) {
 	case "lapsed":
 		q.State = idem.StateInProgress
 		keep = func(l idem.ListedRecord) bool { return l.TTL <= 0 }
+		q.Limit = lapsedBatch * c.cfg.pageSize // most in-progress records hold their lease
 	case "uncertain":
 		q.State = idem.StateUncertain
 	case "completed":
@@ -173,7 +178,7 @@ func (c *console) list(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, "list", http.StatusBadRequest, data)
 		return
 	}
-	recs, next, err := c.page(r.Context(), q, keep)
+	recs, next, err := c.page(r.Context(), q, keep, c.cfg.pageSize)
 	if err != nil {
 		data["Error"] = "the store's listing failed: " + err.Error()
 		c.render(w, r, "list", http.StatusBadGateway, data)
@@ -190,9 +195,10 @@ func (c *console) list(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "list", http.StatusOK, data)
 }
 
-// page lists records of q that keep accepts: up to q.Limit, in at most
-// maxListCalls calls, soonest expiry first; next is the cursor to go on.
-func (c *console) page(ctx context.Context, q idem.ListQuery, keep func(idem.ListedRecord) bool) (recs []idem.ListedRecord, next string, err error) {
+// page lists records of q that keep accepts: every one of the calls it
+// makes, until it has want or maxListCalls calls were made, soonest
+// expiry first; next is the cursor to go on.
+func (c *console) page(ctx context.Context, q idem.ListQuery, keep func(idem.ListedRecord) bool, want int) (recs []idem.ListedRecord, next string, err error) {
 	seen := map[string]bool{}
 	for range maxListCalls {
 		p, err := c.ls.List(ctx, q)
@@ -206,7 +212,7 @@ func (c *console) page(ctx context.Context, q idem.ListQuery, keep func(idem.Lis
 			}
 		}
 		next = p.Next
-		if next == "" || len(recs) >= q.Limit {
+		if next == "" || len(recs) >= want {
 			break
 		}
 		q.Cursor = next

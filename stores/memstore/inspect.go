@@ -17,7 +17,7 @@ var _ idem.Lister = (*Store)(nil)
 
 // maxListScan bounds the records one List call reads: past it, the call
 // ends its page after the current shard, with a Next.
-const maxListScan = 1 << 16
+const maxListScan = 1 << 14
 
 // info returns the operator's view of the live entry e at now.
 func (e *entry) info(now time.Time) idem.RecordInfo {
@@ -81,7 +81,7 @@ func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 // List implements [idem.Lister.List]: records in shard order, by key
 // within a shard; the cursor is "shard:last key". A call reads whole
 // shards and stops after the one where the page fills, or after about
-// 65,536 records read (then a page may hold fewer than Limit records).
+// 16,384 records read (then a page may hold fewer than Limit records).
 func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, error) {
 	if err := q.Check(); err != nil {
 		return idem.ListPage{}, err
@@ -93,32 +93,42 @@ func (s *Store) List(ctx context.Context, q idem.ListQuery) (idem.ListPage, erro
 	if err != nil {
 		return idem.ListPage{}, err
 	}
+	type candidate struct {
+		key string
+		e   *entry
+	}
 	var page idem.ListPage
+	var found []candidate
 	scanned := 0
 	for i := first; i < numShards; i++ {
 		sh := &s.shards[i]
-		var found []idem.ListedRecord
+		room := q.Limit - len(page.Records)
 		sh.mu.Lock()
 		now := s.now()
 		scanned += len(sh.m)
+		found = found[:0]
 		for key, e := range sh.m {
 			if !now.Before(e.expires) || !strings.HasPrefix(key, q.KeyPrefix) || (i == first && key <= after) {
 				continue
 			}
-			info := e.info(now)
-			if info.State == idem.StateExpired || (q.State != 0 && info.State != q.State) {
+			if st := e.stateAt(now); st == idem.StateExpired || (q.State != 0 && st != q.State) {
 				continue // tombstones are never listed
 			}
-			found = append(found, idem.ListedRecord{Key: key, RecordInfo: info})
+			found = append(found, candidate{key, e})
+		}
+		slices.SortFunc(found, func(a, b candidate) int { return strings.Compare(a.key, b.key) })
+		full := len(found) > room
+		if full {
+			found = found[:room]
+		}
+		for _, c := range found {
+			page.Records = append(page.Records, idem.ListedRecord{Key: c.key, RecordInfo: c.e.info(now)})
 		}
 		sh.mu.Unlock()
-		slices.SortFunc(found, func(a, b idem.ListedRecord) int { return strings.Compare(a.Key, b.Key) })
-		if room := q.Limit - len(page.Records); len(found) > room {
-			page.Records = append(page.Records, found[:room]...)
-			page.Next = fmt.Sprintf("%d:%s", i, found[room-1].Key)
+		if full {
+			page.Next = fmt.Sprintf("%d:%s", i, page.Records[len(page.Records)-1].Key)
 			return page, nil
 		}
-		page.Records = append(page.Records, found...)
 		if i+1 < numShards && (len(page.Records) == q.Limit || scanned >= maxListScan) {
 			page.Next = fmt.Sprintf("%d:", i+1)
 			return page, nil
