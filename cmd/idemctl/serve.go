@@ -34,7 +34,7 @@ Flags:
 
 // tokenEnv is the environment variable serve reads its token from when
 // -token is not given (a command line is visible to every local user).
-const tokenEnv = "IDEMCTL_TOKEN"
+const tokenEnv = "IDEMCTL_TOKEN" //nolint:gosec // a variable's name, not a credential
 
 // serve runs `idemctl serve`: args without "serve".
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -122,7 +122,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		err = srv.Shutdown(shutdown)
 		cancel()
-		<-done
+		if serr := <-done; err == nil {
+			err = serr
+		}
 	}
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		fmt.Fprintln(stderr, "idemctl serve:", err)

@@ -161,7 +161,7 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusConflict, key, actErr.Error())
 		return
 	}
-	http.Redirect(w, r, base(r)+"/record/"+key+"?done="+url.QueryEscape(code), http.StatusSeeOther)
+	redirect(w, r, "/record/"+key+"?done="+url.QueryEscape(code))
 }
 
 // resolve runs release and complete ([idem.Keeper.Resolve]) on the

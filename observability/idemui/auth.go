@@ -26,7 +26,7 @@ func (c *console) guard(h http.Handler) http.Handler {
 			return
 		}
 		if r.Method == http.MethodGet {
-			http.Redirect(w, r, base(r)+"/login", http.StatusSeeOther)
+			redirect(w, r, "/login")
 			return
 		}
 		http.Error(w, "idemui: log in first", http.StatusUnauthorized)
@@ -103,16 +103,17 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	name, token := strings.TrimSpace(r.PostFormValue("operator")), r.PostFormValue("token")
 	if !validOperator(name) || subtle.ConstantTimeCompare([]byte(token), []byte(c.cfg.token)) != 1 {
 		c.cfg.logger.WarnContext(r.Context(), "idemui: login refused", "operator", name, "remote", r.RemoteAddr)
-		http.Redirect(w, r, base(r)+"/login?error=1", http.StatusSeeOther)
+		redirect(w, r, "/login?error=1")
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: name + "." + c.sessionSig(name), Path: base(r) + "/",
+	// Secure over TLS only: a standalone console on 127.0.0.1 is plain HTTP.
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: name + "." + c.sessionSig(name), Path: base(r) + "/", //nolint:gosec // Secure over TLS, above
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	http.Redirect(w, r, base(r)+"/", http.StatusSeeOther)
+	redirect(w, r, "/")
 }
 
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: base(r) + "/", MaxAge: -1,
-		HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	http.Redirect(w, r, base(r)+"/login", http.StatusSeeOther)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: base(r) + "/", MaxAge: -1, //nolint:gosec // deletes the cookie
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	redirect(w, r, "/login")
 }

@@ -97,13 +97,13 @@ type console struct {
 	cfg    config
 	store  idem.Store
 	in     idem.Inspector
-	ls     idem.Lister        // nil: no listing
-	jr     idem.Journal       // nil: no steps
-	kp     idem.Keeper        // nil: no release, complete
-	rs     idem.StepResolver  // nil: no resolve-step
-	rc     idem.Recoverable   // nil: no due listing
-	reader AuditReader        // nil: no audit shown
-	secret []byte             // form tokens' and sessions' HMAC key
+	ls     idem.Lister       // nil: no listing
+	jr     idem.Journal      // nil: no steps
+	kp     idem.Keeper       // nil: no release, complete
+	rs     idem.StepResolver // nil: no resolve-step
+	rc     idem.Recoverable  // nil: no due listing
+	reader AuditReader       // nil: no audit shown
+	secret []byte            // form tokens' and sessions' HMAC key
 	tmpl   map[string]*template.Template
 }
 
@@ -193,16 +193,28 @@ func securityHeaders(h http.Handler) http.Handler {
 }
 
 // base returns the path the console is mounted under ("" at the root),
-// from the request's URI and the path left after [http.StripPrefix].
+// from the request's URI and the path left after [http.StripPrefix]: a
+// path of one leading slash and no dot segment, never a host ("//host"),
+// so that links and redirects stay on this server.
 func base(r *http.Request) string {
 	uri := r.RequestURI
 	if i := strings.IndexByte(uri, '?'); i >= 0 {
 		uri = uri[:i]
 	}
-	if p := r.URL.EscapedPath(); strings.HasSuffix(uri, p) {
-		return strings.TrimSuffix(uri, p)
+	p := r.URL.EscapedPath()
+	if !strings.HasSuffix(uri, p) {
+		return ""
 	}
-	return ""
+	b := strings.TrimSuffix(uri, p)
+	if b != "" && (b[0] != '/' || strings.HasPrefix(b, "//") || strings.ContainsAny(b, "\\:") || strings.Contains(b, "/.")) {
+		return ""
+	}
+	return b
+}
+
+// redirect answers 303 See Other to path under the console's base.
+func redirect(w http.ResponseWriter, r *http.Request, path string) {
+	http.Redirect(w, r, base(r)+path, http.StatusSeeOther) //nolint:gosec // base is a local path (base's rules), path the console's own
 }
 
 // formToken returns the per-form token of operator's actions on key.

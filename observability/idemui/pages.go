@@ -275,7 +275,7 @@ func (c *console) lookup(ctx context.Context, key string) (idem.RecordInfo, bool
 // stepView is one journal entry as the console shows it.
 type stepView struct {
 	Name, Outcome, Result, StartedBy string
-	Done, Failed, Settle              bool
+	Done, Failed, Settle             bool
 }
 
 // answerView is a completed record's stored answer.
