@@ -115,7 +115,9 @@ type console struct {
 //
 //	mux.Handle("/idem/", http.StripPrefix("/idem", idemui.Handler(store, idemui.WithWrites(auth))))
 //
-// Its links follow the prefix it is mounted under. store must implement
+// Its links follow the prefix it is mounted under. Reads need no operator
+// unless [WithToken] is given: mount it behind the service's admin
+// authentication, as its metrics or pprof. store must implement
 // [idem.Inspector] (Handler panics otherwise); the listing needs
 // [idem.Lister], the steps [idem.Journal], release and complete
 // [idem.Keeper], resolve-step [idem.StepResolver], the due listing
@@ -194,7 +196,8 @@ func securityHeaders(h http.Handler) http.Handler {
 
 // base returns the path the console is mounted under ("" at the root),
 // from the request's URI and the path left after [http.StripPrefix]: a
-// path of one leading slash and no dot segment, never a host ("//host"),
+// path of one leading slash, no trailing one and no dot segment, never a
+// host ("//host"),
 // so that links and redirects stay on this server.
 func base(r *http.Request) string {
 	uri := r.RequestURI
@@ -205,7 +208,7 @@ func base(r *http.Request) string {
 	if !strings.HasSuffix(uri, p) {
 		return ""
 	}
-	b := strings.TrimSuffix(uri, p)
+	b := strings.TrimRight(strings.TrimSuffix(uri, p), "/") // a prefix "/" is the root: base+"/x" must not be "//x"
 	if b != "" && (b[0] != '/' || strings.HasPrefix(b, "//") || strings.ContainsAny(b, "\\:") || strings.Contains(b, "/.")) {
 		return ""
 	}

@@ -7,6 +7,7 @@ import (
 	"html"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -395,3 +396,57 @@ func TestTokenSession(t *testing.T) {
 }
 
 func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
+
+// TestDueAndMount: the due tab lists a record whose lease lapsed with a
+// recovery payload, with its attempts; links and redirects stay under the
+// prefix the console is mounted under, and a request URI that would make
+// them name another host gives them none.
+func TestDueAndMount(t *testing.T) {
+	s := memstore.New()
+	defer func() { _ = s.Close() }()
+	ctx := context.Background()
+	key := randomKey()
+	if _, ok, err := s.Acquire(ctx, key, holderToken, "fp", 50*time.Millisecond); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if err := s.SetRecovery(ctx, key, holderToken, []byte("payload"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(10 * time.Millisecond) { // a hang guard: the lease lapses
+		due, err := s.Lapsed(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(due) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the record never became due")
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/ops/", http.StripPrefix("/ops", idemui.Handler(s, idemui.WithToken("0123456789abcdef0123"))))
+	c := newClient(t, mux)
+	if code, _, _ := c.do("POST", "/ops/login", url.Values{"operator": {"dan"}, "token": {"0123456789abcdef0123"}}); code != http.StatusSeeOther {
+		t.Fatalf("login = %d", code)
+	}
+	code, page, _ := c.do("GET", "/ops/?state=due", nil)
+	if code != 200 || !strings.Contains(page, `href="/ops/record/`+key+`"`) || !strings.Contains(page, "due for recovery") || !regexp.MustCompile(`<td>0</td>\s*</tr>`).MatchString(page) {
+		t.Fatalf("due tab = %d\n%s", code, page)
+	}
+
+	// Mounted with a prefix of one slash, a request whose URI starts with
+	// two: the login redirect stays on this server (no "//host").
+	srv := httptest.NewServer(http.StripPrefix("/", idemui.Handler(s, idemui.WithToken("0123456789abcdef0123"))))
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	_, _ = io.WriteString(conn, "GET //evil.example/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	resp, _ := io.ReadAll(conn)
+	if m := regexp.MustCompile(`(?i)\r\nLocation: (\S*)`).FindSubmatch(resp); m == nil || string(m[1]) != "/login" {
+		t.Fatalf("answer to GET //evil.example/:\n%s", resp)
+	}
+}
