@@ -16,8 +16,6 @@ import (
 
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/observability/idemui"
-	"github.com/idemkit/idem/stores/mysqlstore"
-	"github.com/idemkit/idem/stores/redisstore"
 )
 
 const usage = `usage: idemctl show|evict|list|release|complete|resolve-step -store ADDR [flags] [KEY]
@@ -109,10 +107,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fs.PrintDefaults()
 	}
 	var o cmdFlags
-	fs.StringVar(&o.store, "store", "", "the store's address as the service is given it: "+storeForms)
-	fs.StringVar(&o.prefix, "prefix", redisstore.DefaultPrefix, "Redis key prefix of the store (redisstore.WithPrefix)")
-	fs.StringVar(&o.collection, "collection", defaultCollection, "MongoDB database.collection of the store (the collection given to mongostore.New)")
-	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "SQL table of the store, table or schema.table (pgstore.WithTable, mysqlstore.WithTable)")
+	storeFlags(fs, &o)
 	fs.StringVar(&o.principal, "principal", "", "principal the adapter's scope function returned (empty with idem.WithGlobalScope)")
 	fs.StringVar(&o.method, "method", "POST", "HTTP method")
 	fs.StringVar(&o.route, "route", "", "route template as the adapter reports it, e.g. /v1/payments/:id (the request path if it reports none)")

@@ -36,6 +36,14 @@ Flags:
 // -token is not given (a command line is visible to every local user).
 const tokenEnv = "IDEMCTL_TOKEN" //nolint:gosec // a variable's name, not a credential
 
+// storeFlags defines the flags that name the store and its layout.
+func storeFlags(fs *flag.FlagSet, o *cmdFlags) {
+	fs.StringVar(&o.store, "store", "", "the store's address as the service is given it: "+storeForms)
+	fs.StringVar(&o.prefix, "prefix", redisstore.DefaultPrefix, "Redis key prefix of the store (redisstore.WithPrefix)")
+	fs.StringVar(&o.collection, "collection", defaultCollection, "MongoDB database.collection of the store (the collection given to mongostore.New)")
+	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "SQL table of the store, table or schema.table (pgstore.WithTable, mysqlstore.WithTable)")
+}
+
 // serve runs `idemctl serve`: args without "serve".
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("idemctl serve", flag.ContinueOnError)
@@ -47,10 +55,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var o cmdFlags
 	var addr, token string
 	var showBodies bool
-	fs.StringVar(&o.store, "store", "", "the store's address as the service is given it: "+storeForms)
-	fs.StringVar(&o.prefix, "prefix", redisstore.DefaultPrefix, "Redis key prefix of the store (redisstore.WithPrefix)")
-	fs.StringVar(&o.collection, "collection", defaultCollection, "MongoDB database.collection of the store (the collection given to mongostore.New)")
-	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "SQL table of the store, table or schema.table (pgstore.WithTable, mysqlstore.WithTable)")
+	storeFlags(fs, &o)
 	fs.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on (port 0: any free port, printed)")
 	fs.StringVar(&token, "token", "", "the console's login token, at least 16 characters: enables the actions ($"+tokenEnv+" when not given)")
 	fs.DurationVar(&o.lease.lease, "lease", idem.DefaultLease, "the service's lease (idem.WithLease), to tell a holder that renews from one that stopped")

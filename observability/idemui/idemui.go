@@ -197,8 +197,7 @@ func securityHeaders(h http.Handler) http.Handler {
 // base returns the path the console is mounted under ("" at the root),
 // from the request's URI and the path left after [http.StripPrefix]: a
 // path of one leading slash, no trailing one and no dot segment, never a
-// host ("//host"),
-// so that links and redirects stay on this server.
+// host ("//host"), so that links and redirects stay on this server.
 func base(r *http.Request) string {
 	uri := r.RequestURI
 	if i := strings.IndexByte(uri, '?'); i >= 0 {
