@@ -24,7 +24,6 @@ import (
 	"go.uber.org/goleak"
 
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/adaptertest"
 	"github.com/idemkit/idem/observability/idemui"
 	"github.com/idemkit/idem/stores/pgstore"
 	"github.com/idemkit/idem/stores/redisstore"
@@ -90,6 +89,20 @@ func postgresStore(t *testing.T) idem.Store {
 	return s
 }
 
+// crashable returns store without its lease renewal (idem.Extender): an
+// execution held in its handler past its lease looks crashed, and a
+// recoverer or a retry takes it over. Its journal, keep, recovery and step
+// resolution stay.
+func crashable(store idem.Store) idem.Store {
+	return struct {
+		idem.Store
+		idem.Keeper
+		idem.Journal
+		idem.Recoverable
+		idem.StepResolver
+	}{store, store.(idem.Keeper), store.(idem.Journal), store.(idem.Recoverable), store.(idem.StepResolver)}
+}
+
 func cmpOr(a, b string) string {
 	if a != "" {
 		return a
@@ -123,13 +136,14 @@ func browser(t *testing.T) context.Context {
 
 // TestConsoleSettlesACrashedPayment is the operator's story in a real
 // browser on Redis and PostgreSQL: a payment's process dies inside its mail
-// step (after the charge step); the console shows its record with the
-// lease lapsed; the client's retry takes it over and ends it uncertain (the
-// mail's outcome is unknown); the operator logs in, opens the record, sees
-// the charge's result, marks the mail step done with the provider's answer
-// on the confirmation page; the next retry resumes the handler after the
-// mail step (neither step runs again, the ledger row is written once), and
-// the console shows the record completed with the operator's audit entry.
+// step (after the charge step); the operator logs in and the console shows
+// its record with the lease lapsed, due for recovery; the recoverer takes
+// it over and its run ends uncertain (the mail's outcome is unknown); the
+// operator opens the record, sees the charge's result, marks the mail step
+// done with the provider's answer on the confirmation page; the recoverer
+// resumes the handler after the mail step (neither step runs again, the
+// ledger row is written once), the client's retry gets the answer, and the
+// console shows the record completed with the operator's audit entry.
 func TestConsoleSettlesACrashedPayment(t *testing.T) {
 	bctx := browser(t)
 	for _, tc := range []struct {
@@ -151,7 +165,7 @@ func testConsole(t *testing.T, bctx context.Context, store idem.Store, shots str
 	defer cancel()
 	const lease, storeTimeout = 2 * time.Second, 500 * time.Millisecond
 	// The engine's holders stop renewing their leases, as a crashed process's.
-	engine, err := idem.New(adaptertest.CrashableJournal(store), idem.WithLease(lease), idem.WithStoreTimeout(storeTimeout),
+	engine, err := idem.New(crashable(store), idem.WithLease(lease), idem.WithStoreTimeout(storeTimeout),
 		idem.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +207,31 @@ func testConsole(t *testing.T, bctx context.Context, store idem.Store, shots str
 		ledger.Add(1)
 		return charge + "/" + mail.ID, nil
 	}
-	op := idem.Operation{Scope: "acct_1", Name: "pay", Key: "pay-" + randomHex(8), Payload: []byte(`{"amount":1200}`)}
+	op := idem.Operation{Scope: "acct_1", Name: "pay", Key: "pay-" + randomHex(8), Payload: []byte(`{"amount":1200}`), Recover: true}
+	recoverer, err := idem.NewRecoverer(engine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recoverer.Handle("pay", func(ctx context.Context, op idem.Operation) error {
+		_, err := idem.Do(ctx, engine, op, pay)
+		return err
+	})
+	// recoverUntil runs recovery passes until one reports what done wants.
+	recoverUntil := func(what string, done func(idem.RecoveryReport) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			rep, err := recoverer.RecoverOnce(ctx)
+			if err != nil {
+				t.Fatalf("recovery pass: %v", err)
+			}
+			if done(rep) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no recovery pass %s: the last reported %+v", what, rep)
+			}
+		}
+	}
 	key := op.RecordKey()
 
 	// Neighbours, for a listing that looks like a store's: a holder that
@@ -277,16 +315,17 @@ func testConsole(t *testing.T, bctx context.Context, store idem.Store, shots str
 	}
 	run("all tab", chromedp.Navigate(console+"/?state=all"), chromedp.WaitVisible(chromedp.CSS(row)))
 	shot("records.png")
+	run("due tab", chromedp.Navigate(console+"/?state=due"), chromedp.WaitVisible(chromedp.CSS(row)))
+	if s := text(`table.records`); !strings.Contains(s, "due for recovery") {
+		t.Fatalf("due tab:\n%s", s)
+	}
+	shot("due.png")
 
-	// The client's retry takes the record over and ends it uncertain.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		_, err := idem.Do(ctx, engine, op, pay)
-		if errors.Is(err, idem.ErrStepUncertain) {
-			break
-		}
-		if !errors.Is(err, idem.ErrInProgress) || time.Now().After(deadline) {
-			t.Fatalf("retry after the crash: %v; want in progress until the lease lapses, then ErrStepUncertain", err)
-		}
+	// The recoverer takes the record over; the mail step's outcome is
+	// unknown, so its run ends uncertain.
+	recoverUntil("ending uncertain", func(r idem.RecoveryReport) bool { return r.Uncertain == 1 })
+	if _, err := idem.Do(ctx, engine, op, pay); !errors.Is(err, idem.ErrUncertain) {
+		t.Fatalf("the client's retry of the uncertain record: %v; want ErrUncertain", err)
 	}
 
 	// The operator finds it uncertain, opens it and settles the mail step.
@@ -311,10 +350,12 @@ func testConsole(t *testing.T, bctx context.Context, store idem.Store, shots str
 		t.Fatalf("after the confirmation:\n%s", s)
 	}
 
-	// The next retry resumes the handler after the mail step.
+	// The recoverer resumes the handler after the mail step; the client's
+	// retry gets its answer.
+	recoverUntil("recovering the record", func(r idem.RecoveryReport) bool { return r.Recovered == 1 })
 	got, err := idem.Do(ctx, engine, op, pay)
 	if want := "ch_1/mail_provider_42"; err != nil || got != want {
-		t.Fatalf("retry after the operator resolved the step = %q, %v; want %q", got, err, want)
+		t.Fatalf("retry after the recovery = %q, %v; want the replay of %q", got, err, want)
 	}
 	if charges.Load() != 1 || mails.Load() != 1 || ledger.Load() != 1 {
 		t.Fatalf("charges %d, mail step runs %d, ledger rows %d; want 1, 1, 1", charges.Load(), mails.Load(), ledger.Load())
