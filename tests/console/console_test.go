@@ -33,9 +33,9 @@ var screenshots = flag.String("screenshots", "", "directory to save PNG screensh
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// chromium is the browser the tests drive: Debian's package (scripts/
-// services.sh installs it).
-const chromium = "/usr/bin/chromium"
+// chromium is the browser the tests drive: $IDEM_CHROMIUM, else Debian's
+// package (scripts/services.sh installs it).
+var chromium = cmpOr(os.Getenv("IDEM_CHROMIUM"), "/usr/bin/chromium")
 
 func randomHex(n int) string {
 	b := make([]byte, n/2)
@@ -115,7 +115,7 @@ func cmpOr(a, b string) string {
 func browser(t *testing.T) context.Context {
 	t.Helper()
 	if _, err := exec.LookPath(chromium); err != nil {
-		t.Fatalf("%s: %v (scripts/services.sh installs Debian's chromium package)", chromium, err)
+		t.Fatalf("%s: %v (scripts/services.sh installs Debian's chromium package; IDEM_CHROMIUM names another)", chromium, err)
 	}
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromium),
