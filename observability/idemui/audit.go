@@ -81,7 +81,7 @@ func (l *AuditLog) Entries(_ context.Context, key string, limit int) ([]AuditEnt
 	return out, nil
 }
 
-// record logs e and sends it to the sink.
+// recordAudit logs e and sends it to the sink.
 func (c *console) recordAudit(ctx context.Context, e AuditEntry) {
 	level := slog.LevelInfo
 	if e.Err != "" {

@@ -328,12 +328,13 @@ func (c *console) record(w http.ResponseWriter, r *http.Request) {
 			data["StepsErr"] = err.Error()
 		}
 		steps := make([]stepView, 0, len(entries))
+		settle := false // a step the operator can settle: the table's last column
 		for _, e := range entries {
 			st := stepOf(e, settleable && c.rs != nil && c.cfg.writes)
-			data["Settle"] = data["Settle"] == true || st.Settle
+			settle = settle || st.Settle
 			steps = append(steps, st)
 		}
-		data["Steps"] = steps
+		data["Steps"], data["Settle"] = steps, settle
 		data["Journal"] = true
 	}
 	if info.Response != nil {
