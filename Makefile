@@ -1,5 +1,5 @@
 # The test command is `make test` (README.md). It starts what the tests need.
-.PHONY: test test-under-load demo bench bench-compare bench-load bench-peers soak robustness fuzz lint vulncheck
+.PHONY: test test-under-load demo bench bench-compare bench-load bench-peers soak robustness fuzz lint vulncheck console-screenshots alerts-check
 
 test:
 	./scripts/test.sh
@@ -68,3 +68,14 @@ soak:
 	bash -c 'source scripts/services.sh && cd tests/outbox && go test -count=1 -timeout 30m -run "TestChaosOutbox|TestClusterRelay|TestKafkaRelay|TestLoad" -v -soak .'
 	bash -c 'source scripts/services.sh && cd examples/payments && go test -count=1 -timeout 30m -run "TestRecoverWithoutClients|TestRecoverRPC" -v -soak .'
 	bash -c 'source scripts/services.sh && cd tests/mcp && go test -count=1 -timeout 30m -run TestRecoverMCP -v -soak .'
+
+# The console's screenshots in docs/console, taken by its browser test
+# (tests/console) on Redis.
+console-screenshots:
+	bash -c 'source scripts/services.sh && cd tests/console && go test -count=1 -run TestConsoleSettlesACrashedPayment/redis . -args -screenshots $(CURDIR)/docs/console'
+
+# The alerting rules of observability/idemotel/prometheus against their
+# unit tests (promtool: Debian's prometheus package).
+alerts-check:
+	command -v promtool >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
+	cd observability/idemotel/prometheus && promtool check rules idem-alerts.yml && promtool test rules idem-alerts.test.yml

@@ -22,6 +22,7 @@ require (
 	github.com/idemkit/idem/client/idemclient v0.1.0
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/observability/idemotel v0.1.0
+	github.com/idemkit/idem/observability/idemui v0.1.0
 	github.com/idemkit/idem/outbox v0.1.0
 	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
@@ -141,6 +142,7 @@ replace (
 	github.com/idemkit/idem/client/idemclient => ../client/idemclient
 	github.com/idemkit/idem/core => ../core
 	github.com/idemkit/idem/observability/idemotel => ../observability/idemotel
+	github.com/idemkit/idem/observability/idemui => ../observability/idemui
 	github.com/idemkit/idem/outbox => ../outbox
 	github.com/idemkit/idem/stores/memstore => ../stores/memstore
 	github.com/idemkit/idem/stores/mongostore => ../stores/mongostore

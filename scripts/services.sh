@@ -162,3 +162,17 @@ if [ -z "${IDEM_AMQP_URL:-}" ]; then
   export IDEM_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/
 fi
 echo "services: RabbitMQ at $IDEM_AMQP_URL"
+
+# --- Chromium (tests/console drives it headless through chromedp) ---
+#   IDEM_CHROMIUM    the browser binary: /usr/bin/chromium (Debian's chromium package,
+#                    installed with apt if missing) unless already set
+if [ -z "${IDEM_CHROMIUM:-}" ]; then
+  if [ ! -x /usr/bin/chromium ]; then
+    echo "services: no /usr/bin/chromium; installing it (apt-get install chromium)" >&2
+    as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo -n)
+    ("${as_root[@]}" apt-get update -qq && DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq chromium) >&2 \
+      || { echo "services: could not install chromium; install it or set IDEM_CHROMIUM (tests/console)" >&2; exit 1; }
+  fi
+  export IDEM_CHROMIUM=/usr/bin/chromium
+fi
+echo "services: Chromium at $IDEM_CHROMIUM"

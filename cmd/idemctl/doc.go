@@ -8,6 +8,7 @@
 //	idemctl evict -store ADDR [-yes] KEY | -principal P -route R -key K [-method POST]
 //	idemctl release|complete -store ADDR ... (uncertain records)
 //	idemctl resolve-step -store ADDR -step S (-result FILE | -not-done) [-yes] KEY | -principal P -route R -key K [-method POST]
+//	idemctl serve -store ADDR [-addr 127.0.0.1:8080] [-token TOKEN] (the operator's console, observability/idemui)
 //
 // Install it from a checkout of the repository (the go.work at its root
 // takes the checkout's modules):

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemkit/idem/core v0.1.0
+	github.com/idemkit/idem/observability/idemui v0.1.0
 	github.com/idemkit/idem/stores/mongostore v0.1.0
 	github.com/idemkit/idem/stores/mysqlstore v0.1.0
 	github.com/idemkit/idem/stores/pgstore v0.1.0
@@ -34,6 +35,8 @@ require (
 
 replace (
 	github.com/idemkit/idem/core => ../../core
+	github.com/idemkit/idem/observability/idemui => ../../observability/idemui
+	github.com/idemkit/idem/stores/memstore => ../../stores/memstore
 	github.com/idemkit/idem/stores/mongostore => ../../stores/mongostore
 	github.com/idemkit/idem/stores/mysqlstore => ../../stores/mysqlstore
 	github.com/idemkit/idem/stores/pgstore => ../../stores/pgstore

@@ -15,11 +15,11 @@ import (
 	"time"
 
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/stores/mysqlstore"
-	"github.com/idemkit/idem/stores/redisstore"
+	"github.com/idemkit/idem/observability/idemui"
 )
 
 const usage = `usage: idemctl show|evict|list|release|complete|resolve-step -store ADDR [flags] [KEY]
+       idemctl serve -store ADDR [-addr HOST:PORT] [-token TOKEN] (the console; serve -h)
 
 show     prints the idempotency record of one key, with every step of its
          journal and its result decoded (-body: the stored response body,
@@ -97,6 +97,9 @@ func (h *headerLines) Set(v string) error {
 // run is the whole command: args without the program name; it returns the
 // exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "serve" {
+		return serve(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -104,10 +107,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fs.PrintDefaults()
 	}
 	var o cmdFlags
-	fs.StringVar(&o.store, "store", "", "the store's address as the service is given it: "+storeForms)
-	fs.StringVar(&o.prefix, "prefix", redisstore.DefaultPrefix, "Redis key prefix of the store (redisstore.WithPrefix)")
-	fs.StringVar(&o.collection, "collection", defaultCollection, "MongoDB database.collection of the store (the collection given to mongostore.New)")
-	fs.StringVar(&o.table, "table", mysqlstore.DefaultTable, "SQL table of the store, table or schema.table (pgstore.WithTable, mysqlstore.WithTable)")
+	storeFlags(fs, &o)
 	fs.StringVar(&o.principal, "principal", "", "principal the adapter's scope function returned (empty with idem.WithGlobalScope)")
 	fs.StringVar(&o.method, "method", "POST", `HTTP method (upper-cased), or "(do)" for an idem.Do or consumer record (taken as given)`)
 	fs.StringVar(&o.route, "route", "", "route template as the adapter reports it, e.g. /v1/payments/:id (the request path if it reports none)")
@@ -613,11 +613,7 @@ func printSteps(w io.Writer, steps []idem.StepEntry) {
 
 // confirm asks the operator and reports whether the answer is y or yes.
 func confirm(stdin io.Reader, stdout io.Writer, state idem.State) bool {
-	what := "A retry with this key will execute the request again."
-	if state == idem.StateInProgress {
-		what = "Its handler must no longer be running: a retry with this key will execute the request again."
-	}
-	fmt.Fprintf(stdout, "Evict this %s record? %s [y/N] ", state, what)
+	fmt.Fprintf(stdout, "%s %s [y/N] ", idemui.EvictQuestion(state), idemui.EvictSteps)
 	line, _ := bufio.NewReader(stdin).ReadString('\n')
 	answer := strings.ToLower(strings.TrimSpace(line))
 	return answer == "y" || answer == "yes"
@@ -663,7 +659,7 @@ func resolveUncertain(ctx context.Context, b *backend, cmd, key string, info ide
 		return exitFail
 	}
 	if cmd == "release" && !o.yes {
-		fmt.Fprint(stdout, "Release this uncertain record? Only if the operation did not take effect: the next retry with this key executes it. [y/N] ")
+		fmt.Fprintf(stdout, "%s %s [y/N] ", idemui.ReleaseQuestion, idemui.ReleaseSteps)
 		line, _ := bufio.NewReader(stdin).ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
 			fmt.Fprintln(stdout, "not released")

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/observability/idemui"
 )
 
 // stepResult returns resolve-step's result: the bytes of -result (nil
@@ -66,11 +67,8 @@ func resolveStep(ctx context.Context, b *backend, key string, info idem.RecordIn
 		fmt.Fprintln(stdout, "no live record: absent, expired, or in progress with its lease lapsed (the store decides)")
 	}
 	if !o.yes {
-		if o.notDone {
-			fmt.Fprintf(stdout, "Mark step %s NOT done? Only if its effect did not happen: the handler runs it again when it resumes. [y/N] ", o.step)
-		} else {
-			fmt.Fprintf(stdout, "Mark step %s done with the result in %s (%d bytes)? Only if its effect happened: the handler resumes after it with this result. [y/N] ", o.step, o.result, len(result))
-		}
+		what := fmt.Sprintf("the result in %s (%d bytes)", o.result, len(result))
+		fmt.Fprintf(stdout, "%s %s [y/N] ", idemui.ResolveStepQuestion(o.step, !o.notDone, what), idemui.ResolveStepSteps)
 		line, _ := bufio.NewReader(stdin).ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
 			fmt.Fprintln(stdout, "not resolved")

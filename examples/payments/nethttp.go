@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/adapters/idemhttp"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/examples/internal/payments"
+	"github.com/idemkit/idem/observability/idemui"
 )
 
 // nethttpServer serves app's routes on net/http's ServeMux: recovery and
@@ -34,6 +35,9 @@ func nethttpServer(app *payments.App) (payments.Server, error) {
 		mux.Handle(rt.Method+" "+rt.Path, h)
 	}
 	mux.Handle("GET /metrics", app.Metrics)
+	if token := app.Config.ConsoleToken; token != "" { // the operator's console, outside the API's authentication
+		mux.Handle("/admin/idem/", http.StripPrefix("/admin/idem", idemui.Handler(app.Store, idemui.WithToken(token), idemui.WithWrites(nil))))
+	}
 	chain := httpRequestID(httpRecoverer(mux))
 	if err := app.Recover(idem.HTTPRunner(chain)); err != nil {
 		return nil, err

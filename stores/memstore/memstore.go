@@ -12,6 +12,9 @@
 // records ([idem.WithUncertainAfterCrash]) never arise through an engine:
 // its memstore leases end with the process, never by lapsing.
 //
+// It implements [idem.Inspector] and [idem.Lister] too, for operators'
+// tools in the process (observability/idemui's console).
+//
 // With several instances behind a load balancer use a shared store
 // (redisstore, mongostore): a memstore only protects its own process.
 package memstore

@@ -33,6 +33,8 @@ type App struct {
 	// Metrics serves GET /metrics (Prometheus text format), to be mounted
 	// outside authentication.
 	Metrics http.Handler
+	// Store is the idempotency store the engine uses.
+	Store   idem.Store
 	closers []func()
 	// recoverer is -recover's, set by Recover; Serve runs it.
 	recoverer *idem.Recoverer
@@ -53,6 +55,7 @@ func Open(f Config) (_ *App, err error) {
 		return nil, err
 	}
 	app.closers = append(app.closers, b.close)
+	app.Store = b.store
 	metrics, stopTelemetry, err := telemetry(f)
 	if err != nil {
 		return nil, err

@@ -105,6 +105,10 @@ type Config struct {
 	// events are relayed to through a transactional outbox (outbox.go);
 	// OutboxName names the stream or queue, as examples/consumer's -name.
 	Outbox, OutboxName string
+	// ConsoleToken, when set, mounts the operator's console
+	// (observability/idemui) on /admin/idem/ of the net/http wiring, its
+	// pages and actions behind a login with this token.
+	ConsoleToken string
 }
 
 // ParseFlags parses the command line; a -framework outside Frameworks is
@@ -140,6 +144,7 @@ func ParseFlags() (Config, error) {
 	flag.BoolVar(&f.Recover, "recover", false, "make POST /v1/payments (and CreatePayment with -framework grpc) recoverable and run a recoverer in this instance: a payment whose instance crashed is finished without its client (README: Recovery without a client)")
 	flag.DurationVar(&f.RecoverEvery, "recover-every", idem.DefaultRecoverInterval, "with -recover: how often the recoverer looks for lapsed payments (idem.RecoverEvery)")
 	flag.BoolVar(&f.RecoverConnect, "recover-connect", false, "with -framework grpc -recover: run recovered calls through the Connect handler instead of grpc-go's server")
+	flag.StringVar(&f.ConsoleToken, "console-token", os.Getenv("CONSOLE_TOKEN"), "with -framework nethttp: serve the operator's console on /admin/idem/, behind a login with this token (16 characters or more; default $CONSOLE_TOKEN)")
 	flag.IntVar(&f.RecoverAttempts, "recover-attempts", idem.DefaultRecoverAttempts, "with -recover: recovery runs of a payment before it is parked uncertain (idem.RecoverAttempts)")
 	flag.StringVar(&f.TraceFile, "trace-file", "", "write OpenTelemetry spans to this file, as JSON lines (default: no tracing)")
 	// The transactional outbox (outbox.go).

@@ -1,0 +1,35 @@
+module github.com/idemkit/idem/tests/console
+
+go 1.26.0
+
+require (
+	github.com/chromedp/chromedp v0.23.1
+	github.com/idemkit/idem/core v0.1.0
+	github.com/idemkit/idem/observability/idemui v0.1.0
+	github.com/idemkit/idem/stores/pgstore v0.1.0
+	github.com/idemkit/idem/stores/redisstore v0.1.0
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/redis/go-redis/v9 v9.23.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/chromedp/cdproto v0.160.1 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+replace (
+	github.com/idemkit/idem/core => ../../core
+	github.com/idemkit/idem/observability/idemui => ../../observability/idemui
+	github.com/idemkit/idem/stores/memstore => ../../stores/memstore
+	github.com/idemkit/idem/stores/pgstore => ../../stores/pgstore
+	github.com/idemkit/idem/stores/redisstore => ../../stores/redisstore
+)
