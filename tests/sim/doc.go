@@ -1,0 +1,2 @@
+// Package sim is a deterministic simulation of idem (tests only).
+package sim
