@@ -96,7 +96,10 @@ func (s *store) AcquireKeep(ctx context.Context, key, token, fp string, lease ti
 		var err error
 		rec, acquired, err = s.w.mem.AcquireKeep(ctx, key, token, fp, lease, keep)
 		if err == nil && acquired {
-			s.w.acquired(key, token, lease, rec.Token == "")
+			s.w.acquired(key, token, lease, rec.Token == "", "acquire")
+		}
+		if err == nil && !acquired && s.w.sh(key).released {
+			s.w.violate("key %d: acquire refused (%v record) on a released key", s.w.keyIdx[key], rec.State)
 		}
 		return err
 	})
@@ -123,7 +126,7 @@ func (s *store) Release(ctx context.Context, key, token string) error {
 		if err == nil {
 			s.w.wrote(key, token, "release", true)
 			sh := s.w.sh(key)
-			sh.holder = ""
+			sh.holder, sh.released = "", true
 			sh.incarnation++
 			s.w.countLocked("release")
 		}
@@ -162,6 +165,7 @@ func (s *store) Resolve(ctx context.Context, key string, response []byte, retent
 			sh.holder = ""
 			if response == nil {
 				sh.incarnation++
+				sh.released = true
 			}
 		}
 		return err
@@ -243,7 +247,7 @@ func (s *store) Claim(ctx context.Context, key, token string, lease, backoff tim
 		var err error
 		c, claimed, err = s.w.mem.Claim(ctx, key, token, lease, backoff)
 		if err == nil && claimed {
-			s.w.acquired(key, token, lease, false)
+			s.w.acquired(key, token, lease, false, "claim")
 			s.w.countLocked("claim")
 		}
 		return err

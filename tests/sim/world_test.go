@@ -100,6 +100,7 @@ type shadowRec struct {
 	suspended   bool   // its holder suspended it (uncertain): its own token may still complete, release or extend
 	completed   []byte // the first completed answer seen
 	incarnation int    // bumped when the record is created anew (its journal starts empty)
+	released    bool   // released (or resolved with nil) and not acquired since: the key is free
 }
 
 // effect is one run of a step's function reaching its side effect.
@@ -236,10 +237,20 @@ func (w *world) checkCompleted(key string) {
 	}
 }
 
-// acquired records token taking the key (acquire or claim); w.mu is held.
-func (w *world) acquired(key, token string, d time.Duration, fresh bool) {
+// acquired records token taking the key (acquire or claim), which must
+// take it from nobody, or from a holder whose lease ended and who did not
+// suspend it; a released key only by an acquire; w.mu is held.
+func (w *world) acquired(key, token string, d time.Duration, fresh bool, op string) {
 	sh := w.sh(key)
-	sh.holder, sh.leaseEnd, sh.suspended = token, time.Now().Add(d), false
+	switch {
+	case sh.holder != "" && sh.suspended:
+		w.violate("key %d: %s took over a suspended (uncertain) record of %s", w.keyIdx[key], op, short(sh.holder))
+	case sh.holder != "" && time.Now().Before(sh.leaseEnd):
+		w.violate("key %d: %s took over the live lease of %s (%v left)", w.keyIdx[key], op, short(sh.holder), time.Until(sh.leaseEnd))
+	case sh.released && op == "claim":
+		w.violate("key %d: a recoverer claimed a released key", w.keyIdx[key])
+	}
+	sh.holder, sh.leaseEnd, sh.suspended, sh.released = token, time.Now().Add(d), false, false
 	if fresh {
 		sh.incarnation++
 	}
@@ -772,6 +783,18 @@ func (w *world) check(strict bool) []string {
 		if found && rec.State == idem.StateInProgress {
 			steps, _ := w.mem.Steps(context.Background(), key)
 			problems = append(problems, fmt.Sprintf("key %d: still in progress at the horizon (%d steps journaled)", i, len(steps)))
+		}
+		if found && rec.State == idem.StateUncertain && w.p.operator {
+			// The operator settles every step whose starter is over, and
+			// every starter is over long before it stops (faults end at
+			// chaos): a record left uncertain on such a step means a
+			// settlement did not take.
+			steps, _ := w.mem.Steps(context.Background(), key)
+			for _, st := range steps {
+				if run := w.tokens[st.Token]; !st.Done && run != nil && (run.done || run.inst.dead) {
+					problems = append(problems, fmt.Sprintf("key %d: uncertain at the horizon on step %q, which the operator settles", i, st.Name))
+				}
+			}
 		}
 		if found {
 			stored[i] = rec
