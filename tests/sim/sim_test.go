@@ -13,7 +13,7 @@ import (
 
 var (
 	seedFlag   = flag.Uint64("sim.seed", 0, "replay this seed only (0: run -sim.seeds seeds)")
-	seedsFlag  = flag.Int("sim.seeds", 2000, "how many seeds TestSim runs (make soak: millions)")
+	seedsFlag  = flag.Int("sim.seeds", 2000, "how many seeds TestSim runs (make test: 2000; make soak: a million)")
 	firstFlag  = flag.Uint64("sim.first", 1, "the first seed of -sim.seeds")
 	traceFlag  = flag.Bool("sim.trace", false, "with -sim.seed: print the run's story (store calls applied, faults, crashes)")
 	strictFlag = flag.Bool("sim.strict", false, "count a non-Repeatable step run again after its key was released (journal deleted) as a failure")
@@ -39,6 +39,9 @@ func TestSim(t *testing.T) {
 				seed := next.Add(1) - 1
 				if seed >= first+n || failed.Load() >= 5 {
 					return
+				}
+				if done := seed - first; done > 0 && done%100000 == 0 {
+					t.Logf("%d seeds in %v", done, time.Since(start).Round(time.Second))
 				}
 				var problems []string
 				var summary string
@@ -92,4 +95,3 @@ func TestSimReplays(t *testing.T) {
 		}
 	}
 }
-

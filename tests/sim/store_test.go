@@ -10,8 +10,8 @@ import (
 
 // Errors the faulty store answers with.
 var (
-	errStoreDown   = errors.New("sim: store unreachable (nothing applied)")
-	errAnswerLost  = errors.New("sim: store applied the call, its answer was lost")
+	errStoreDown    = errors.New("sim: store unreachable (nothing applied)")
+	errAnswerLost   = errors.New("sim: store applied the call, its answer was lost")
 	errInstanceDied = errors.New("sim: this instance is dead")
 )
 

@@ -45,9 +45,9 @@ type params struct {
 func paramsFor(seed uint64) params {
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	p := params{
-		instances: 2 + r.IntN(2),
-		keys:      1 + r.IntN(3),
-		clients:   2 + r.IntN(5),
+		instances:  2 + r.IntN(2),
+		keys:       1 + r.IntN(3),
+		clients:    2 + r.IntN(5),
 		storeFault: []int{0, 50, 150, 400}[r.IntN(4)],
 		yieldCrash: []int{0, 200, 600}[r.IntN(3)],
 		yieldStall: []int{0, 200, 600}[r.IntN(3)],
@@ -286,7 +286,7 @@ type instance struct {
 	slot, gen  int
 	eng        *idem.Engine
 	rec        *idem.Recoverer
-	dead       bool      // under w.mu
+	dead       bool // under w.mu
 	deadCh     chan struct{}
 	stallUntil time.Time // under w.mu
 	stop       context.CancelFunc
