@@ -9,3 +9,7 @@ replace github.com/idemkit/idem/core => ../../core
 require github.com/idemkit/idem/stores/memstore v0.1.0
 
 replace github.com/idemkit/idem/stores/memstore => ../../stores/memstore
+
+require github.com/idemkit/idem/adapters/idemhttp v0.1.0
+
+replace github.com/idemkit/idem/adapters/idemhttp => ../../adapters/idemhttp

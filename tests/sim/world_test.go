@@ -10,6 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sort"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/adapters/idemhttp"
 	idem "github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/stores/memstore"
 )
@@ -40,6 +43,7 @@ type params struct {
 	yieldCrash, yieldStall   int     // per 10,000 handler points
 	instFaults               int     // instance crashes/stalls/restarts scheduled
 	operator                 bool
+	http                     []bool // by key: its clients go through the HTTP middleware (idemhttp), else idem.Do
 }
 
 func paramsFor(seed uint64) params {
@@ -56,6 +60,9 @@ func paramsFor(seed uint64) params {
 	}
 	if r.IntN(3) == 0 {
 		p.reuse = 0.3
+	}
+	for range p.keys {
+		p.http = append(p.http, r.IntN(2) == 0)
 	}
 	return p
 }
@@ -122,6 +129,9 @@ func newWorld(seed uint64) *world {
 	w.mem = memstore.New(memstore.WithCleanupInterval(0))
 	for i := range w.p.keys {
 		k := idem.ScopedKey("", "(do)", opName, fmt.Sprintf("k%d", i))
+		if w.p.http[i] {
+			k = idem.ScopedKey(principal, http.MethodPost, "/pay", fmt.Sprintf("k%d", i))
+		}
 		w.keys = append(w.keys, k)
 		w.keyIdx[k] = i
 	}
@@ -286,7 +296,8 @@ type instance struct {
 	slot, gen  int
 	eng        *idem.Engine
 	rec        *idem.Recoverer
-	dead       bool // under w.mu
+	http       http.Handler // the service's HTTP chain: idemhttp around the handler
+	dead       bool         // under w.mu
 	deadCh     chan struct{}
 	stallUntil time.Time // under w.mu
 	stop       context.CancelFunc
@@ -296,15 +307,18 @@ func (w *world) startInstance(slot, gen int) *instance {
 	inst := &instance{w: w, slot: slot, gen: gen, deadCh: make(chan struct{})}
 	st := &store{w: w, inst: inst}
 	eng, err := idem.New(st, idem.WithLease(lease), idem.WithStoreTimeout(storeTimeout), idem.WithLogger(w.log),
-		idem.WithCompletionRetry(10*time.Second))
+		idem.WithCompletionRetry(10*time.Second), idem.WithRecovery(keyHeader))
 	if err != nil {
 		panic(err)
 	}
-	rec, err := idem.NewRecoverer(eng, idem.RecoverConcurrency(1), idem.RecoverAttempts(3), idem.RecoverBackoff(time.Second, 8*time.Second))
+	inst.eng = eng
+	inst.http = w.httpChain(inst)
+	rec, err := idem.NewRecoverer(eng, idem.RecoverConcurrency(1), idem.RecoverAttempts(3), idem.RecoverBackoff(time.Second, 8*time.Second),
+		idem.RecoverRequests(idem.HTTPRunner(inst.http)))
 	if err != nil {
 		panic(err)
 	}
-	inst.eng, inst.rec = eng, rec
+	inst.rec = rec
 	w.mu.Lock()
 	w.started = append(w.started, inst)
 	w.mu.Unlock()
@@ -332,7 +346,10 @@ func (w *world) startInstance(slot, gen int) *instance {
 			if inst.isDead() {
 				return
 			}
-			_, _ = rec.RecoverOnce(ctx)
+			rep, _ := rec.RecoverOnce(ctx)
+			if rep.Recovered > 0 {
+				w.count("recovered")
+			}
 		}
 	}()
 	return inst
@@ -380,6 +397,53 @@ func (inst *instance) waitStall() {
 		}
 		time.Sleep(d)
 	}
+}
+
+// Requests of the HTTP door: POST /pay, the key's index in keyHeader (kept
+// for recovery), the payload as the body; principal is every client's.
+const (
+	keyHeader = "X-Sim-Key"
+	principal = "client"
+)
+
+// httpChain is an instance's HTTP service: the operation's handler behind
+// idemhttp, whose scope re-establishes a recovery run's principal. A
+// request that carries no run (a recoverer's) gets one.
+func (w *world) httpChain(inst *instance) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /pay", func(rw http.ResponseWriter, req *http.Request) {
+		r := req.Context().Value(runKey{}).(*run)
+		body, _ := io.ReadAll(req.Body)
+		r.payload = string(body)
+		v, err := w.handler(r)(req.Context())
+		switch {
+		case err == nil:
+			b, _ := json.Marshal(v)
+			rw.Header().Set("Content-Type", "application/json")
+			_, _ = rw.Write(b)
+		case errors.Is(err, idem.ErrPermanent):
+			rw.Header().Set("Content-Type", "text/plain")
+			rw.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = rw.Write([]byte(err.Error()))
+		default:
+			http.Error(rw, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	eng := inst.eng
+	chain := idemhttp.New(eng, idemhttp.WithScope(func(req *http.Request) string {
+		if p, ok := eng.RecoveryPrincipal(req.Header.Get(idem.RecoveryHeader)); ok {
+			return p
+		}
+		return principal
+	}))(mux)
+	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		if _, ok := req.Context().Value(runKey{}).(*run); !ok {
+			r := w.newRun(inst, req.Header.Get(keyHeader), "", "recovery")
+			req = req.WithContext(context.WithValue(req.Context(), runKey{}, r))
+			defer r.finish()
+		}
+		chain.ServeHTTP(rw, req)
+	})
 }
 
 // run is one execution of the handler: a client's Do or a recoverer's.
@@ -537,17 +601,25 @@ func (w *world) runClient(c *client) {
 			continue
 		}
 		run := w.newRun(inst, op.Key, c.payload, fmt.Sprintf("client%d/%d", c.id, c.tries))
-		type answer struct {
-			v   Result
-			err error
-		}
 		got := make(chan answer, 1)
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
-			v, err := idem.Do(context.WithValue(w.ctx, runKey{}, run), inst.eng, op, w.handler(run))
+			ctx := context.WithValue(w.ctx, runKey{}, run)
+			if !w.p.http[c.key] {
+				v, err := idem.Do(ctx, inst.eng, op, w.handler(run))
+				run.finish()
+				got <- answer{v, err}
+				return
+			}
+			req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/pay", strings.NewReader(c.payload))
+			req.Header.Set("Content-Type", "text/plain")
+			req.Header.Set("Idempotency-Key", `"`+op.Key+`"`)
+			req.Header.Set(keyHeader, op.Key)
+			rec := httptest.NewRecorder()
+			inst.http.ServeHTTP(rec, req)
 			run.finish()
-			got <- answer{v, err}
+			got <- httpAnswer(rec)
 		}()
 		var a answer
 		select {
@@ -583,6 +655,34 @@ func (w *world) runClient(c *client) {
 		}
 		time.Sleep(time.Duration(200+r.IntN(3000)) * time.Millisecond)
 	}
+}
+
+// answer is what one attempt of a client got.
+type answer struct {
+	v   Result
+	err error
+}
+
+// httpAnswer reads an HTTP answer as Do would return it: 200 a Result, 422
+// the engine's key-reused problem a mismatch, 422 the handler's own a
+// permanent error, anything else an error to retry.
+func httpAnswer(rec *httptest.ResponseRecorder) answer {
+	body := rec.Body.String()
+	switch {
+	case rec.Code == http.StatusOK:
+		var v Result
+		if err := json.Unmarshal([]byte(body), &v); err != nil {
+			return answer{err: err}
+		}
+		return answer{v: v}
+	case rec.Code == http.StatusUnprocessableEntity && strings.HasPrefix(rec.Header().Get("Content-Type"), "application/problem+json"):
+		return answer{err: idem.ErrMismatch}
+	case rec.Code == http.StatusUnprocessableEntity:
+		return answer{err: &idem.StoredError{Message: body}}
+	case rec.Code == http.StatusConflict && strings.Contains(body, "uncertain"):
+		return answer{err: idem.ErrUncertain}
+	}
+	return answer{err: fmt.Errorf("HTTP %d: %s", rec.Code, body)}
 }
 
 // liveInstance picks an instance that is not dead, nil when all are.
@@ -796,11 +896,15 @@ func (w *world) check(strict bool) []string {
 				}
 			}
 		}
+		door := "do"
+		if w.p.http[i] {
+			door = "http"
+		}
 		if found {
 			stored[i] = rec
-			w.counts["end-"+rec.State.String()]++
+			w.counts["end-"+door+"-"+rec.State.String()]++
 		} else {
-			w.counts["end-absent"]++
+			w.counts["end-"+door+"-absent"]++
 		}
 	}
 	// Every client's final answer is the stored one.
