@@ -462,7 +462,7 @@ type runKey struct{}
 
 func (w *world) newRun(inst *instance, key, payload, who string) *run {
 	var k int
-	fmt.Sscanf(key, "k%d", &k)
+	_, _ = fmt.Sscanf(key, "k%d", &k)
 	return &run{w: w, inst: inst, key: k, payload: payload, who: who, stepInc: map[string]int{}}
 }
 
