@@ -12,11 +12,12 @@ import (
 )
 
 var (
-	seedFlag   = flag.Uint64("sim.seed", 0, "replay this seed only (0: run -sim.seeds seeds)")
-	seedsFlag  = flag.Int("sim.seeds", 2000, "how many seeds TestSim runs (make test: 2000; make soak: a million)")
-	firstFlag  = flag.Uint64("sim.first", 1, "the first seed of -sim.seeds")
-	traceFlag  = flag.Bool("sim.trace", false, "with -sim.seed: print the run's story (store calls applied, faults, crashes)")
-	strictFlag = flag.Bool("sim.strict", false, "count a non-Repeatable step run again after its key was released (journal deleted) as a failure")
+	seedFlag    = flag.Uint64("sim.seed", 0, "replay this seed only (0: run -sim.seeds seeds)")
+	seedsFlag   = flag.Int("sim.seeds", 2000, "how many seeds TestSim runs (make test: 2000; make soak: a million)")
+	firstFlag   = flag.Uint64("sim.first", 1, "the first seed of -sim.seeds")
+	traceFlag   = flag.Bool("sim.trace", false, "with -sim.seed: print the run's story (store calls applied, faults, crashes)")
+	replaysFlag = flag.Int("sim.replays", 20, "how many seeds TestSimReplays plays twice")
+	strictFlag  = flag.Bool("sim.strict", false, "count a non-Repeatable step run again after its key was released (journal deleted) as a failure")
 )
 
 // TestSim plays -sim.seeds seeded runs (or -sim.seed alone) and checks
@@ -78,10 +79,10 @@ func TestSim(t *testing.T) {
 		n, d.Round(time.Millisecond), float64(n)/d.Seconds(), ops.Load(), float64(ops.Load())/float64(n), releaseRepeats.Load(), releaseSeeds.Load())
 }
 
-// TestSimReplays checks that a seed replays exactly: the same store calls,
+// TestSimReplays checks that -sim.replays seeds replay exactly: the same store calls,
 // at the same virtual times, with the same outcomes.
 func TestSimReplays(t *testing.T) {
-	for seed := uint64(1); seed <= 20; seed++ {
+	for seed := uint64(1); seed <= uint64(*replaysFlag); seed++ {
 		var traces [2]uint64
 		var sums [2]string
 		for i := range traces {

@@ -49,6 +49,10 @@ func (s *store) call(ctx context.Context, op, key, token string, mutating bool, 
 		return w.apply(ctx, op, key, token, mutating, apply)
 	}
 	s.inst.waitStall()
+	// Calls that reach the store at one virtual instant (an instance
+	// waking from a stall, a shared deadline) are spread over the next
+	// microsecond by what they are, not by which goroutine runs first.
+	time.Sleep(time.Duration(1 + w.roll(1000, "arrive", op, key)))
 	if s.inst.isDead() {
 		return errInstanceDied
 	}
@@ -69,6 +73,7 @@ func (s *store) call(ctx context.Context, op, key, token string, mutating bool, 
 		}
 		<-ctx.Done()
 		if f == faultLate {
+			time.Sleep(time.Duration(1 + w.roll(1000, "late", op, key)))
 			w.count("fault:store-late-apply")
 			_ = w.apply(context.WithoutCancel(ctx), op, key, token, mutating, apply)
 		} else {
