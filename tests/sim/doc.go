@@ -83,9 +83,11 @@
 // got the first journal's answer (its holder stalled before completing)
 // can differ from the answer stored later. README "Durable steps"
 // documents that the retry then starts afresh, but its table promises
-// that a non-Repeatable step is never sent twice. Seed 6 shows it with one
-// fault (store error on StartStep("mail") after "charge" was journaled);
-// about one seed in ten has such a repeat. The checks above count these
+// that a non-Repeatable step is never sent twice. Seed 2 shows it with one
+// fault: StartStep("mail") times out (and is applied late) after "charge"
+// was journaled; the handler returns the error, the key is released, and
+// the client's retry charges again. About one seed in eleven has such a
+// repeat. The checks above count these
 // (per journal) and report them; -sim.strict fails on them.
 //
 // # Mutation evidence
@@ -95,16 +97,16 @@
 // failing seed and the invariant that caught it:
 //
 //	bug                                                   caught by (first failing seed)
-//	FinishStep without the token check (unfenced write)   fencing (27)
+//	FinishStep without the token check (unfenced write)   fencing (5)
 //	StartStep without the token check                     fencing (5)
-//	a claim that takes a live lease                       lease exclusivity (1)
-//	a resolve that leaves the step started                operator settlement does not take (10)
-//	a completion that overwrites a completed record       fencing (29)
-//	a release that leaves the journal and claim           release frees the key (18)
-//	an acquire that takes a suspended record over         lease exclusivity (2)
-//	Lapsed stops listing a record once claimed            a stopped holder's record ends (187)
-//	Extend answering nil without extending                lease exclusivity (104)
-//	core: a takeover runs a started non-Repeatable step   at most one effect (2)
+//	a claim that takes a live lease                       lease exclusivity (2)
+//	a resolve that leaves the step started                operator settlement does not take (28)
+//	a completion that overwrites a completed record       fencing (3)
+//	a release that leaves the journal and claim           release frees the key (2)
+//	an acquire that takes a suspended record over         lease exclusivity (31)
+//	Lapsed stops listing a record once claimed            a stopped holder's record ends (200)
+//	Extend answering nil without extending                lease exclusivity (79)
+//	core: a takeover runs a started non-Repeatable step   at most one effect (31)
 //	core: a lost completion taken as stored (landed)      missed
 //
 // Missed: with a store without transactions, Do answers the handler's
@@ -121,7 +123,7 @@
 // 1-4000 and 1-2000, /usr/bin/time): make test's 2,000 seeds take about
 // 45 s of CPU with -race, about 22 s on 2 idle cores (13 seeds a second at
 // a load average of 16); make soak's million about 70 minutes of CPU,
-// about 35 on 2 idle cores. Of 2,000 seeds, about 200 repeat a
+// about 35 on 2 idle cores. Of 2,000 seeds, about 180 repeat a
 // non-Repeatable step after a release (the finding above).
 //
 // # Limits
