@@ -45,8 +45,11 @@
 // and, for decisions taken in goroutines the engine starts, a hash of the
 // seed, the virtual time and the call, so that a run does not depend on
 // which goroutine the Go scheduler runs first at one virtual instant.
-// TestSimReplays runs 20 seeds twice and compares the multiset of store
-// calls (virtual time, call, key, outcome). A failing seed prints the
+// Store calls that meet at one virtual instant (an instance waking from a
+// stall, calls sharing a deadline) are spread over the next microsecond by
+// what they are. TestSimReplays plays seeds twice (20 in make test,
+// -sim.replays; 1,500 checked) and compares the multiset of store calls
+// (virtual time, call, key, outcome). A failing seed prints the
 // command that replays it.
 //
 // # Invariants
@@ -119,19 +122,20 @@
 // # Cost
 //
 // A run makes about 240 store calls (100 to 500) over 180 virtual seconds
-// and costs about 4 ms of CPU, 22 ms with -race (measured with seeds
-// 1-4000 and 1-2000, /usr/bin/time): make test's 2,000 seeds take about
+// and costs about 4.5 ms of CPU, 22 ms with -race (measured with seeds
+// 1-3000 and 1-2000, /usr/bin/time): make test's 2,000 seeds take about
 // 45 s of CPU with -race, about 22 s on 2 idle cores (13 seeds a second at
-// a load average of 16); make soak's million about 70 minutes of CPU,
-// about 35 on 2 idle cores. Of 2,000 seeds, about 180 repeat a
+// a load average of 16); make soak's million about 75 minutes of CPU,
+// about 40 on 2 idle cores. Of 2,000 seeds, about 180 repeat a
 // non-Repeatable step after a release (the finding above).
 //
 // # Limits
 //
 // synctest cannot host real network I/O, so the simulation drives [idem.Do]
-// over memstore in process; the HTTP engine over sockets and the real
-// stores are left to tests/model, tests/robustness and tests/chaos. Two
-// goroutines runnable at the same virtual instant still run in the Go
-// scheduler's order; decisions do not depend on it, but the outcome of a
-// race at one instant may (TestSimReplays has found none on its seeds).
+// and the net/http middleware in process (httptest), over memstore; HTTP
+// over sockets and the real stores are left to tests/model, tests/robustness and tests/chaos. Two
+// goroutines runnable at one virtual instant still run in the Go
+// scheduler's order; decisions do not depend on it, and the calls they make
+// are spread as above, but two calls alike (the same call on the same key)
+// at one instant are not ordered by the seed.
 package sim

@@ -816,19 +816,11 @@ func runWorld(seed uint64, strict, verbose bool) (w *world, problems []string) {
 		go w.operate()
 	}
 	time.Sleep(horizon)
-	close(w.end)
-	w.mu.Lock()
-	insts := slices.Clone(w.insts)
-	w.mu.Unlock()
-	for _, in := range insts {
+	close(w.end) // crashed handlers return; recoverers stop
+	for _, in := range w.allInstances() {
 		in.stop()
 	}
 	w.wg.Wait()
-	w.mu.Lock()
-	for _, in := range w.insts {
-		in.stop()
-	}
-	w.mu.Unlock()
 	closeCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	for _, in := range w.allInstances() {
 		_ = in.eng.Close(closeCtx)
