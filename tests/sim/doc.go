@@ -121,13 +121,15 @@
 //
 // # Cost
 //
-// A run makes about 240 store calls (100 to 500) over 180 virtual seconds
-// and costs about 4.5 ms of CPU, 22 ms with -race (measured with seeds
-// 1-3000 and 1-2000, /usr/bin/time): make test's 2,000 seeds take about
-// 45 s of CPU with -race, about 22 s on 2 idle cores (13 seeds a second at
-// a load average of 16); make soak's million about 75 minutes of CPU,
-// about 40 on 2 idle cores. Of 2,000 seeds, about 180 repeat a
-// non-Repeatable step after a release (the finding above).
+// A run makes about 235 store calls (100 to 500) over 180 virtual seconds
+// and costs about 4.5 ms of CPU, 19 ms with -race (seeds 1-3000 and
+// 1-2000, /usr/bin/time): make test's 2,000 seeds take about 38 s of CPU
+// with -race, 35 s of wall time at a load average of 9 on 2 cores; make
+// soak's million about 75 minutes of CPU, about 40 on 2 idle cores. Of
+// 2,000 seeds, 180 repeat a non-Repeatable step after a release (the
+// finding above), and about 180 effects are made by a stalled holder
+// already fenced out (harmless: its step is found started, and the
+// execution ends uncertain, or it was Repeatable).
 //
 // # Limits
 //

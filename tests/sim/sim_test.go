@@ -28,7 +28,7 @@ func TestSim(t *testing.T) {
 	if *seedFlag != 0 {
 		first, n = *seedFlag, 1
 	}
-	var next, failed, ops, releaseRepeats, releaseSeeds atomic.Uint64
+	var next, failed, ops, releaseRepeats, releaseSeeds, parked, fencedEffects atomic.Uint64
 	next.Store(first)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -57,6 +57,8 @@ func TestSim(t *testing.T) {
 					if w.counts["repeat-after-release"]+w.counts["client-answer-from-released-journal"] > 0 {
 						releaseSeeds.Add(1)
 					}
+					parked.Add(uint64(w.counts["client-answered-record-parked"]))
+					fencedEffects.Add(uint64(w.counts["effect-by-fenced-holder"]))
 				})
 				if n == 1 {
 					t.Logf("seed %d: %s", seed, summary)
@@ -75,8 +77,9 @@ func TestSim(t *testing.T) {
 	}
 	wg.Wait()
 	d := time.Since(start)
-	t.Logf("%d seeds in %v (%.0f/s), %d store calls (%.0f per run); non-Repeatable steps run again after a release deleted their journal: %d (in %d seeds, which fail under -sim.strict)",
-		n, d.Round(time.Millisecond), float64(n)/d.Seconds(), ops.Load(), float64(ops.Load())/float64(n), releaseRepeats.Load(), releaseSeeds.Load())
+	t.Logf("%d seeds in %v (%.0f/s), %d store calls (%.0f per run); non-Repeatable steps run again after a release deleted their journal: %d (in %d seeds, which fail under -sim.strict); "+
+		"effects by a stalled holder already fenced out: %d; clients answered while their record ended parked uncertain with that answer journaled: %d",
+		n, d.Round(time.Millisecond), float64(n)/d.Seconds(), ops.Load(), float64(ops.Load())/float64(n), releaseRepeats.Load(), releaseSeeds.Load(), fencedEffects.Load(), parked.Load())
 }
 
 // TestSimReplays checks that -sim.replays seeds replay exactly: the same store calls,
