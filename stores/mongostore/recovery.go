@@ -30,11 +30,12 @@ var (
 // other takeover and Complete drop it. dueAt, indexed (sparse), is when to
 // look at the record: when it was due as of its last write by
 // SetRecovery, Claim or ResolveStep, or [RecoveryRecheck] after that write
-// if sooner. Extend, Suspend and a client's takeover leave it as it was,
-// so Lapsed reads the records whose dueAt passed, answers those due, and
-// moves the dueAt of the others the same way (or unsets it), each update
-// pinned to the dueAt it read: a lease shortened by an Extend is noticed
-// within RecoveryRecheck of its lapse.
+// if sooner. An Extend to a lease shorter than RecoveryRecheck brings it
+// forward to the new lease's end; other Extends, Suspend and a client's
+// takeover leave it as it was, so Lapsed reads the records whose dueAt
+// passed, answers those due, and moves the dueAt of the others the same
+// way (or unsets it), each update pinned to the dueAt it read, and looks
+// further.
 const (
 	fieldRecovery = "recovery"
 	fieldAttempts = "attempts"
