@@ -72,6 +72,34 @@ func testLapsedBehindHistory(t *testing.T, s idem.Store, n int) {
 	}
 }
 
+// testLapsedPastExpired: a due record behind more than limit records whose
+// retain ended while they were due (expired, never claimed: entries no
+// transition removed) is returned by the first Lapsed(limit): a store
+// looks past what it finds expired, and never reports it.
+func testLapsedPastExpired(t *testing.T, s idem.Store) {
+	r := recoverable(t, s)
+	const limit = 4
+	fp := fingerprint("expired")
+	expired := make([]string, 2*limit+1)
+	for i := range expired {
+		expired[i] = Key()
+		withRecovery(t, s, expired[i], Token(), fp, time.Millisecond)
+	}
+	due, tok := Key(), Token()
+	withRecovery(t, s, due, tok, fp, time.Hour)
+	waitLapse() // every lease lapsed; the first records' retain ended too
+	recs, err := r.Lapsed(ctx(t), limit)
+	if err != nil {
+		t.Fatalf("Lapsed: %v", err)
+	}
+	if len(recs) != 1 || recs[0].Key != due {
+		t.Fatalf("the first Lapsed(%d) = %+v; want only the due record %s, found past %d expired ones", limit, recs, due[:8], len(expired))
+	}
+	if cl, ok, err := r.Claim(ctx(t), due, Token(), longLease, 0); err != nil || !ok || cl.PreviousToken != tok {
+		t.Fatalf("Claim of the due record = %+v, %v, %v; want claimed from its holder", cl, ok, err)
+	}
+}
+
 // WriteHistory writes n completed recoverable records to s (an
 // [idem.Recoverable]) through the Store API, as a service's history of
 // finished executions: each acquired under a fresh key, given a recovery

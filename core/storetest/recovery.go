@@ -34,7 +34,8 @@ import (
 // its token that it finishes, Steps in start order throughout; cancelled
 // contexts; a crashed record behind a history of completed recoverable
 // records ([WithHistory], 10,000 by default) returned by the first Lapsed
-// after its lapse. newStore is called once per subtest, as
+// after its lapse, and one behind records that expired while due.
+// newStore is called once per subtest, as
 // for [Run]; each store must be isolated from the others (Lapsed sees only
 // its own records). The cases wait for leases together.
 func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store, opts ...RecoveryOption) {
@@ -44,6 +45,7 @@ func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store, opts ...R
 	}
 	tests := []storeCase{
 		{"LapsedBehindHistory", func(t *testing.T, s idem.Store) { testLapsedBehindHistory(t, s, cfg.history) }},
+		{"LapsedPastExpired", testLapsedPastExpired},
 		{"SetRecoveryFencing", testRecoveryFencing},
 		{"LapsedLifecycle", testRecoveryLifecycle},
 		{"NotListedAfterEnd", testRecoveryEnded},

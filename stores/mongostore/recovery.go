@@ -140,7 +140,9 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 
 // lapsedBudget bounds how long one Lapsed call looks past records whose
 // dueAt passed but that are not due (at most half of what its context
-// leaves): it then answers the due records it found.
+// leaves): it starts no round that would end past it (by the last round's
+// time), and then answers the due records it found; a later round's
+// failure too.
 const lapsedBudget = time.Second
 
 // Lapsed implements [idem.Recoverable.Lapsed]: a find of up to limit
@@ -163,13 +165,16 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 	}
 	end := time.Now().Add(budget)
 	var due []idem.LapsedRecord
-	for {
+	for round := 0; ; round++ {
+		start := time.Now()
 		moved, full, err := s.lapsedRound(ctx, len(due), limit-len(due), &due)
-		if err != nil {
+		switch {
+		case err != nil && round == 0:
 			return nil, err
-		}
-		if moved == 0 || !full || len(due) >= limit || time.Now().After(end) {
+		case err != nil: // a later round: what the first ones found stands
 			return due, nil
+		case moved == 0 || !full || len(due) >= limit || time.Now().Add(time.Since(start)).After(end):
+			return due, nil // seen every record whose dueAt passed, or no time for another round
 		}
 	}
 }

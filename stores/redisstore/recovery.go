@@ -279,8 +279,9 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 }
 
 // lapsedBudget bounds how long one Lapsed call looks past index entries
-// that are not due (at most half of what its context leaves): it then
-// answers the due records it found.
+// that are not due (at most half of what its context leaves): it starts
+// no round that would end past it (by the last round's time), and then
+// answers the due records it found; a later round's failure too.
 const lapsedBudget = time.Second
 
 // Lapsed implements [idem.Recoverable.Lapsed]: rounds of a script reading
@@ -309,13 +310,16 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 	}
 	end := time.Now().Add(budget)
 	var due []idem.LapsedRecord
-	for {
+	for round := 0; ; round++ {
+		start := time.Now()
 		n, more, err := s.lapsedRound(ctx, len(due), limit-len(due), &due)
-		if err != nil {
+		switch {
+		case err != nil && round == 0:
 			return nil, err
-		}
-		if !more || n == 0 || len(due) >= limit || time.Now().After(end) {
+		case err != nil: // a later round: what the first ones found stands
 			return due, nil
+		case !more || n == 0 || len(due) >= limit || time.Now().Add(time.Since(start)).After(end):
+			return due, nil // seen every entry whose time came, or no time for another round
 		}
 	}
 }
