@@ -61,7 +61,7 @@ vulncheck:
 # failovers under load, repeated for SOAK per case (TestSentinelFailover); and the
 # broker chaos of examples/consumer with 300 payments and 60 consumer kills per broker;
 # 500 payments per store killed mid-handler and finished by recoverers (examples/payments),
-# behind HISTORY completed recoverable records per store (default 100000; 5000 on FerretDB).
+# behind HISTORY completed recoverable records per store but FerretDB (default 100000).
 soak:
 	bash -c 'source scripts/services.sh && cd tests/chaos && go test -race -count=1 -timeout 30m -run "TestSoak|TestSentinelFailover" -v -soak=$${SOAK:-3m} .'
 	bash -c 'source scripts/services.sh && cd examples/consumer && go test -count=1 -timeout 30m -run TestExactlyOnce -v -payments 300 -duplicates 100 -kills 60 .'
