@@ -289,7 +289,9 @@ func (r *Recoverer) pass(ctx context.Context) (rep RecoveryReport, more bool, er
 	failed := map[string]bool{}
 	var mu sync.Mutex
 	defer func() {
-		r.noteFailures(ctx, seen, failed)
+		if err == nil || len(seen) > 0 { // a pass whose first Lapsed failed saw nothing: the counts stand
+			r.noteFailures(ctx, seen, failed)
+		}
 		e.emit(ctx, Event{Kind: EventRecoveryPass, Pass: &rep})
 	}()
 	for {
