@@ -30,11 +30,12 @@ const (
 	EventRecoveryDeferred                        // a Recoverer's run ended without an answer to store (error, 5xx, panic, refused on its way): the record is due again after its backoff
 	EventRecoveryParked                          // a record's recovery attempts are exhausted: it is uncertain until an operator resolves it (idemctl list -state uncertain)
 	EventRecoveryRefused                         // 403: a request carried an Idem-Recovery nonce no pending recovery run issued, or ran as another request than its claim
+	EventRecoveryPass                            // a Recoverer's pass ended; Pass counts the due records it saw, claimed, recovered, deferred and parked
 )
 
 var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error", "unprotected",
 	"replay-forbidden", "fingerprint-changed", "uncertain", "key-expired", "takeover",
-	"recovery-started", "recovered", "recovery-deferred", "recovery-parked", "recovery-refused"}
+	"recovery-started", "recovered", "recovery-deferred", "recovery-parked", "recovery-refused", "recovery-pass"}
 
 // String returns the event's name, e.g. "replayed".
 func (k EventKind) String() string {
@@ -107,6 +108,9 @@ type Event struct {
 	// Lapsed is, for EventTakeover, how long the previous lease had lapsed
 	// when it was taken over.
 	Lapsed time.Duration
+	// Pass is, for EventRecoveryPass, what the pass did (nil for every
+	// other kind); the hook must not keep it past its call.
+	Pass *RecoveryReport
 	// Ended is true on the one event that ends an execution announced by
 	// EventAcquired: its completion or release (completed, released, or
 	// lease-lost or store-error at completion or release). Events while the

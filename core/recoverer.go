@@ -79,9 +79,10 @@ func (w *discardWriter) Flush() {}
 type RecovererOption func(*Recoverer)
 
 // RecoverEvery sets how long [Recoverer.Run] waits between passes
-// (±25% jitter, so that the recoverers of several instances spread);
-// a pass that found a full batch is followed at once by another.
-// Optional. Default is 5s.
+// (±25% jitter, so that the recoverers of several instances spread),
+// and bounds how long one pass goes on asking for more due records: a
+// pass that reached that bound with due records left is followed at once
+// by another. Optional. Default is 5s.
 func RecoverEvery(d time.Duration) RecovererOption { return func(r *Recoverer) { r.interval = d } }
 
 // RecoverAttempts sets how many recovery runs a record gets: the claim
@@ -146,7 +147,16 @@ type Recoverer struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	failedMu sync.Mutex
+	failed   map[string]int // scoped key → claims of the due record that failed in a row, pass after pass
 }
+
+// claimWarnAfter is how many claims of one due record must fail in a row
+// (pass after pass: a store error, or Claim finding it not due while
+// Lapsed keeps returning it) before the [Recoverer] logs a warning; it
+// warns again every claimWarnAfter more.
+const claimWarnAfter = 3
 
 // NewRecoverer returns a Recoverer of e's records. It does no I/O. It
 // returns an error when e's store does not implement [Recoverable] and
@@ -185,11 +195,18 @@ func (r *Recoverer) Handle(name string, fn func(ctx context.Context, op Operatio
 
 // RecoveryReport counts what one [Recoverer.RecoverOnce] pass did.
 type RecoveryReport struct {
-	Due       int // records Lapsed returned
+	Due       int // due records seen: those Lapsed returned, each counted once per pass
 	Claimed   int // records this pass took over
 	Recovered int // runs that stored the answer
 	Deferred  int // runs that ended without an answer to store (due again after the backoff)
 	Uncertain int // runs that ended uncertain (a step's outcome unknown) or were parked
+	Parked    int // records parked uncertain, their attempts exhausted or their payload unreadable (counted in Uncertain too)
+	// OldestDue is how long the longest-due record this pass claimed had
+	// been due (since its lease lapsed, plus its backoff after an earlier
+	// attempt), by the store's clock ([RecoveryClaim.Lapsed]); 0 when the
+	// pass claimed none. A recoverer that keeps up keeps it near
+	// RecoverEvery.
+	OldestDue time.Duration
 }
 
 // Start runs [Recoverer.Run] in a goroutine until Stop. Calling it again
@@ -233,13 +250,13 @@ func (r *Recoverer) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		rep, err := r.RecoverOnce(ctx)
+		_, more, err := r.pass(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.e.cfg.logger.ErrorContext(ctx, "idem: recovery pass failed", "err", err)
 		}
 		next := r.jitter()
-		if err == nil && rep.Due >= r.batch {
-			next = 0 // more may be due
+		if err == nil && more {
+			next = 0 // the pass ended on its time bound with due records left
 		}
 		t.Reset(next)
 	}
@@ -250,53 +267,119 @@ func (r *Recoverer) jitter() time.Duration {
 }
 
 // RecoverOnce runs one pass: it asks the store for up to the batch of due
-// records, claims each and runs it (at most the concurrency at once), and
-// returns when every run it started has ended. err reports a failed
-// Lapsed only; each record's failures are logged and reported as events.
+// records, claims each and runs it (at most the concurrency at once), and,
+// while the store answered a full batch, asks again for the records due
+// now that the pass has not seen, until it has seen every record due now
+// or the pass has lasted [RecoverEvery]'s interval. It returns when every
+// run it started has ended, having reported what it did as an
+// [EventRecoveryPass]. err reports a failed Lapsed only; each record's
+// failures are logged and reported as events, and a record whose claims
+// keep failing pass after pass is logged as a warning.
 func (r *Recoverer) RecoverOnce(ctx context.Context) (RecoveryReport, error) {
-	var rep RecoveryReport
+	rep, _, err := r.pass(ctx)
+	return rep, err
+}
+
+// pass is RecoverOnce; more reports that it ended on its time bound with
+// a full batch last: more records may be due.
+func (r *Recoverer) pass(ctx context.Context) (rep RecoveryReport, more bool, err error) {
 	e := r.e
-	start := e.clock()
-	c, cancel := e.storeCall(ctx)
-	due, err := e.recoverable.Lapsed(c, r.batch)
-	cancel()
-	if err != nil {
-		e.emit(ctx, Event{Kind: EventStoreError, Op: OpLapsed, StoreDuration: e.clock().Sub(start), Err: err})
-		return rep, err
-	}
-	rep.Due = len(due)
+	began := time.Now()
+	seen := map[string]bool{}
+	failed := map[string]bool{}
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, r.concurrency)
-	for _, d := range due {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			wg.Wait()
-			return rep, nil
+	defer func() {
+		if err == nil || len(seen) > 0 { // a pass whose first Lapsed failed saw nothing: the counts stand
+			r.noteFailures(ctx, seen, failed)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			o := r.recoverOne(ctx, d)
-			mu.Lock()
-			defer mu.Unlock()
-			switch o {
-			case outcomeRecovered:
-				rep.Claimed++
-				rep.Recovered++
-			case outcomeDeferred:
-				rep.Claimed++
-				rep.Deferred++
-			case outcomeUncertain:
-				rep.Claimed++
-				rep.Uncertain++
+		e.emit(ctx, Event{Kind: EventRecoveryPass, Pass: &rep})
+	}()
+	for {
+		start := e.clock()
+		c, cancel := e.storeCall(ctx)
+		due, lerr := e.recoverable.Lapsed(c, r.batch)
+		cancel()
+		if lerr != nil {
+			e.emit(ctx, Event{Kind: EventStoreError, Op: OpLapsed, StoreDuration: e.clock().Sub(start), Err: lerr})
+			return rep, false, lerr
+		}
+		fresh := due[:0:0]
+		for _, d := range due {
+			if !seen[d.Key] {
+				seen[d.Key] = true
+				fresh = append(fresh, d)
 			}
-		}()
+		}
+		rep.Due += len(fresh)
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, r.concurrency)
+		for _, d := range fresh {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				wg.Wait()
+				return rep, false, nil
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				o, dueFor := r.recoverOne(ctx, d)
+				mu.Lock()
+				defer mu.Unlock()
+				if o != outcomeNotClaimed {
+					rep.Claimed++
+					rep.OldestDue = max(rep.OldestDue, dueFor)
+				}
+				switch o {
+				case outcomeNotClaimed:
+					failed[d.Key] = true
+				case outcomeRecovered:
+					rep.Recovered++
+				case outcomeDeferred:
+					rep.Deferred++
+				case outcomeParked:
+					rep.Parked++
+					rep.Uncertain++
+				case outcomeUncertain:
+					rep.Uncertain++
+				}
+			}()
+		}
+		wg.Wait()
+		switch {
+		case len(due) < r.batch || len(fresh) == 0 || ctx.Err() != nil:
+			return rep, false, nil // every record due now seen (or only seen ones came back)
+		case time.Since(began) >= r.interval:
+			return rep, true, nil
+		}
 	}
-	wg.Wait()
-	return rep, nil
+}
+
+// noteFailures counts, for each due record of a pass (seen), whether its
+// claim failed, and warns of those whose claims failed claimWarnAfter
+// passes in a row (and every claimWarnAfter more). Records not seen again
+// are forgotten: the map stays as large as one pass.
+func (r *Recoverer) noteFailures(ctx context.Context, seen, failed map[string]bool) {
+	r.failedMu.Lock()
+	defer r.failedMu.Unlock()
+	next := make(map[string]int, len(failed))
+	for key := range seen {
+		if !failed[key] {
+			continue
+		}
+		n := r.failed[key] + 1
+		next[key] = n
+		if n%claimWarnAfter == 0 {
+			short := key
+			if len(short) > 16 {
+				short = short[:16]
+			}
+			r.e.cfg.logger.WarnContext(ctx, "idem: a record due for recovery could not be claimed pass after pass (store errors, or the store's Lapsed and Claim disagree on whether it is due); it is not recovered",
+				"key", short, "failed_claims", n)
+		}
+	}
+	r.failed = next
 }
 
 type recoveryOutcome int
@@ -306,18 +389,25 @@ const (
 	outcomeRecovered
 	outcomeDeferred
 	outcomeUncertain
+	outcomeParked
 )
 
-// recoverOne claims the due record d and runs it.
-func (r *Recoverer) recoverOne(ctx context.Context, d LapsedRecord) recoveryOutcome {
-	e := r.e
-	token := e.tokenPrefix + strconv.FormatUint(e.tokens.Add(1), 36)
-	attempt := d.Attempts + 1
+// backoffAfter returns the backoff the claim of the given attempt (1 for
+// the first) gives: base, doubling with each attempt, at most maxBackoff.
+func (r *Recoverer) backoffAfter(attempt int) time.Duration {
 	backoff := r.backoff
 	for i := 1; i < attempt && backoff < r.maxBackoff; i++ {
 		backoff *= 2
 	}
-	backoff = min(backoff, r.maxBackoff)
+	return min(backoff, r.maxBackoff)
+}
+
+// recoverOne claims the due record d and runs it. dueFor is how long it
+// had been due when claimed (0 when not claimed).
+func (r *Recoverer) recoverOne(ctx context.Context, d LapsedRecord) (o recoveryOutcome, dueFor time.Duration) {
+	e := r.e
+	token := e.tokenPrefix + strconv.FormatUint(e.tokens.Add(1), 36)
+	backoff := r.backoffAfter(d.Attempts + 1)
 	ev := Event{Key: d.Key}
 	start := e.clock()
 	c, cancel := e.storeCall(ctx)
@@ -327,10 +417,15 @@ func (r *Recoverer) recoverOne(ctx context.Context, d LapsedRecord) recoveryOutc
 	switch {
 	case err != nil:
 		e.emitErr(ctx, ev, EventStoreError, err, "idem: recovery claim failed")
-		return outcomeNotClaimed
+		return outcomeNotClaimed, 0
 	case !claimed: // not due any more: completed, taken over, claimed by another recoverer
-		return outcomeNotClaimed
+		return outcomeNotClaimed, 0
 	}
+	dueFor = claim.Lapsed
+	if claim.Attempts > 1 {
+		dueFor -= r.backoffAfter(claim.Attempts - 1)
+	}
+	dueFor = max(dueFor, 0)
 	req, derr := decodeRecovery(claim.Payload)
 	pol := &e.cfg.policy
 	if derr == nil {
@@ -341,6 +436,13 @@ func (r *Recoverer) recoverOne(ctx context.Context, d LapsedRecord) recoveryOutc
 			ev.Method, ev.Route = doMethod, req.Route
 		}
 	}
+	if pol.lease < e.maxLease && e.extender != nil && !e.local {
+		// The claim took the longest lease of any route (the route was
+		// unknown before the payload was read): hold the record's own.
+		c, cancel := e.storeCall(ctx)
+		_ = e.extender.Extend(c, d.Key, token, pol.lease)
+		cancel()
+	}
 	started := ev
 	started.Kind = EventRecoveryStarted
 	e.emit(ctx, started)
@@ -348,11 +450,9 @@ func (r *Recoverer) recoverOne(ctx context.Context, d LapsedRecord) recoveryOutc
 	switch {
 	case derr != nil:
 		e.cfg.logger.ErrorContext(ctx, "idem: recovery payload unreadable; parking the record", "key", d.Key, "err", derr)
-		r.park(ctx, ev, pol, token, claim.Attempts)
-		return outcomeUncertain
+		return r.park(ctx, ev, pol, token, claim.Attempts), dueFor
 	case claim.Attempts > r.attempts:
-		r.park(ctx, ev, pol, token, claim.Attempts)
-		return outcomeUncertain
+		return r.park(ctx, ev, pol, token, claim.Attempts), dueFor
 	}
 	pc := &pendingClaim{key: d.Key, token: token, fp: claim.Fingerprint, principal: req.Principal,
 		method: ev.Method, route: ev.Route, attempts: claim.Attempts, adopted: make(chan *Execution, 1)}
@@ -373,28 +473,28 @@ func (r *Recoverer) recoverOne(ctx context.Context, d LapsedRecord) recoveryOutc
 		deferred := ev
 		deferred.Kind, deferred.Err = EventRecoveryDeferred, runErr
 		e.emit(ctx, deferred)
-		return outcomeDeferred
+		return outcomeDeferred, dueFor
 	}
 	var end error
 	select {
 	case end = <-x.recovered:
 	case <-ctx.Done():
-		return outcomeDeferred
+		return outcomeDeferred, dueFor
 	}
 	switch {
 	case end == nil:
 		done := ev
 		done.Kind, done.Status = EventRecovered, status
 		e.emit(ctx, done)
-		return outcomeRecovered
+		return outcomeRecovered, dueFor
 	case errors.Is(end, ErrUncertain):
-		return outcomeUncertain
+		return outcomeUncertain, dueFor
 	case errors.Is(end, errRecoveryDeferred):
 		e.cfg.logger.WarnContext(ctx, "idem: a recovery run ended without an answer to store; the record is due again after its backoff",
 			"key", d.Key, "method", ev.Method, "route", ev.Route, "attempt", claim.Attempts, "status", status, "err", runErr)
-		return outcomeDeferred
+		return outcomeDeferred, dueFor
 	}
-	return outcomeDeferred // lease lost or store error: reported by the execution
+	return outcomeDeferred, dueFor // lease lost or store error: reported by the execution
 }
 
 // runClaim runs the claimed record's request or operation, returning the
@@ -440,8 +540,10 @@ func (r *Recoverer) runClaim(ctx context.Context, req *recoveryRequest, pc *pend
 	return r.run(hreq)
 }
 
-// park suspends the claimed record (uncertain), its attempts exhausted.
-func (r *Recoverer) park(ctx context.Context, ev Event, pol *routePolicy, token string, attempts int) {
+// park suspends the claimed record (uncertain), its attempts exhausted:
+// outcomeParked, or outcomeDeferred when the store failed (it is due
+// again).
+func (r *Recoverer) park(ctx context.Context, ev Event, pol *routePolicy, token string, attempts int) recoveryOutcome {
 	e := r.e
 	start := e.clock()
 	c, cancel := e.storeCall(ctx)
@@ -450,11 +552,12 @@ func (r *Recoverer) park(ctx context.Context, ev Event, pol *routePolicy, token 
 	ev.Op, ev.StoreDuration = OpSuspend, e.clock().Sub(start)
 	if err != nil {
 		e.emitErr(ctx, ev, EventStoreError, err, "idem: parking a record whose recovery attempts are exhausted failed; it is due again")
-		return
+		return outcomeDeferred
 	}
 	e.firstReport(suspendedName(token)) // a takeover from it follows an operator's resolve (reportTakeover)
 	e.cfg.logger.WarnContext(ctx, "idem: recovery attempts exhausted; the record is parked uncertain until an operator resolves it (idemctl list -state uncertain; README: Recovery without a client)",
 		"key", ev.Key, "method", ev.Method, "route", ev.Route, "attempts", attempts-1)
 	ev.Kind = EventRecoveryParked
 	e.emit(ctx, ev)
+	return outcomeParked
 }

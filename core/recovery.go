@@ -83,7 +83,11 @@ type Recoverable interface {
 	// it returns may have changed since (Claim decides), but a record
 	// that stays due is returned by some later call, however many records
 	// are due (a Claim that finds a record not due, or gone, takes it out
-	// of the way).
+	// of the way). Its cost depends on the records due (and those in
+	// flight with a payload), never on completed ones: a completed record
+	// is in no index it reads, so a record due behind any history of
+	// completed ones is returned by the first call
+	// (core/storetest.RunRecovery checks it).
 	Lapsed(ctx context.Context, limit int) ([]LapsedRecord, error)
 
 	// Claim takes over the due record for key (see Lapsed), for token

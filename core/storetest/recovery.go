@@ -32,11 +32,20 @@ import (
 // other record; a step resolved as not done (the journal's only entry, or
 // one amid others) started again by the next holder as a fresh entry of
 // its token that it finishes, Steps in start order throughout; cancelled
-// contexts. newStore is called once per subtest, as
+// contexts; a crashed record behind a history of completed recoverable
+// records ([WithHistory], 10,000 by default) returned by the first Lapsed
+// after its lapse, and one behind records that expired while due.
+// newStore is called once per subtest, as
 // for [Run]; each store must be isolated from the others (Lapsed sees only
 // its own records). The cases wait for leases together.
-func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store) {
+func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store, opts ...RecoveryOption) {
+	cfg := recoveryConfig{history: DefaultHistory}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	tests := []storeCase{
+		{"LapsedBehindHistory", func(t *testing.T, s idem.Store) { testLapsedBehindHistory(t, s, cfg.history) }},
+		{"LapsedPastExpired", testLapsedPastExpired},
 		{"SetRecoveryFencing", testRecoveryFencing},
 		{"LapsedLifecycle", testRecoveryLifecycle},
 		{"NotListedAfterEnd", testRecoveryEnded},

@@ -23,7 +23,16 @@
 //   - idem.handler.duration (Histogram, s): how long handlers ran, by method,
 //     route and the outcome that ended the execution;
 //   - idem.execution.active (UpDownCounter, {execution}): executions holding
-//     a lease in this process, by method and route.
+//     a lease in this process, by method and route;
+//   - idem.recovery.passes (Counter, {pass}), idem.recovery.due,
+//     idem.recovery.claimed, idem.recovery.recovered, idem.recovery.deferred
+//     and idem.recovery.parked (Counters, {record}): what an
+//     [idem.Recoverer]'s passes did ([idem.EventRecoveryPass]): due records
+//     seen, claimed, run to a stored answer, deferred, parked uncertain.
+//     Due growing faster than claimed, or idem.recovery.due.age (Gauge, s:
+//     how long the oldest record the last pass claimed had been due) well
+//     above the recovery interval, is a recoverer that cannot keep up; a
+//     record whose claims keep failing is logged as a warning.
 //
 // Attributes never carry the raw idempotency key nor the principal; http.route
 // is left out when the adapter reported no route template (the path would be

@@ -85,6 +85,7 @@ type instruments struct {
 	store     metric.Float64Histogram
 	handler   metric.Float64Histogram
 	active    metric.Int64UpDownCounter
+	recovery  *recoveryInstruments
 
 	storeOps [idem.OpLapsed + 1]metric.MeasurementOption // by idem.StoreOp, for calls that did not fail
 	sets     sync.Map                                    // scopeKey → *scopeSets, at most maxCachedScopes
@@ -139,6 +140,9 @@ func NewEventHook(opts ...Option) (func(context.Context, idem.Event), error) {
 		metric.WithDescription("Executions holding an idempotency lease in this process.")); err != nil {
 		return nil, err
 	}
+	if in.recovery, err = newRecoveryInstruments(m); err != nil {
+		return nil, err
+	}
 	for op := idem.OpAcquire; op <= idem.OpLapsed; op++ {
 		in.storeOps[op] = metric.WithAttributeSet(attribute.NewSet(StoreOperationKey.String(op.String())))
 	}
@@ -168,6 +172,10 @@ func (in *instruments) setsFor(ev idem.Event) *scopeSets {
 }
 
 func (in *instruments) record(ctx context.Context, ev idem.Event) {
+	if ev.Kind == idem.EventRecoveryPass { // a recoverer's pass: no decision
+		in.recovery.record(ctx, ev.Pass)
+		return
+	}
 	sets := in.setsFor(ev)
 	in.decisions.Add(ctx, 1, sets.withOutcome)
 	if ev.Kind == idem.EventAcquired {

@@ -15,6 +15,11 @@
 // It implements [idem.Inspector] and [idem.Lister] too, for operators'
 // tools in the process (observability/idemui's console).
 //
+// The store is an [idem.Recoverable]: each shard keeps the set of its
+// records with a recovery payload (in flight or due; Complete, Release,
+// Resolve and expiry take theirs out), and [Store.Lapsed] scans those
+// sets, never the completed records; [Store.Claim] is one map lookup.
+//
 // With several instances behind a load balancer use a shared store
 // (redisstore, mongostore): a memstore only protects its own process.
 package memstore
@@ -69,7 +74,14 @@ type shard struct {
 	mu   sync.Mutex
 	m    map[string]*entry
 	peak int
-	_    [40]byte // keep shards on separate cache lines
+	// recov holds the keys of the shard's records given a recovery payload
+	// (SetRecovery) that may still hold it: Complete, Release, Resolve and
+	// Cleanup remove theirs, Lapsed the others it meets (taken over by
+	// another fingerprint's request, evicted). Lapsed scans it, not m: its
+	// cost is the records in flight with a payload and the due ones, never
+	// the completed ones.
+	recov map[string]struct{}
+	_     [32]byte // keep shards on separate cache lines
 }
 
 type entry struct {
@@ -287,6 +299,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, response []byte
 		return idem.ErrNotOwner
 	}
 	e.complete(stored, now, retention)
+	delete(sh.recov, key)
 	return nil
 }
 
@@ -315,6 +328,7 @@ func (s *Store) Resolve(ctx context.Context, key string, response []byte, retent
 	if e == nil || e.stateAt(now) != idem.StateUncertain {
 		return idem.ErrRecordChanged
 	}
+	delete(sh.recov, key)
 	if response == nil {
 		delete(sh.m, key)
 		s.count.Add(-1)
@@ -336,6 +350,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return idem.ErrNotOwner
 	}
 	delete(sh.m, key)
+	delete(sh.recov, key)
 	s.count.Add(-1)
 	return nil
 }
@@ -397,6 +412,7 @@ func (s *Store) Cleanup() int {
 			switch {
 			case !now.Before(e.expires):
 				delete(sh.m, k)
+				delete(sh.recov, k)
 				deleted++
 			case e.resp != nil && !now.Before(e.until):
 				e.resp = nil // a tombstone keeps no response

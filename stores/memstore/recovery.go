@@ -28,6 +28,10 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 		return idem.ErrNotOwner
 	}
 	e.payload = stored
+	if sh.recov == nil {
+		sh.recov = make(map[string]struct{})
+	}
+	sh.recov[key] = struct{}{}
 	e.retain = max(e.retain, retain)
 	e.expires = e.until.Add(e.lapse())
 	return nil
@@ -41,9 +45,11 @@ func (e *entry) due(now time.Time) bool {
 		now.Before(e.expires) && !now.Before(e.until.Add(e.backoff))
 }
 
-// Lapsed implements [idem.Recoverable.Lapsed]: a scan of every shard,
-// soonest due first (memstore's records die with its process, so only a
-// store wrapped to hide [idem.LocalStore] in tests ever has lapsed ones).
+// Lapsed implements [idem.Recoverable.Lapsed]: a scan of every shard's
+// records with a recovery payload (in flight or due: completed records
+// leave that set), soonest due first (memstore's records die with its
+// process, so only a store wrapped to hide [idem.LocalStore] in tests ever
+// has lapsed ones).
 func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -57,7 +63,12 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		now := s.now()
-		for k, e := range sh.m {
+		for k := range sh.recov {
+			e := sh.m[k]
+			if e == nil || e.payload == nil || !now.Before(e.expires) {
+				delete(sh.recov, k) // completed, gone, or replaced: never due again under this payload
+				continue
+			}
 			if e.due(now) {
 				found = append(found, dueRecord{idem.LapsedRecord{Key: k, Attempts: e.attempts}, e.until.Add(e.backoff)})
 			}

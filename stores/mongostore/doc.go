@@ -94,6 +94,20 @@
 // the idempotency collection: the two module paths differ, so the v1 and v2
 // drivers coexist in one binary during a migration, each with its own client.
 //
+// # Recovery
+//
+// Store is an [idem.Recoverable]: the records due for recovery are found
+// through the sparse index on dueAt, when to look at a record with a
+// recovery payload (its lease's end plus the last claim's backoff, as of
+// its last SetRecovery, Claim or ResolveStep). Complete, Resolve and any
+// takeover that drops the payload unset it, Release, Evict and the purger
+// delete the record: a completed record is never in the index, which
+// holds the records in flight with a payload and the due ones. Extend,
+// Suspend and a client's takeover leave dueAt as it was; [Store.Lapsed]
+// moves (or unsets) the dueAt of those it meets and looks further, so they
+// never hide a due record. [Store.Claim] reads and rewrites one record.
+// Both cost what the due and in-flight records cost, whatever the history.
+//
 // # FerretDB
 //
 // The store runs on FerretDB v1 (the test server in tools/ferretdb) and

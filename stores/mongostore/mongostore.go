@@ -577,7 +577,9 @@ var releaseOpts = options.FindOne().SetProjection(bson.D{
 })
 
 // Extend implements [idem.Extender] in one round trip: a $set of expiresAt
-// to now+lease on the in-progress record token holds. Errors: ctx's error,
+// to now+lease on the in-progress record token holds; a lease shorter than
+// [RecoveryRecheck] costs one more, which brings a recovery payload's
+// dueAt forward to the new lease's end (see recovery.go). Errors: ctx's error,
 // [idem.ErrInvalidDuration] when lease <= 0, [idem.ErrNotOwner], server
 // errors wrapped.
 func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
@@ -596,13 +598,28 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	if err != nil {
 		return err
 	}
-	return s.updateKept(ctx, "extend", key, token, now, func(k keepMs) bson.D {
+	err = s.updateKept(ctx, "extend", key, token, now, func(k keepMs) bson.D {
 		set := bson.D{{Key: fieldExpiresAt, Value: date(now.Add(lease + time.Duration(k.lapse())*time.Millisecond))}}
 		if k != (keepMs{}) {
 			set = append(set, bson.E{Key: fieldUntil, Value: date(now.Add(lease))})
 		}
 		return bson.D{{Key: "$set", Value: set}}
 	})
+	if err != nil || lease >= RecoveryRecheck {
+		return err
+	}
+	// A lease shortened below RecoveryRecheck (a run that ends without an
+	// answer lets its lease lapse now): a record with a recovery payload
+	// looked at later than the new lease's end is looked at then (Lapsed
+	// adds the backoff), so that its lapse is noticed at once. One more
+	// round trip, only for such leases; a record without a dueAt has no
+	// payload and is left alone.
+	until := date(now.Add(lease))
+	if _, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: fieldToken, Value: token}, {Key: fieldDueAt, Value: bson.D{{Key: "$gt", Value: until}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: fieldDueAt, Value: until}}}}); err != nil {
+		return fmt.Errorf("mongostore: extend: %w", err)
+	}
+	return nil
 }
 
 // updateKept applies update, built for the record's keep, to the record

@@ -30,11 +30,12 @@ var (
 // other takeover and Complete drop it. dueAt, indexed (sparse), is when to
 // look at the record: when it was due as of its last write by
 // SetRecovery, Claim or ResolveStep, or [RecoveryRecheck] after that write
-// if sooner. Extend, Suspend and a client's takeover leave it as it was,
-// so Lapsed reads the records whose dueAt passed, answers those due, and
-// moves the dueAt of the others the same way (or unsets it), each update
-// pinned to the dueAt it read: a lease shortened by an Extend is noticed
-// within RecoveryRecheck of its lapse.
+// if sooner. An Extend to a lease shorter than RecoveryRecheck brings it
+// forward to the new lease's end; other Extends, Suspend and a client's
+// takeover leave it as it was, so Lapsed reads the records whose dueAt
+// passed, answers those due, and moves the dueAt of the others the same
+// way (or unsets it), each update pinned to the dueAt it read, and looks
+// further.
 const (
 	fieldRecovery = "recovery"
 	fieldAttempts = "attempts"
@@ -137,11 +138,20 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	return nil
 }
 
+// lapsedBudget bounds how long one Lapsed call looks past records whose
+// dueAt passed but that are not due (at most half of what its context
+// leaves): it starts no round that would end past it (by the last round's
+// time), and then answers the due records it found; a later round's
+// failure too.
+const lapsedBudget = time.Second
+
 // Lapsed implements [idem.Recoverable.Lapsed]: a find of up to limit
 // records whose dueAt passed, through the sparse dueAt index, soonest
 // first, and, for those not due after all, one update each (pinned to
 // the dueAt read) that moves dueAt to when they will be due or unsets it,
-// out of the next call's way. It answers the records due.
+// out of the next call's way. When it moved some, it finds again past the
+// due ones, until limit records are due, every record whose dueAt passed
+// was seen, or [lapsedBudget] passed. It answers the records due.
 func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -149,31 +159,55 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 	if limit <= 0 {
 		return nil, errors.New("mongostore: lapsed: limit must be > 0")
 	}
+	budget := lapsedBudget
+	if d, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(d)/2)
+	}
+	end := time.Now().Add(budget)
+	var due []idem.LapsedRecord
+	for round := 0; ; round++ {
+		start := time.Now()
+		moved, full, err := s.lapsedRound(ctx, len(due), limit-len(due), &due)
+		switch {
+		case err != nil && round == 0:
+			return nil, err
+		case err != nil:
+			return due, nil //nolint:nilerr // a later round failed: what the first ones found stands
+		case moved == 0 || !full || len(due) >= limit || time.Now().Add(time.Since(start)).After(end):
+			return due, nil // seen every record whose dueAt passed, or no time for another round
+		}
+	}
+}
+
+// lapsedRound finds up to count records whose dueAt passed, after the
+// skip due ones found already (they stay first), appends those due to
+// due, and moves or unsets the dueAt of the others. It returns how many it
+// moved, and full: the find returned count records.
+func (s *Store) lapsedRound(ctx context.Context, skip, count int, due *[]idem.LapsedRecord) (moved int, full bool, err error) {
 	now, err := s.now(ctx)
 	if err != nil {
-		return nil, err
+		return 0, false, err
 	}
 	cur, err := s.coll.Find(ctx, bson.D{{Key: fieldDueAt, Value: bson.D{{Key: "$lte", Value: date(now)}}}},
-		options.Find().SetSort(bson.D{{Key: fieldDueAt, Value: 1}}).SetLimit(int64(limit)).SetProjection(bson.D{
+		options.Find().SetSort(bson.D{{Key: fieldDueAt, Value: 1}}).SetSkip(int64(skip)).SetLimit(int64(count)).SetProjection(bson.D{
 			{Key: fieldState, Value: 1}, {Key: fieldToken, Value: 1}, {Key: fieldFingerprint, Value: 1}, {Key: fieldGen, Value: 1},
 			{Key: fieldExpiresAt, Value: 1}, {Key: fieldUntil, Value: 1}, {Key: fieldKeepU, Value: 1}, {Key: fieldAttempts, Value: 1},
 			{Key: fieldBackoff, Value: 1}, {Key: fieldDueAt, Value: 1},
 		}))
 	if err != nil {
-		return nil, fmt.Errorf("mongostore: lapsed: %w", err)
+		return 0, false, fmt.Errorf("mongostore: lapsed: %w", err)
 	}
 	var docs []record
 	if err := cur.All(ctx, &docs); err != nil {
-		return nil, fmt.Errorf("mongostore: lapsed: %w", err)
+		return 0, false, fmt.Errorf("mongostore: lapsed: %w", err)
 	}
-	var due []idem.LapsedRecord
 	for i := range docs {
 		d := &docs[i]
 		// A record with a dueAt has a payload: every write that drops the
 		// payload (Complete, Resolve, another takeover) drops dueAt too.
 		at, ok := d.dueAt(date(now), true)
 		if ok && at <= date(now) && d.until() <= date(now) {
-			due = append(due, idem.LapsedRecord{Key: d.ID, Attempts: int(d.Attempts)})
+			*due = append(*due, idem.LapsedRecord{Key: d.ID, Attempts: int(d.Attempts)})
 			continue
 		}
 		update := bson.D{{Key: "$unset", Value: bson.D{{Key: fieldDueAt, Value: ""}}}}
@@ -181,10 +215,11 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 			update = bson.D{{Key: "$set", Value: bson.D{{Key: fieldDueAt, Value: lookAt(max(at, d.until()), now)}}}}
 		}
 		if _, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: d.ID}, {Key: fieldDueAt, Value: d.DueAt}}, update); err != nil {
-			return nil, fmt.Errorf("mongostore: lapsed: %w", err)
+			return 0, false, fmt.Errorf("mongostore: lapsed: %w", err)
 		}
+		moved++
 	}
-	return due, nil
+	return moved, len(docs) == count, nil
 }
 
 // Claim implements [idem.Recoverable.Claim] as Acquire takes a lapsed

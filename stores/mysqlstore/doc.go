@@ -89,6 +89,20 @@
 // and the measured cost (a tombstone: about 205 bytes of data and 100 of
 // index, against 521 and 100 for a completed record with a 200-byte body).
 //
+// # Recovery
+//
+// Store is an [idem.Recoverable]: the records due for recovery are found
+// through the index on due_at, the time an in-progress row with a
+// recovery payload is due (its lease's end plus the last claim's
+// backoff; NULL otherwise). Every transition keeps due_at in the same
+// statement (SetRecovery, Extend, Claim and takeovers set it; Complete and
+// Suspend clear it; Release, Evict and the purger delete the row), so the
+// index range a [Store.Lapsed] reads holds the due rows (and rows gone but
+// not yet purged), never a completed one; [Store.Claim] is a SELECT of the
+// row by its key and a conditional UPDATE (2 round trips, 1 when it is not
+// due). Both cost what the due records cost, whatever the history
+// (benchmarks/RESULTS.md).
+//
 // # Expired rows
 //
 // Reads ignore expired rows; [Store.Purge] deletes them (and frees

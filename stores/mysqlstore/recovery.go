@@ -60,14 +60,17 @@ WHERE ` + leased
 	// row), so the range holds due rows, and rows gone but not purged; due
 	// re-checks each. A read: safe twice.
 	q.lapsed = "SELECT `key`, IFNULL(attempts, 0) FROM " + t + ` WHERE due_at <= ` + now + ` AND ` + due + ` ORDER BY due_at LIMIT ?`
-	// claimRead locks the row and reads what Claim returns, and whether it
-	// is due; claim then takes it over in the same transaction, as the
-	// acquire procedure's takeover does (journal, payload, retain kept).
+	// claimRead reads what Claim returns, and whether the row is due (no
+	// lock); claim then takes it over with a conditional UPDATE, as the
+	// acquire procedure's takeover does (journal, payload, retain kept),
+	// only if it is still due under the token and attempts read: every
+	// write that could change what was read (another claim, a takeover,
+	// ResolveStep, Evict) changes the token, the attempts, or the row.
 	q.claimRead = "SELECT token, fingerprint, recovery, IFNULL(attempts, 0), TIMESTAMPDIFF(MICROSECOND, ends_at, " + now + "), " + due +
-		" FROM " + t + " WHERE `key` = ? FOR UPDATE"
+		" FROM " + t + " WHERE `key` = ?"
 	q.claim = `UPDATE ` + t + ` SET token = ?, attempts = IFNULL(attempts, 0) + 1, backoff = ?,
   ends_at = ` + now + ` + INTERVAL ? MICROSECOND, expires_at = ends_at + INTERVAL IFNULL(retain, 0) MICROSECOND,
-  due_at = ends_at + INTERVAL backoff MICROSECOND WHERE ` + "`key` = ? AND " + due
+  due_at = ends_at + INTERVAL backoff MICROSECOND WHERE ` + "`key` = ? AND token = ? AND IFNULL(attempts, 0) = ? AND " + due
 	// resolveStepDone marks the step at path (the first parameter) of an
 	// uncertain or lapsed row done. resolveStepRead locks such a row and
 	// reads its journal; resolveStepUndone then writes the journal without
@@ -165,11 +168,13 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 	return recs, nil
 }
 
-// Claim implements [idem.Recoverable]: one transaction that locks the row
-// (SELECT … FOR UPDATE), and, when it is due, takes it over with a
-// conditional UPDATE. A racing claim waits for the lock, then finds the
-// row leased, not due. Twice with the same token: the second finds the
-// row leased to it, not due, and changes nothing. A deadlock (InnoDB's
+// Claim implements [idem.Recoverable] in at most 2 round trips, both
+// autocommitted: a SELECT of the row (what Claim returns, and whether it
+// is due: 1 round trip when it is not), then an UPDATE that takes it over
+// only if it is still due and still holds the token and attempts read
+// (optimistic: of racing claims, the first UPDATE wins and the others
+// match no row). Twice with the same token: the second finds the row
+// leased to it, not due, and changes nothing. A deadlock (InnoDB's
 // victim) is reported as not claimed: the row changed meanwhile.
 func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
 	if lease <= 0 || backoff < 0 {
@@ -192,31 +197,23 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 }
 
 func (s *Store) claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return idem.RecoveryClaim{}, false, err
-	}
-	defer func() { _ = tx.Rollback() }()
 	var (
 		c        idem.RecoveryClaim
 		lapsedUS sql.NullInt64
 		isDue    sql.NullBool
 	)
-	err = tx.QueryRowContext(ctx, s.q.claimRead, key).Scan(&c.PreviousToken, &c.Fingerprint, &c.Payload, &c.Attempts, &lapsedUS, &isDue)
+	err := s.queryRow(ctx, s.q.claimRead, key).Scan(&c.PreviousToken, &c.Fingerprint, &c.Payload, &c.Attempts, &lapsedUS, &isDue)
 	if errors.Is(err, sql.ErrNoRows) || err == nil && !isDue.Bool {
 		return idem.RecoveryClaim{}, false, nil
 	}
 	if err != nil {
 		return idem.RecoveryClaim{}, false, err
 	}
-	res, err := tx.ExecContext(ctx, s.q.claim, token, micros(backoff), micros(lease), key)
+	res, err := s.exec(ctx, s.q.claim, token, micros(backoff), micros(lease), key, c.PreviousToken, c.Attempts)
 	if err != nil {
 		return idem.RecoveryClaim{}, false, err
 	}
 	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return idem.RecoveryClaim{}, false, err
-	}
-	if err := tx.Commit(); err != nil {
 		return idem.RecoveryClaim{}, false, err
 	}
 	c.Attempts++

@@ -44,6 +44,19 @@
 // (fingerprint, no response). [Store.EnsureSchema] adds these columns to
 // a table of an earlier version, whose rows read as records without a keep.
 //
+// # Recovery
+//
+// Store is an [idem.Recoverable]: the records due for recovery are found
+// through the partial index on due_at (WHERE due_at IS NOT NULL), the time
+// an in-progress row with a recovery payload is due: its lease's end plus
+// the last claim's backoff. Every transition keeps due_at in the same
+// statement (SetRecovery, Extend, Claim and takeovers set it; Complete,
+// Suspend and Resolve clear it; Release, Evict and the purger delete the
+// row), so the index holds the rows in flight with a payload and the due
+// ones, never a completed one: [Store.Lapsed] is one range scan of it and
+// [Store.Claim] one conditional UPDATE of one row, each costing what the
+// due records cost, whatever the history (benchmarks/RESULTS.md).
+//
 // # Expired rows
 //
 // Reads ignore expired rows, and never return a tombstone's response;

@@ -626,11 +626,16 @@ func TestEnsureSchemaConcurrent(t *testing.T) {
 	}
 }
 
+// TestRecovery runs the recovery suite with a history of 2,000 completed
+// records (10,000 take about 30s here under -race on a loaded 2-core
+// machine, against 2s on Redis; the due_at index leaves completed rows
+// out, which 2,000 show as well as 10,000: benchmarks/RESULTS.md has the
+// measurements at 100,000).
 func TestRecovery(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	storetest.RunRecovery(t, func(t *testing.T) idem.Store {
 		s, _ := newStore(t, pool)
 		return s
-	})
+	}, storetest.WithHistory(2_000))
 }

@@ -75,6 +75,30 @@
 // as before, at the same cost. Lapsed records without a journal expire
 // with their lease as before, so their takeover is not reported.
 //
+// # Recovery
+//
+// The store is an [idem.Recoverable]: a record's recovery payload is a
+// field of its journal, and the records due for recovery are found through
+// the recovery index, a sorted set at prefix+"recovery" scored by the time
+// each record is due (its lease's end plus its last claim's backoff). The
+// index holds only records that may need recovery: SetRecovery adds the
+// record, Extend, takeovers and Claim move it, and Complete, Release,
+// Suspend, Evict and Resolve remove it, each in the script of the
+// transition itself, atomically with it (a resent script finds the record
+// changed and leaves the index alone). So the entries whose time came are
+// the due records, and [Store.Lapsed] (ZRANGE BYSCORE -inf now LIMIT, then
+// a check of each entry's record) and [Store.Claim] (one script) cost what
+// the due records cost, never what the completed history holds
+// (benchmarks/RESULTS.md: one Lapsed finds a crashed record behind 100,000
+// completed ones). Entries a transition cannot reach (a record expired
+// while due) are removed by Lapsed when it meets them, and Lapsed looks
+// past them. Scripts declare every key they touch, so the index must share
+// the records' Redis Cluster slot: it does on standalone Redis, Sentinel,
+// and Cluster with a prefix holding a hash tag. On Cluster with a prefix
+// without a hash tag (the index in a slot of its own), the index is kept
+// by one more command after the transitions that end a record's recovery,
+// and moved by Lapsed after the others; index.go has the details.
+//
 // # Failures
 //
 // Connection errors, timeouts, LOADING, READONLY and failover errors are

@@ -12,15 +12,16 @@ import (
 var _ idem.Inspector = (*Store)(nil)
 
 // evictScript: KEYS record[, response key, journal key: given unless the
-// prefix forbids them (see appendKeys)]; ARGV state (the decimal
-// idem.State seen: 1 in progress, 2 completed, 3 uncertain, 4 expired),
-// token (empty for none), fingerprint. It deletes the record, its response
-// key and its journal when the record still has that state, token and
+// prefix forbids them (see appendKeys)[, recovery index]]; ARGV state (the
+// decimal idem.State seen: 1 in progress, 2 completed, 3 uncertain, 4
+// expired), token (empty for none), fingerprint[, scoped key]. It deletes
+// the record, its response key, its journal and its recovery index entry
+// (see index.go) when the record still has that state, token and
 // fingerprint, and returns 1; otherwise 0. A '3' or '5' value is in
 // progress while its PTTL is above its lapse, else uncertain (a '5' value
 // with no u: in progress, lapsed); a '4' value is completed while its
 // response key lives, else expired.
-var evictScript = newScript(luaDecode + luaLapse + `
+var evictScript = newScript(luaDecode + luaLapse + luaIndex + `
 local k, tok, fp, u, t, r = decode(redis.pcall('GET', KEYS[1]))
 if not k or tok ~= ARGV[2] or fp ~= ARGV[3] then
   return 0
@@ -37,7 +38,10 @@ end
 if st ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', unpack(KEYS))
+for i = 1, math.min(#KEYS, 3) do
+  redis.call('DEL', KEYS[i])
+end
+unindex()
 return 1
 `)
 
@@ -76,11 +80,13 @@ func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
+	args := []any{strconv.Itoa(int(seen.State)), seen.Token, seen.Fingerprint}
 	keys, err := s.journalKeys(key)
 	if err != nil { // no key can share the record's slot: the record has none
 		keys = []string{s.prefix + key}
+	} else {
+		keys, args = s.withIndex(keys, key, args)
 	}
-	args := []any{strconv.Itoa(int(seen.State)), seen.Token, seen.Fingerprint}
 	deleted, err := s.c.EvalSha(ctx, evictScript.sha, keys, args...).Int64()
 	if isNoScript(err) {
 		deleted, err = s.c.Eval(ctx, evictScript.src, keys, args...).Int64()
@@ -91,5 +97,6 @@ func (s *Store) Evict(ctx context.Context, key string, seen idem.Record) error {
 	if deleted != 1 {
 		return idem.ErrRecordChanged
 	}
+	s.unindex(ctx, key)
 	return nil
 }

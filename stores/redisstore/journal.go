@@ -139,63 +139,80 @@ end
 return {1}
 `)
 
-// suspendScript: KEYS record, response key, journal key; ARGV token, keep
-// ms. It returns {0} when token holds no live lease, else {1}, having made
-// the record a '5' value with u = keep and TTL keep: uncertain now, for
-// keep, its journal kept as long.
-var suspendScript = newScript(luaDecode + luaLapse + luaJournalLeased + `
+// suspendScript: KEYS record, response key, journal key[, recovery
+// index]; ARGV token, keep ms[, scoped key]. It returns {0} when token
+// holds no live lease, else {1}, having made the record a '5' value with u
+// = keep and TTL keep: uncertain now, for keep, its journal kept as long,
+// out of the recovery index (not due: see index.go).
+var suspendScript = newScript(luaDecode + luaLapse + luaIndex + luaJournalLeased + `
 if k ~= '5' then
   redis.call('DEL', KEYS[3])
 end
 redis.call('SET', KEYS[1], '5' .. lp(tok) .. lp(fp) .. lp(ARGV[2]) .. lp(t) .. lp(r), 'PX', ARGV[2])
 follow(KEYS[1])
+unindex()
 return {1}
 `)
 
-// completeJournalScript: KEYS record, response key, journal key; ARGV
-// token, retention ms, encoded response. Complete of a record with a
-// journal: it returns 0 when token does not own the record, else
-// completes it as completeScript does (see luaComplete) and gives the
-// journal the retention: the record's expiry, or its response key's under
-// a tombstone keep (a tombstone has no journal), its recovery payload
-// dropped (see recovery.go).
-var completeJournalScript = newScript(luaDecode + luaLapse + luaComplete + luaJournalOwned + `
+// completeJournalScript: KEYS record, response key, journal key[,
+// recovery index]; ARGV token, retention ms, encoded response[, scoped
+// key]. Complete of a record with a journal: it returns 0 when token does
+// not own the record, else completes it as completeScript does (see
+// luaComplete) and gives the journal the retention: the record's expiry,
+// or its response key's under a tombstone keep (a tombstone has no
+// journal), its recovery payload dropped and its recovery index entry
+// removed (see recovery.go, index.go).
+var completeJournalScript = newScript(luaDecode + luaLapse + luaIndex + luaComplete + luaJournalOwned + `
 local res = complete(fp, t, ARGV[2], ARGV[3])
 if res == 1 and k == '5' then
   redis.call('HDEL', KEYS[3], '#')
   follow(tonumber(t) == 0 and KEYS[1] or KEYS[2])
+  unindex()
 end
 return res
 `)
 
-// releaseJournalScript: KEYS record, response key, journal key; ARGV
-// token. It returns 0 when token does not own the record, else 1, having
-// deleted it and its journal.
-var releaseJournalScript = newScript(luaDecode + luaLapse + luaJournalOwned + `
+// releaseJournalScript: KEYS record, response key, journal key[, recovery
+// index]; ARGV token[, scoped key]. It returns 0 when token does not own
+// the record, else 1, having deleted it, its journal and its recovery
+// index entry.
+var releaseJournalScript = newScript(luaDecode + luaLapse + luaIndex + luaJournalOwned + `
 redis.call('DEL', KEYS[1], KEYS[3])
+unindex()
 return 1
 `)
 
-// extendJournalScript: KEYS record, response key, journal key; ARGV token,
-// lease ms. It returns 0 when token does not own the record, else 1,
-// having set the record's TTL to lease plus its lapse and the journal's
-// expiry to the record's.
-var extendJournalScript = newScript(luaDecode + luaLapse + luaJournalOwned + `
+// extendJournalScript: KEYS record, response key, journal key[, recovery
+// index]; ARGV token, lease ms[, scoped key]. It returns 0 when token
+// does not own the record, else 1, having set the record's TTL to lease
+// plus its lapse and the journal's expiry to the record's, and, for a
+// record with a recovery payload (see recovery.go), its recovery index
+// entry to the new lease's end plus its backoff.
+var extendJournalScript = newScript(luaDecode + luaLapse + luaIndex + luaRecovery + luaJournalOwned + `
 redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(ARGV[2]) + l))
 follow(KEYS[1])
+if k == '5' and tonumber(u) == 0 then
+  local a, b = recovery()
+  if a then
+    schedule(tonumber(ARGV[2]) + b)
+  end
+end
 return 1
 `)
 
-// takeoverScript: KEYS record, response key, journal key; ARGV token,
-// fingerprint, lease ms, the acquirer's Keep.Uncertain and Keep.Tombstone
-// in ms. It is Acquire's second step when SET NX GET found a '5' value. It
+// takeoverScript: KEYS record, response key, journal key[, recovery
+// index]; ARGV token, fingerprint, lease ms, the acquirer's Keep.Uncertain
+// and Keep.Tombstone in ms[, scoped key]. It is Acquire's second step when
+// SET NX GET found a '5' value. It
 // returns {} when the record is no '5' value any more (Acquire sends its
 // SET again); {value, pttl, 1} when it took the record over: its lease had
 // lapsed (no Keep.Uncertain) and its fingerprint is ARGV[2], so the record
 // becomes token's, under the acquirer's keep, its journal and retain kept;
 // else {value, pttl}: the record, answered (live, uncertain, or lapsed with
-// another fingerprint: the key's first request left effects).
-var takeoverScript = newScript(luaDecode + luaLapse + `
+// another fingerprint: the key's first request left effects). A record
+// taken over with a recovery payload is due at the new lease's end plus
+// its backoff (never under a Keep.Uncertain: out of the index).
+var takeoverScript = newScript(luaDecode + luaLapse + luaIndex + luaRecovery + `
 local v = redis.pcall('GET', KEYS[1])
 local k, tok, fp, u, t, r = decode(v)
 if k ~= '5' then
@@ -208,6 +225,12 @@ end
 local l2 = tonumber(ARGV[4]) > 0 and tonumber(ARGV[4]) or tonumber(r)
 redis.call('SET', KEYS[1], '5' .. lp(ARGV[1]) .. lp(fp) .. lp(ARGV[4]) .. lp(ARGV[5]) .. lp(r), 'PX', string.format('%d', tonumber(ARGV[3]) + l2))
 follow(KEYS[1])
+local a, b = recovery()
+if a and tonumber(ARGV[4]) == 0 then
+  schedule(tonumber(ARGV[3]) + b)
+elseif a then
+  unindex()
+end
 return {v, p, 1}
 `)
 
@@ -255,12 +278,26 @@ func (s *Store) eval(ctx context.Context, sc *script, keys []string, args ...any
 // journalCall runs one journal script for op and returns its reply's
 // first element, the script's answer code, and the reply.
 func (s *Store) journalCall(ctx context.Context, op string, sc *script, key string, args ...any) (int64, []any, error) {
+	return s.scriptCall(ctx, op, sc, key, false, args)
+}
+
+// indexCall is journalCall for a script that keeps the recovery index
+// (see index.go): given the index and the scoped key where it shares the
+// record's slot.
+func (s *Store) indexCall(ctx context.Context, op string, sc *script, key string, args ...any) (int64, []any, error) {
+	return s.scriptCall(ctx, op, sc, key, true, args)
+}
+
+func (s *Store) scriptCall(ctx context.Context, op string, sc *script, key string, index bool, args []any) (int64, []any, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, nil, err
 	}
 	keys, err := s.journalKeys(key)
 	if err != nil {
 		return 0, nil, err
+	}
+	if index {
+		keys, args = s.withIndex(keys, key, args)
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
@@ -344,13 +381,14 @@ func (s *Store) Suspend(ctx context.Context, key, token string, keep time.Durati
 	if keep <= 0 && ctx.Err() == nil {
 		return idem.ErrInvalidDuration
 	}
-	code, _, err := s.journalCall(ctx, "suspend", suspendScript, key, token, strconv.FormatInt(millis(keep), 10))
+	code, _, err := s.indexCall(ctx, "suspend", suspendScript, key, token, strconv.FormatInt(millis(keep), 10))
 	switch {
 	case err != nil:
 		return err
 	case code != 1:
 		return idem.ErrNotOwner
 	}
+	s.unindex(ctx, key)
 	return nil
 }
 
@@ -416,7 +454,8 @@ func (s *Store) takeover(ctx context.Context, key, token, fingerprint string, le
 	if err != nil {
 		return idem.Record{}, false, false, err
 	}
-	v, err := s.eval(ctx, takeoverScript, keys, token, fingerprint, millis(lease), millis(keep.Uncertain), millis(keep.Tombstone)).Slice()
+	keys, args := s.withIndex(keys, key, []any{token, fingerprint, millis(lease), millis(keep.Uncertain), millis(keep.Tombstone)})
+	v, err := s.eval(ctx, takeoverScript, keys, args...).Slice()
 	if err != nil || len(v) < 2 {
 		return idem.Record{}, false, false, err
 	}

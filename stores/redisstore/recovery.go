@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,18 +25,14 @@ var (
 //
 // The records due for recovery are found through one sorted set per store,
 // its recovery index at prefix+"recovery" (no scoped key, hex, is that),
-// member the scoped key, score a time in microseconds (the server's clock,
-// or the instance's for a fresh entry) at which the record should be looked
-// at. It is a hint, kept lazily: SetRecovery and ResolveStep add the
-// record (score: now), and Lapsed looks at the entries whose time came,
+// member the scoped key, score the time in microseconds (the server's
+// clock) at which the record is due: every transition keeps it in the same
+// script (see index.go). Lapsed looks at the entries whose time came,
 // answers those due, moves the others to the time they will be due (at
-// most [RecoveryRecheck] later), and
-// removes those that no longer can be (completed, released, evicted,
-// uncertain, expired, or without a payload). No other script touches it,
-// so on Redis Cluster with a prefix without a hash tag the index lives in
-// a slot of its own: the record's scripts never declare it (every key of
-// one script must share a slot), and Lapsed updates it with a script of
-// its own that changes an entry only if its score is still the one seen.
+// most [RecoveryRecheck] later), and removes those that no longer can be
+// (expired, or, on Redis Cluster without a hash tag, an entry a lost
+// command left), with a script of its own on the index that changes an
+// entry only if its score is still the one seen.
 
 // recoveryField is the journal hash's field holding the recovery state.
 const recoveryField = "#"
@@ -70,12 +65,15 @@ local function now()
 end
 `
 
-// setRecoveryScript: KEYS record, response key, journal key; ARGV token,
-// payload, retain ms. It returns {0} when token holds no live lease, else
-// {1}, having stored the payload (attempts and backoff kept) and made the
-// record a '5' value whose retain is the larger of its own and ARGV[3], as
-// startScript does. Twice: the same payload and retain written again.
-var setRecoveryScript = newScript(luaDecode + luaLapse + luaRecovery + luaJournalLeased + `
+// setRecoveryScript: KEYS record, response key, journal key[, recovery
+// index]; ARGV token, payload, retain ms[, scoped key]. It returns {0}
+// when token holds no live lease, else {1}, having stored the payload
+// (attempts and backoff kept), made the record a '5' value whose retain is
+// the larger of its own and ARGV[3], as startScript does, and placed it in
+// the recovery index at its lease's end plus its backoff (out of it under
+// a Keep.Uncertain: it turns uncertain, never due). Twice: the same
+// payload, retain and due time written again.
+var setRecoveryScript = newScript(luaDecode + luaLapse + luaIndex + luaRecovery + luaJournalLeased + `
 if k ~= '5' then
   redis.call('DEL', KEYS[3])
 end
@@ -87,6 +85,11 @@ end
 local a, b = recovery()
 redis.call('HSET', KEYS[3], '#', lp(tostring(a or 0)) .. lp(tostring(b or 0)) .. ARGV[2])
 follow(KEYS[1])
+if tonumber(u) == 0 then
+  schedule(p - l + (b or 0))
+else
+  unindex()
+end
 return {1}
 `)
 
@@ -120,26 +123,29 @@ end
 return {2, now() + math.min((b - lapsed) * 1000, tonumber(ARGV[1]))}
 `)
 
-// claimScript: KEYS record, response key, journal key; ARGV token, lease
-// ms, backoff ms. It returns {0} when the record is not due, else takes it
-// over for ARGV[1] as takeoverScript does (journal, payload and retain
-// kept, Keep.Tombstone kept), counts an attempt, stores the backoff, and
-// returns {1, payload, fingerprint, attempts, previous token, lapsed ms}.
-// Twice with the same token (a resent pipeline): the second finds the
-// lease live, not due, and changes nothing, so one attempt is counted and
-// the payload kept.
-var claimScript = newScript(luaDecode + luaLapse + luaRecovery + luaDue + `
+// claimScript: KEYS record, response key, journal key[, recovery index];
+// ARGV token, lease ms, backoff ms[, scoped key]. It returns {0} when the
+// record is not due, else takes it over for ARGV[1] as takeoverScript does
+// (journal, payload and retain kept, Keep.Tombstone kept), counts an
+// attempt, stores the backoff, moves its recovery index entry to the
+// claim's lease's end plus the backoff, and returns {1, payload,
+// fingerprint, attempts, previous token, lapsed ms}. Twice with the same
+// token (a resent pipeline): the second finds the lease live, not due, and
+// changes nothing, so one attempt is counted and the payload kept.
+var claimScript = newScript(luaDecode + luaLapse + luaIndex + luaRecovery + luaDue + `
 if lapsed <= 0 or lapsed < b then
   return {0}
 end
 redis.call('SET', KEYS[1], '5' .. lp(ARGV[1]) .. lp(fp) .. lp('0') .. lp(t) .. lp(r), 'PX', string.format('%d', tonumber(ARGV[2]) + tonumber(r)))
 follow(KEYS[1])
 redis.call('HSET', KEYS[3], '#', lp(tostring(a + 1)) .. lp(ARGV[3]) .. pl)
+schedule(tonumber(ARGV[2]) + tonumber(ARGV[3]))
 return {1, pl, fp, a + 1, tok, lapsed}
 `)
 
-// resolveStepScript: KEYS record, response key, journal key; ARGV step
-// name, '1' (done with ARGV[3]) or '0' (not done). It returns {0} unless
+// resolveStepScript: KEYS record, response key, journal key[, recovery
+// index]; ARGV step name, '1' (done with ARGV[3]) or '0' (not done)[,
+// scoped key]. It returns {0} unless
 // the record is a '5' value, uncertain (lapsed under its u) or lapsed
 // within its retain, whose journal holds the step, not done; else it
 // marks the step done or removes it (moving each later entry's index down
@@ -147,9 +153,10 @@ return {1, pl, fp, a + 1, tok, lapsed}
 // a new entry the index n), rewrites the record with u = 0 (in
 // progress, lapsed: its TTL unchanged, or its retain when it was
 // uncertain), counts its recovery attempts from 0 again with backoff 0
-// (its payload kept), and returns {1, 1 when it has a recovery payload}.
-// Twice: the step is then done or absent: {0}.
-var resolveStepScript = newScript(luaDecode + luaLapse + luaRecovery + `
+// (its payload kept, its recovery index entry due now), and returns {1, 1
+// when it has a recovery payload}. Twice: the step is then done or
+// absent: {0}.
+var resolveStepScript = newScript(luaDecode + luaLapse + luaIndex + luaRecovery + `
 local k, tok, fp, u, t, r = decode(redis.pcall('GET', KEYS[1]))
 if k ~= '5' then
   return {0}
@@ -186,6 +193,7 @@ if not a then
   return {1, 0}
 end
 redis.call('HSET', KEYS[3], '#', lp('0') .. lp('0') .. pl)
+schedule(0)
 return {1, 1}
 `)
 
@@ -214,10 +222,12 @@ func (s *Store) indexKey() string { return s.prefix + recoveryIndex }
 func nowMicros() int64 { return time.Now().UnixMicro() }
 
 // SetRecovery implements [idem.Recoverable.SetRecovery] with one script
-// run and a ZADD of the key to the recovery index, in one pipeline (on
-// Redis Cluster, one command per node). A lost ZADD is reported as an
-// error; an index entry without a payload (the script refused) is removed
-// by Lapsed.
+// run, which places the record in the recovery index (see index.go). On
+// Redis Cluster with a prefix without a hash tag, the script and a ZADD of
+// the key to the index (the instance's clock: due now, moved by Lapsed to
+// the lease's end) share one pipeline, one command per node; a lost ZADD
+// is reported as an error, and an entry without a payload (the script
+// refused) is removed by Lapsed.
 func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -236,19 +246,24 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	args := []any{token, payload, millis(retain)}
-	var run, add redis.Cmder
-	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		run = p.EvalSha(ctx, setRecoveryScript.sha, keys, args...)
-		add = p.ZAdd(ctx, s.indexKey(), redis.Z{Score: float64(nowMicros()), Member: key})
-		return nil
-	})
-	cmd, _ := run.(*redis.Cmd)
-	if isNoScript(cmd.Err()) {
-		cmd = s.c.Eval(ctx, setRecoveryScript.src, keys, args...)
-	}
-	if err := add.Err(); err != nil {
-		return fmt.Errorf("redisstore: set recovery: index: %w", err)
+	keys, args := s.withIndex(keys, key, []any{token, payload, millis(retain)})
+	var cmd *redis.Cmd
+	if s.indexed() {
+		cmd = s.eval(ctx, setRecoveryScript, keys, args...)
+	} else {
+		var run, add redis.Cmder
+		_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			run = p.EvalSha(ctx, setRecoveryScript.sha, keys, args...)
+			add = p.ZAdd(ctx, s.indexKey(), redis.Z{Score: float64(nowMicros()), Member: key})
+			return nil
+		})
+		cmd, _ = run.(*redis.Cmd)
+		if isNoScript(cmd.Err()) {
+			cmd = s.c.Eval(ctx, setRecoveryScript.src, keys, args...)
+		}
+		if err := add.Err(); err != nil {
+			return fmt.Errorf("redisstore: set recovery: index: %w", err)
+		}
 	}
 	v, err := cmd.Slice()
 	if err != nil {
@@ -263,13 +278,23 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	return nil
 }
 
-// Lapsed implements [idem.Recoverable.Lapsed]: ZRANGE of up to limit
-// entries of the recovery index whose time came (BYSCORE, by the
-// instance's clock), one pipeline of a read-only script per entry's record
-// (due now, due later, or never), and one script on the index that moves
-// the entries due later to their time and removes the others: 3 round
-// trips, each bounded by limit. It returns the records due now, soonest
-// indexed first; the others are out of the way of the next call.
+// lapsedBudget bounds how long one Lapsed call looks past index entries
+// that are not due (at most half of what its context leaves): it starts
+// no round that would end past it (by the last round's time), and then
+// answers the due records it found; a later round's failure too.
+const lapsedBudget = time.Second
+
+// Lapsed implements [idem.Recoverable.Lapsed]: rounds of a script reading
+// up to limit entries of the recovery index whose time came (ZRANGE
+// BYSCORE -inf now, the server's clock), one pipeline of a read-only
+// script per entry's record (due now, due later, or never), and one script
+// on the index that moves the entries due later to their time and removes
+// the others: 3 round trips a round, each bounded by limit. Since every
+// transition keeps the index (see index.go), the first round's entries
+// are the due records; a round that met entries not due goes on past
+// them, until limit records are due, every entry whose time came was
+// seen, or [lapsedBudget] passed. It returns the records due now,
+// soonest due first.
 func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -279,21 +304,51 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	entries, err := s.c.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{
-		Key: s.indexKey(), ByScore: true, Start: "-inf", Stop: strconv.FormatInt(nowMicros(), 10), Count: int64(limit),
-	}).Result()
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: lapsed: %w", err)
+	budget := lapsedBudget
+	if d, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(d)/2)
+	}
+	end := time.Now().Add(budget)
+	var due []idem.LapsedRecord
+	for round := 0; ; round++ {
+		start := time.Now()
+		n, more, err := s.lapsedRound(ctx, len(due), limit-len(due), &due)
+		switch {
+		case err != nil && round == 0:
+			return nil, err
+		case err != nil: // a later round: what the first ones found stands
+			return due, nil
+		case !more || n == 0 || len(due) >= limit || time.Now().Add(time.Since(start)).After(end):
+			return due, nil // seen every entry whose time came, or no time for another round
+		}
+	}
+}
+
+// lapsedRound reads up to count index entries whose time came, after the
+// offset entries due already found (they stay, at the front), appends
+// those due to due, and moves or removes the others. It returns how many
+// entries it moved or removed, and more: the read was full (more entries
+// may have come).
+func (s *Store) lapsedRound(ctx context.Context, offset, count int, due *[]idem.LapsedRecord) (fixed int, more bool, err error) {
+	raw, err := s.eval(ctx, rangeScript, []string{s.indexKey()}, offset, count).Slice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, false, fmt.Errorf("redisstore: lapsed: %w", err)
+	}
+	type entry struct{ member, score string }
+	entries := make([]entry, 0, len(raw)/2)
+	for i := 0; i+1 < len(raw); i += 2 {
+		m, _ := raw[i].(string)
+		sc, _ := raw[i+1].(string)
+		entries = append(entries, entry{m, sc})
 	}
 	if len(entries) == 0 {
-		return nil, nil
+		return 0, false, nil
 	}
 	keys := make([][]string, len(entries))
 	cmds := make([]*redis.Cmd, len(entries))
 	_, err = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, e := range entries {
-			member, _ := e.Member.(string)
-			if keys[i], err = s.journalKeys(member); err != nil {
+			if keys[i], err = s.journalKeys(e.member); err != nil {
 				return err
 			}
 			cmds[i] = p.EvalSha(ctx, dueScript.sha, keys[i], RecoveryRecheck.Microseconds())
@@ -301,14 +356,10 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 		return nil
 	})
 	if err != nil && !isNoScript(err) && !isWrongType(err) {
-		return nil, fmt.Errorf("redisstore: lapsed: %w", err)
+		return 0, false, fmt.Errorf("redisstore: lapsed: %w", err)
 	}
-	var (
-		due []idem.LapsedRecord
-		fix []any
-	)
+	var fix []any
 	for i, e := range entries {
-		member, _ := e.Member.(string)
 		cmd := cmds[i]
 		if isNoScript(cmd.Err()) {
 			cmd = s.eval(ctx, dueScript, keys[i], RecoveryRecheck.Microseconds())
@@ -318,31 +369,30 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 		case isWrongType(err):
 			v = []any{int64(0)} // a journal key of another type: never due
 		case err != nil:
-			return nil, fmt.Errorf("redisstore: lapsed: %w", err)
+			return 0, false, fmt.Errorf("redisstore: lapsed: %w", err)
 		}
 		code, _ := v[0].(int64)
-		seen := strconv.FormatFloat(e.Score, 'f', -1, 64)
 		switch code {
 		case 1:
 			n, _ := v[1].(int64)
-			due = append(due, idem.LapsedRecord{Key: member, Attempts: int(n)})
+			*due = append(*due, idem.LapsedRecord{Key: e.member, Attempts: int(n)})
 		case 2:
 			at, _ := v[1].(int64)
-			fix = append(fix, member, seen, at)
+			fix = append(fix, e.member, e.score, at)
 		default:
-			fix = append(fix, member, seen, "-")
+			fix = append(fix, e.member, e.score, "-")
 		}
 	}
 	if len(fix) > 0 {
 		if err := s.eval(ctx, indexScript, []string{s.indexKey()}, fix...).Err(); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("redisstore: lapsed: index: %w", err)
+			return 0, false, fmt.Errorf("redisstore: lapsed: index: %w", err)
 		}
 	}
-	return due, nil
+	return len(fix) / 3, len(entries) == count, nil
 }
 
 // Claim implements [idem.Recoverable.Claim] with one script run on the
-// record and its journal (the index is left to Lapsed).
+// record, its journal and its recovery index entry (see index.go).
 func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecoveryClaim{}, false, err
@@ -350,7 +400,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 	if lease <= 0 || backoff < 0 {
 		return idem.RecoveryClaim{}, false, idem.ErrInvalidDuration
 	}
-	code, v, err := s.journalCall(ctx, "claim", claimScript, key, token, millis(lease), millis(backoff))
+	code, v, err := s.indexCall(ctx, "claim", claimScript, key, token, millis(lease), millis(backoff))
 	switch {
 	case err != nil:
 		return idem.RecoveryClaim{}, false, err
@@ -372,8 +422,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 
 // ResolveStep implements [idem.StepResolver.ResolveStep] with one script
 // run (which also counts the record's recovery attempts from zero again,
-// backoff 0), then, for a record with a recovery payload, a ZADD of its
-// key to the recovery index (it is due at once).
+// backoff 0, and makes a record with a recovery payload due now in the
+// recovery index); on Redis Cluster with a prefix without a hash tag, a
+// ZADD of its key to the index follows.
 func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -385,14 +436,14 @@ func (s *Store) ResolveStep(ctx context.Context, key, name string, result []byte
 	if result != nil {
 		mode = "1"
 	}
-	code, v, err := s.journalCall(ctx, "resolve step", resolveStepScript, key, name, mode, result)
+	code, v, err := s.indexCall(ctx, "resolve step", resolveStepScript, key, name, mode, result)
 	switch {
 	case err != nil:
 		return err
 	case code != 1:
 		return idem.ErrRecordChanged
 	}
-	if has, _ := v[1].(int64); has == 1 {
+	if has, _ := v[1].(int64); has == 1 && !s.indexed() {
 		ctx, cancel := s.ctx(ctx)
 		defer cancel()
 		if err := s.c.ZAdd(ctx, s.indexKey(), redis.Z{Score: float64(nowMicros()), Member: key}).Err(); err != nil {

@@ -356,12 +356,14 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(ARGV[2]) + tonumber(
 return 1
 `)
 
-// resolveScript: KEYS record[, response key, journal key]; ARGV retention
-// ms (empty to release), encoded response. It returns 0 unless the record
-// is uncertain ('3' or '5' with u > 0 and PTTL <= u); otherwise it deletes
-// it and its journal (release) or completes it, its journal kept for the
-// retention (see luaComplete), and returns 1; 2 asks for the other keys.
-var resolveScript = newScript(luaDecode + luaLapse + luaComplete + `
+// resolveScript: KEYS record[, response key, journal key[, recovery
+// index]]; ARGV retention ms (empty to release), encoded response[,
+// scoped key]. It returns 0 unless the record is uncertain ('3' or '5'
+// with u > 0 and PTTL <= u); otherwise it deletes it and its journal
+// (release) or completes it, its journal kept for the retention (see
+// luaComplete), removes its recovery index entry (see index.go), and
+// returns 1; 2 asks for the other keys.
+var resolveScript = newScript(luaDecode + luaLapse + luaIndex + luaComplete + `
 local k, tok, fp, u, t = decode(redis.pcall('GET', KEYS[1]))
 if (k ~= '3' and k ~= '5') or tonumber(u) == 0 or redis.call('PTTL', KEYS[1]) > tonumber(u) then
   return 0
@@ -370,12 +372,16 @@ if k == '5' and not KEYS[3] then
   return 2
 end
 if ARGV[1] == '' then
-  redis.call('DEL', unpack(KEYS))
+  for i = 1, math.min(#KEYS, 3) do
+    redis.call('DEL', KEYS[i])
+  end
+  unindex()
   return 1
 end
 local res = complete(fp, t, ARGV[1], ARGV[2])
 if res == 1 and k == '5' then
   follow(tonumber(t) == 0 and KEYS[1] or KEYS[2])
+  unindex()
 end
 return res
 `)
@@ -691,9 +697,14 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	ret := millis(retention)
+	keys, argv := s.withIndex(keys, key, []any{token, millis(retention), response})
 	run := func(ctx context.Context, source bool) *redis.IntCmd {
-		args := []any{"evalsha", completeJournalScript.shaArg, 3, keys[0], keys[1], keys[2], token, ret, response}
+		args := make([]any, 0, 3+len(keys)+len(argv))
+		args = append(args, "evalsha", completeJournalScript.shaArg, len(keys))
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		args = append(args, argv...)
 		if source {
 			args[0], args[1] = "eval", completeJournalScript.srcArg
 		}
@@ -702,7 +713,11 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 		return cmd
 	}
 	if s.waitN > 0 {
-		return s.completeAndWait(ctx, keys[0], run)
+		err := s.completeAndWait(ctx, keys[0], run)
+		if err == nil || errors.Is(err, ErrNotReplicated) {
+			s.unindex(ctx, key)
+		}
+		return err
 	}
 	cmd := run(ctx, false)
 	_ = s.p.Process(ctx, cmd)
@@ -717,6 +732,7 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 	case ok != 1:
 		return idem.ErrNotOwner
 	}
+	s.unindex(ctx, key)
 	return nil
 }
 
@@ -733,13 +749,15 @@ func (s *Store) run(ctx context.Context, sc *script, ev *evalCmd) (int64, error)
 }
 
 // ownerJournal runs sc, releaseJournalScript or extendJournalScript, on
-// the three keys of a record with a journal, with token and args.
+// the three keys of a record with a journal (and the recovery index, see
+// index.go), with token and args.
 func (s *Store) ownerJournal(ctx context.Context, sc *script, key, token string, args ...any) (int64, error) {
 	keys, err := s.journalKeys(key)
 	if err != nil {
 		return 0, err
 	}
-	return s.eval(ctx, sc, keys, append([]any{token}, args...)...).Int64()
+	keys, args = s.withIndex(keys, key, append([]any{token}, args...))
+	return s.eval(ctx, sc, keys, args...).Int64()
 }
 
 // isNoScript reports a NOSCRIPT reply to EVALSHA.
@@ -858,7 +876,9 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	keyEnd := len(s.prefix) + len(key)
 	ok, err := s.run(ctx, releaseScript, newEval(releaseScript, 1, buf, keyEnd, len(buf)))
 	if err == nil && ok == 3 { // a record with a journal
-		ok, err = s.ownerJournal(ctx, releaseJournalScript, key, token)
+		if ok, err = s.ownerJournal(ctx, releaseJournalScript, key, token); err == nil && ok == 1 {
+			s.unindex(ctx, key)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
@@ -991,13 +1011,15 @@ func (s *Store) resolveJournal(ctx context.Context, key string, response []byte,
 	if response != nil {
 		ret = strconv.FormatInt(millis(retention), 10)
 	}
-	ok, err := s.eval(ctx, resolveScript, keys, ret, response).Int64()
+	keys, args := s.withIndex(keys, key, []any{ret, response})
+	ok, err := s.eval(ctx, resolveScript, keys, args...).Int64()
 	switch {
 	case err != nil:
 		return fmt.Errorf("redisstore: resolve: %w", err)
 	case ok != 1:
 		return idem.ErrRecordChanged
 	}
+	s.unindex(ctx, key)
 	return nil
 }
 
