@@ -227,8 +227,26 @@ func (mc *jmachine) drawKey(t *rapid.T, want func(jrec) bool) int {
 // Kinds of records actions look for.
 func busy(r jrec) bool      { return r.state == idem.StateInProgress || r.state == idem.StateUncertain }
 func liveLease(r jrec) bool { return r.state == idem.StateInProgress && r.live }
-func unsettled(r jrec) bool { return r.state == idem.StateUncertain || r.state == idem.StateInProgress && !r.live }
-func notDone(r jrec) bool   { return r.state != idem.StateCompleted }
+func unsettled(r jrec) bool {
+	return r.state == idem.StateUncertain || r.state == idem.StateInProgress && !r.live
+}
+func notDone(r jrec) bool     { return r.state != idem.StateCompleted }
+func lapsedLease(r jrec) bool { return r.state == idem.StateInProgress && !r.live }
+func due(r jrec) bool         { return r.due() }
+func resolvable(r jrec) bool {
+	return unsettled(r) && slices.ContainsFunc(r.steps, func(e idem.StepEntry) bool { return !e.Done })
+}
+
+// drawKeyOf draws with drawKey for the first kind of record any key is,
+// else for the last.
+func (mc *jmachine) drawKeyOf(t *rapid.T, kinds ...func(jrec) bool) int {
+	for _, k := range kinds[:len(kinds)-1] {
+		if slices.ContainsFunc(mc.m, k) {
+			return mc.drawKey(t, k)
+		}
+	}
+	return mc.drawKey(t, kinds[len(kinds)-1])
+}
 
 // drawToken draws the holder's token, a former holder's, or nobody's.
 func (mc *jmachine) drawToken(t *rapid.T, i int) string {
@@ -317,6 +335,9 @@ func (mc *jmachine) hold(i int, tok string) { mc.held[i] = append(mc.held[i], to
 // payload, the previous holder reported), or the record held.
 func (mc *jmachine) Acquire(t *rapid.T) {
 	i := mc.drawKey(t, notDone)
+	if rapid.Bool().Draw(t, "takeover") {
+		i = mc.drawKeyOf(t, lapsedLease, notDone)
+	}
 	tok := mc.newToken()
 	fp := fingerprints[0]
 	if rapid.IntRange(0, 3).Draw(t, "other fp") == 0 {
@@ -448,7 +469,10 @@ func (mc *jmachine) Extend(t *rapid.T) {
 // uncertain (keepU), stays lapsed with its journal or payload, or is gone
 // (its row perhaps left: a ghost).
 func (mc *jmachine) Lapse(t *rapid.T) {
-	i := mc.drawKey(t, liveLease)
+	mc.lapseKey(t, mc.drawKey(t, liveLease))
+}
+
+func (mc *jmachine) lapseKey(t *rapid.T, i int) {
 	r := mc.m[i]
 	if r.state != idem.StateInProgress || !r.live {
 		t.Skip("no live lease")
@@ -473,6 +497,10 @@ func (mc *jmachine) StartStep(t *rapid.T) {
 	i := mc.drawKey(t, liveLease)
 	tok := mc.drawToken(t, i)
 	name := mc.drawStep(t, i)
+	mc.startStep(t, i, tok, name)
+}
+
+func (mc *jmachine) startStep(t *rapid.T, i int, tok, name string) {
 	e, err := mc.tg.store.(idem.Journal).StartStep(mc.ctx, mc.keys[i], tok, name, jhour)
 	r := mc.m[i]
 	ans := jerr(err)
@@ -518,9 +546,12 @@ func (mc *jmachine) FinishStep(t *rapid.T) {
 }
 
 func (mc *jmachine) Suspend(t *rapid.T) {
-	mc.rare(t)
 	i := mc.drawKey(t, liveLease)
 	tok := mc.drawToken(t, i)
+	mc.suspend(t, i, tok)
+}
+
+func (mc *jmachine) suspend(t *rapid.T, i int, tok string) {
 	err := mc.tg.store.(idem.Journal).Suspend(mc.ctx, mc.keys[i], tok, jhour)
 	r := mc.m[i]
 	mc.logf(t, "Suspend(k%d, %s) = %v [model %s]", i, tok, err, r.describe())
@@ -538,6 +569,10 @@ func (mc *jmachine) SetRecovery(t *rapid.T) {
 	i := mc.drawKey(t, liveLease)
 	tok := mc.drawToken(t, i)
 	p := rapid.SampledFrom(payloads).Draw(t, "payload")
+	mc.setRecovery(t, i, tok, p)
+}
+
+func (mc *jmachine) setRecovery(t *rapid.T, i int, tok string, p []byte) {
 	err := mc.tg.store.(idem.Recoverable).SetRecovery(mc.ctx, mc.keys[i], tok, p, jhour)
 	r := mc.m[i]
 	mc.logf(t, "SetRecovery(k%d, %s) = %v [model %s]", i, tok, err, r.describe())
@@ -550,11 +585,30 @@ func (mc *jmachine) SetRecovery(t *rapid.T) {
 	mc.m[i] = r
 }
 
+// Crash is a holder that starts a step (and sets a recovery payload,
+// sometimes), then stops: its lease lapses, or it suspends the record.
+func (mc *jmachine) Crash(t *rapid.T) {
+	i := mc.drawKey(t, liveLease)
+	r := mc.m[i]
+	if !liveLease(r) {
+		t.Skip("no live lease")
+	}
+	mc.startStep(t, i, r.token, rapid.SampledFrom(stepNames).Draw(t, "name"))
+	if rapid.Bool().Draw(t, "recovery") {
+		mc.setRecovery(t, i, r.token, rapid.SampledFrom(payloads).Draw(t, "payload"))
+	}
+	if rapid.IntRange(0, 2).Draw(t, "suspend") == 0 {
+		mc.suspend(t, i, r.token)
+		return
+	}
+	mc.lapseKey(t, i)
+}
+
 // Claim by a new token, backoff 0 or an hour: takes a due record over
 // (its journal and payload kept, attempts counted, the previous holder
 // reported); any other is left unchanged.
 func (mc *jmachine) Claim(t *rapid.T) {
-	i := mc.drawKey(t, unsettled)
+	i := mc.drawKeyOf(t, due, unsettled)
 	tok := mc.newToken()
 	backoff := rapid.SampledFrom([]time.Duration{0, 0, jhour}).Draw(t, "backoff")
 	c, claimed, err := mc.tg.store.(idem.Recoverable).Claim(mc.ctx, mc.keys[i], tok, jhour, backoff)
@@ -628,7 +682,7 @@ func (mc *jmachine) Lapsed(t *rapid.T) {
 // a result, or removed (nil); the record in progress, lapsed, its
 // attempts from 0.
 func (mc *jmachine) ResolveStep(t *rapid.T) {
-	i := mc.drawKey(t, unsettled)
+	i := mc.drawKeyOf(t, resolvable, unsettled)
 	name := mc.drawStep(t, i)
 	open := slices.DeleteFunc(slices.Clone(mc.m[i].steps), func(e idem.StepEntry) bool { return e.Done })
 	if len(open) > 0 && rapid.Bool().Draw(t, "open step") {
