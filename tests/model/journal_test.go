@@ -51,11 +51,13 @@ import (
 //
 // # Where stores may differ
 //
-// The contract leaves two things to the store, and the model accepts
+// The contract leaves three things to the store, and the model accepts
 // both answers until one tells: whether Suspend keeps a record's recovery
-// payload (not due while uncertain; a Claim after ResolveStep tells), and
+// payload (not due while uncertain; a Claim after ResolveStep tells);
 // whether a lapsed record whose journal ResolveStep emptied (no payload) is
-// taken over by another fingerprint or refused to it. A lapsed lease
+// taken over by another fingerprint or refused to it; and whether its
+// retain goes on to the holder that takes it over (kept past that
+// holder's lapse or not: one Get after the Lapse tells). A lapsed lease
 // without a journal or payload leaves a row in the SQL stores and
 // mongostore until it is taken over: an Acquire may report that takeover
 // (a "ghost" holder) or not.
@@ -133,6 +135,11 @@ type jrec struct {
 	emptied bool
 	// resolved: ResolveStep lapsed its lease (not Lapse).
 	resolved bool
+	// retainMaybe: taken over with an empty journal and no payload (one
+	// ResolveStep emptied): whether the retain goes on to the new holder,
+	// keeping the record past its lapse, is left to the store (memstore
+	// keeps it, mysqlstore drops it); the Lapse reads which.
+	retainMaybe bool
 }
 
 func (r jrec) view() string {
@@ -321,6 +328,9 @@ func takeover(r jrec, tok, fp string, keepU, resume bool) jrec {
 	n := jrec{state: idem.StateInProgress, token: tok, fp: fp, live: true, keepU: keepU}
 	if resume {
 		n.steps, n.retained, n.payload, n.payloadMaybe, n.attempts, n.backoff = r.steps, r.retained, r.payload, r.payloadMaybe, r.attempts, r.backoff
+		if len(r.steps) == 0 && r.payload == nil && (r.retained || r.retainMaybe) {
+			n.retained, n.retainMaybe = false, true
+		}
 	}
 	return n
 }
@@ -487,6 +497,18 @@ func (mc *jmachine) lapseKey(t *rapid.T, i int) {
 		r.state = idem.StateUncertain
 	case r.retained:
 		r.live = false
+	case r.retainMaybe:
+		_, found, err := mc.tg.store.Get(mc.ctx, mc.keys[i])
+		if err != nil {
+			mc.fatalf(t, "Lapse(k%d): Get: %v", i, err)
+		}
+		mc.logf(t, "  Get(k%d) found %v [the retain went on to the new holder or not]", i, found)
+		mc.stats[fmt.Sprintf("Lapse → emptied journal's retain kept=%v", found)]++
+		if !found {
+			r = jrec{ghost: r.token}
+			break
+		}
+		r.live, r.retained, r.retainMaybe = false, true, false
 	default:
 		r = jrec{ghost: r.token}
 	}
@@ -520,7 +542,7 @@ func (mc *jmachine) startStep(t *rapid.T, i int, tok, name string) {
 	n := idem.StepEntry{Name: name, Token: tok}
 	mc.expect(t, "StartStep", i, ans, "entry "+stepsView([]idem.StepEntry{n}))
 	r.steps = append(slices.Clip(r.steps), n)
-	r.retained = true
+	r.retained, r.retainMaybe = true, false
 	mc.m[i] = r
 }
 
@@ -581,11 +603,11 @@ func (mc *jmachine) setRecovery(t *rapid.T, i int, tok string, p []byte) {
 		return
 	}
 	mc.expect(t, "SetRecovery", i, jerr(err), "ok")
-	r.payload, r.payloadMaybe, r.retained = slices.Clone(p), false, true
+	r.payload, r.payloadMaybe, r.retained, r.retainMaybe = slices.Clone(p), false, true, false
 	mc.m[i] = r
 }
 
-// Crash is a holder that starts a step (and sets a recovery payload,
+// Crash is a holder that starts one or two steps (and sets a recovery payload,
 // sometimes), then stops: its lease lapses, or it suspends the record.
 func (mc *jmachine) Crash(t *rapid.T) {
 	i := mc.drawKey(t, liveLease)
@@ -593,7 +615,9 @@ func (mc *jmachine) Crash(t *rapid.T) {
 	if !liveLease(r) {
 		t.Skip("no live lease")
 	}
-	mc.startStep(t, i, r.token, rapid.SampledFrom(stepNames).Draw(t, "name"))
+	for range rapid.IntRange(1, 2).Draw(t, "steps") {
+		mc.startStep(t, i, r.token, rapid.SampledFrom(stepNames).Draw(t, "name"))
+	}
 	if rapid.Bool().Draw(t, "recovery") {
 		mc.setRecovery(t, i, r.token, rapid.SampledFrom(payloads).Draw(t, "payload"))
 	}
