@@ -94,7 +94,10 @@ const jhour = time.Hour
 var (
 	stepNames = []string{"charge", "email", "ledger"}
 	payloads  = [][]byte{[]byte(`{"route":"POST /payments","body":"{\"amount\":100}"}`), {0, 1, 2, 0xff}}
-	results   = [][]byte{[]byte(`{"id":"ch_1"}`), {}, {0, 0xfe}}
+	// results: a longer one turns a Redis journal hash from a listpack
+	// (fields in insertion order) into a hash table (any order), so that
+	// Steps' order rests on the entries' indexes alone.
+	results = [][]byte{[]byte(`{"id":"ch_1"}`), {}, {0, 0xfe}, []byte(`{"id":"ch_2","object":"charge","amount":100,"currency":"eur","status":"succeeded","paid":true}`)}
 )
 
 // jtarget is one store under the journal model.
