@@ -67,7 +67,7 @@ func TestJournalMemstore(t *testing.T) {
 // redisJournalTarget: each sequence under its own prefix, so that Lapsed
 // (the prefix's recovery index) sees its records only.
 func redisJournalTarget(c redis.UniversalClient, prefix string) *jtarget {
-	tg := &jtarget{indexedLapse: true}
+	tg := &jtarget{indexedLapse: true, reacquire: reacquireSame}
 	seq := 0
 	tg.reset = func() {
 		seq++
@@ -228,7 +228,7 @@ func TestJournalMongo(t *testing.T) {
 	})
 	s := mongostore.New(coll, mongostore.WithClockRefresh(time.Hour))
 	t.Cleanup(func() { _ = s.Close() })
-	runJournal(t, journalChecksReal, &jtarget{store: s, lapse: extendLapse(s), indexedLapse: true, reset: func() {
+	runJournal(t, journalChecksReal, &jtarget{store: s, lapse: extendLapse(s), indexedLapse: true, reacquire: reacquireNone, reset: func() {
 		if _, err := coll.DeleteMany(context.Background(), bson.D{}); err != nil {
 			t.Fatal(err)
 		}
@@ -261,7 +261,7 @@ func TestJournalPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	runJournal(t, journalChecksReal, &jtarget{store: s, lapse: extendLapse(s), reset: func() {
+	runJournal(t, journalChecksReal, &jtarget{store: s, lapse: extendLapse(s), reacquire: reacquireReplace, reset: func() {
 		if _, err := pool.Exec(context.Background(), "DELETE FROM "+table); err != nil {
 			t.Fatal(err)
 		}
@@ -297,7 +297,7 @@ func TestJournalMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	runJournal(t, journalChecksReal, &jtarget{store: s, lapse: extendLapse(s), reset: func() {
+	runJournal(t, journalChecksReal, &jtarget{store: s, lapse: extendLapse(s), reacquire: reacquireReplace, reset: func() {
 		if _, err := db.ExecContext(context.Background(), "DELETE FROM `"+table+"`"); err != nil {
 			t.Fatal(err)
 		}

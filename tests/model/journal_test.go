@@ -112,6 +112,9 @@ type jtarget struct {
 	// (production leases only grow: the index is then early, and Lapsed
 	// repairs it); it must list one ResolveStep made due.
 	indexedLapse bool
+	// reacquire is how the store answers its holder's Acquire sent again
+	// (Resend).
+	reacquire reacquireMode
 }
 
 // jrec is the model of one key.
@@ -476,6 +479,40 @@ func (mc *jmachine) Extend(t *rapid.T) {
 	mc.expect(t, "Extend", i, jerr(err), "ok")
 	r.state, r.live = idem.StateInProgress, true
 	mc.m[i] = r
+}
+
+// Resend is the holder's Acquire sent again (an engine's acquire whose
+// reply was lost), with the record's fingerprint and keep, while its lease
+// is live or the record uncertain. A store answers it as its reacquire
+// mode says: held (memstore, mongostore); acquired, the record unchanged,
+// while its lease is live, and held once it is uncertain (redisstore);
+// acquired, written again with its journal and payload, live or
+// uncertain (pgstore, mysqlstore).
+func (mc *jmachine) Resend(t *rapid.T) {
+	i := mc.drawKey(t, func(r jrec) bool { return liveLease(r) || r.state == idem.StateUncertain })
+	r := mc.m[i]
+	if !liveLease(r) && r.state != idem.StateUncertain {
+		t.Skip("no holder")
+	}
+	var got idem.Record
+	var acquired bool
+	var err error
+	if r.keepU {
+		got, acquired, err = mc.tg.store.(idem.Keeper).AcquireKeep(mc.ctx, mc.keys[i], r.token, r.fp, jhour, idem.Keep{Uncertain: jhour})
+	} else {
+		got, acquired, err = mc.tg.store.Acquire(mc.ctx, mc.keys[i], r.token, r.fp, jhour)
+	}
+	ans := jAcquireAnswer(got, acquired, err)
+	mc.logf(t, "Resend(k%d, %s) = %s [model %s]", i, r.token, ans, r.describe())
+	switch {
+	case mc.tg.reacquire == reacquireNone, mc.tg.reacquire == reacquireSame && r.state == idem.StateUncertain:
+		mc.expect(t, "Resend", i, ans, "held: "+r.view())
+	case mc.tg.reacquire == reacquireSame:
+		mc.expect(t, "Resend", i, ans, "acquired")
+	default:
+		mc.expect(t, "Resend", i, ans, "acquired")
+		mc.m[i] = takeover(r, r.token, r.fp, r.keepU, true)
+	}
 }
 
 // Lapse ends the holder's live lease (see Lapses): the record turns
