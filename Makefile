@@ -34,13 +34,13 @@ bench-peers:
 bench-load:
 	./scripts/bench.sh load
 
-# Robustness (minutes, not part of make test): tests/model with ROBUST_CHECKS random
+# Robustness (minutes, not part of make test): tests/model (record and journal models) with ROBUST_CHECKS random
 # sequences per store (default 100), porcupine over histories recorded under toxiproxy
 # faults and Redis restarts for ROBUST_DURATION per store (default 30s, seed ROBUST_SEED),
 # and the engine's crash points on memstore and Redis. Prints, per store, the sequences
 # and outcomes checked, the histories, operations, faults injected and anomalies found.
 robustness:
-	bash -c 'set -o pipefail; source scripts/services.sh && cd tests/model && RAPID_CHECKS=$${ROBUST_CHECKS:-100} go test -count=1 -timeout 60m -v . | grep -vE "^=== |^\s+model_test.go:[0-9]+: \[rapid\]"'
+	bash -c 'set -o pipefail; source scripts/services.sh && cd tests/model && RAPID_CHECKS=$${ROBUST_CHECKS:-100} go test -count=1 -timeout 60m -v . | grep -vE "^=== |^\s+(model|journal)_test.go:[0-9]+: \[rapid\]"'
 	bash -c 'source scripts/services.sh && cd tests/robustness && go test -count=1 -timeout 60m -v ./linear/ -robust.duration=$${ROBUST_DURATION:-30s} -robust.seed=$${ROBUST_SEED:-1}'
 	bash -c 'source scripts/services.sh && cd tests/robustness && go test -count=1 -timeout 30m -v ./crash/ | grep -vE "^=== "'
 

@@ -152,10 +152,11 @@ return {1, pl, fp, a + 1, tok, lapsed}
 // by one: the indexes stay 0 to n-1 in start order, as startScript gives
 // a new entry the index n), rewrites the record with u = 0 (in
 // progress, lapsed: its TTL unchanged, or its retain when it was
-// uncertain), counts its recovery attempts from 0 again with backoff 0
-// (its payload kept, its recovery index entry due now), and returns {1, 1
-// when it has a recovery payload}. Twice: the step is then done or
-// absent: {0}.
+// uncertain; at most its retain less a millisecond, so that its lease has
+// lapsed by one and a Claim right after finds it due), counts its
+// recovery attempts from 0 again with backoff 0 (its payload kept, its
+// recovery index entry due now), and returns {1, 1 when it has a recovery
+// payload}. Twice: the step is then done or absent: {0}.
 var resolveStepScript = newScript(luaDecode + luaLapse + luaIndex + luaRecovery + `
 local k, tok, fp, u, t, r = decode(redis.pcall('GET', KEYS[1]))
 if k ~= '5' then
@@ -185,7 +186,7 @@ else
     end
   end
 end
-local px = uncertain and tonumber(r) or p
+local px = math.min(uncertain and tonumber(r) or p, tonumber(r) - 1)
 redis.call('SET', KEYS[1], '5' .. lp(tok) .. lp(fp) .. lp('0') .. lp(t) .. lp(r), 'PX', string.format('%d', math.max(px, 1)))
 follow(KEYS[1])
 local a, b, pl = recovery()

@@ -32,7 +32,9 @@ var fingerprints = []string{"fp1", "fp2"}
 type recorded struct {
 	Store   string    `json:"store"`
 	Mode    reacquire `json:"mode"`
-	Retries bool      `json:"retries"` // the model accepts a retried Complete or Release answering ErrNotOwner
+	Retries bool      `json:"retries"`          // the model accepts a retried Complete or Release answering ErrNotOwner
+	Claims  bool      `json:"claims,omitempty"` // a takeover in flight is visible to Acquire before Get (see model)
+	Stale   bool      `json:"stale,omitempty"`  // a takeover may report an earlier holder (see model)
 	Seed    uint64    `json:"seed"`
 	Verdict string    `json:"verdict"` // porcupine's: Ok, Illegal
 	Ops     []op      `json:"ops"`
@@ -51,25 +53,69 @@ type op struct {
 func operations(ops []op) []porcupine.Operation {
 	out := make([]porcupine.Operation, len(ops))
 	for i, o := range ops {
-		out[i] = porcupine.Operation{ClientId: o.Client, Input: o.In, Call: o.Call, Output: o.Out, Return: o.Return}
+		in := o.In
+		in.Call, in.Ret = o.Call, o.Return
+		out[i] = porcupine.Operation{ClientId: o.Client, Input: in, Call: o.Call, Output: o.Out, Return: o.Return}
 	}
 	return out
 }
 
-// recorder collects the operations of concurrent clients.
+// recorder collects the operations of concurrent clients on keys made as
+// they are needed (slots).
 type recorder struct {
 	start time.Time
-	keys  []string
 	mu    sync.Mutex
+	keys  []string
 	ops   []op
+	// slots: the key each of the few slots the clients work on holds now;
+	// a client that finds a slot's record completed moves the slot to a new
+	// key, so that most calls meet records in progress, not completed ones.
+	slots []int
 }
 
-func newRecorder(nkeys int) *recorder {
+func newRecorder(nslots int) *recorder {
 	r := &recorder{start: time.Now()}
-	for range nkeys {
+	for range nslots {
+		r.slots = append(r.slots, len(r.keys))
 		r.keys = append(r.keys, storetest.Key())
 	}
 	return r
+}
+
+// slot returns the key slot i holds now.
+func (r *recorder) slot(i int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.slots[i]
+}
+
+// retire moves every slot holding key to a new key.
+func (r *recorder) retire(key int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, k := range r.slots {
+		if k == key {
+			r.slots[i] = len(r.keys)
+			r.keys = append(r.keys, storetest.Key())
+		}
+	}
+}
+
+func (r *recorder) key(i int) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.keys) <= i { // a replayed history's keys
+		r.keys = append(r.keys, storetest.Key())
+	}
+	return r.keys[i]
+}
+
+// leaseOf is a call's lease: in.Lease, or an hour.
+func leaseOf(in input) time.Duration {
+	if in.Lease == 0 {
+		return hour
+	}
+	return time.Duration(in.Lease)
 }
 
 // call runs one operation on s with a per-call timeout and records it. A
@@ -78,7 +124,7 @@ func newRecorder(nkeys int) *recorder {
 func (r *recorder) call(s idem.Store, client int, in input, timeout time.Duration) output {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	key := r.keys[in.Key]
+	key := r.key(in.Key)
 	call := time.Since(r.start).Nanoseconds()
 	var out output
 	var err error
@@ -86,10 +132,16 @@ func (r *recorder) call(s idem.Store, client int, in input, timeout time.Duratio
 	case "acquire":
 		var rec idem.Record
 		var acquired bool
-		rec, acquired, err = s.Acquire(ctx, key, in.Token, in.FP, hour)
-		if acquired {
+		rec, acquired, err = s.Acquire(ctx, key, in.Token, in.FP, leaseOf(in))
+		switch {
+		case acquired && rec.Token != "":
+			out = output{Result: "acquired", Rec: state{State: rec.State, Token: rec.Token}}
+			if rec.LeaseLeft >= 0 {
+				out.Err = fmt.Sprintf("takeover with LeaseLeft %v", rec.LeaseLeft) // fails the check
+			}
+		case acquired:
 			out.Result = "acquired"
-		} else {
+		default:
 			out = output{Result: "held", Rec: fromRecord(rec).view()}
 		}
 	case "complete":
@@ -99,7 +151,12 @@ func (r *recorder) call(s idem.Store, client int, in input, timeout time.Duratio
 		err = s.Release(ctx, key, in.Token)
 		out.Result = "ok"
 	case "extend":
-		err = s.(idem.Extender).Extend(ctx, key, in.Token, hour)
+		err = s.(idem.Extender).Extend(ctx, key, in.Token, leaseOf(in))
+		out.Result = "ok"
+	case "shorten": // a lapse: the holder's lease ends within a millisecond (see expire below)
+		err = s.(idem.Extender).Extend(ctx, key, in.Token, time.Millisecond)
+		out.Result = "ok"
+	case "expire": // recorded with its shorten (a replayed one changes nothing)
 		out.Result = "ok"
 	case "get":
 		var rec idem.Record
@@ -109,6 +166,48 @@ func (r *recorder) call(s idem.Store, client int, in input, timeout time.Duratio
 		if found {
 			out = output{Result: "found", Rec: fromRecord(rec).view()}
 		}
+	case "startstep":
+		var e idem.StepEntry
+		e, err = s.(idem.Journal).StartStep(ctx, key, in.Token, in.Name, hour)
+		out = output{Result: "entry", Entry: entryOf(e)}
+	case "finishstep":
+		err = s.(idem.Journal).FinishStep(ctx, key, in.Token, in.Name, []byte(in.Result))
+		out.Result = "ok"
+	case "suspend":
+		err = s.(idem.Journal).Suspend(ctx, key, in.Token, hour)
+		out.Result = "ok"
+	case "setrecovery":
+		err = s.(idem.Recoverable).SetRecovery(ctx, key, in.Token, []byte(in.Payload), hour)
+		out.Result = "ok"
+	case "claim":
+		var c idem.RecoveryClaim
+		var claimed bool
+		c, claimed, err = s.(idem.Recoverable).Claim(ctx, key, in.Token, leaseOf(in), time.Duration(in.Backoff))
+		out.Result = "notclaimed"
+		if claimed {
+			out = output{Result: "claimed", Rec: state{Token: c.PreviousToken, FP: c.Fingerprint}, Entry: fmt.Sprintf("%s #%d", c.Payload, c.Attempts)}
+			if c.Lapsed <= 0 {
+				out.Err = fmt.Sprintf("claim with Lapsed %v", c.Lapsed) // fails the check
+			}
+		}
+	case "resolvestep":
+		var result []byte
+		if !in.Nil {
+			result = []byte(in.Result)
+		}
+		err = s.(idem.StepResolver).ResolveStep(ctx, key, in.Name, result)
+		out.Result = "ok"
+		if errors.Is(err, idem.ErrRecordChanged) {
+			out, err = output{Result: "changed"}, nil
+		}
+	case "steps":
+		var steps []idem.StepEntry
+		steps, err = s.(idem.Journal).Steps(ctx, key)
+		es := make([]string, len(steps))
+		for i, e := range steps {
+			es[i] = entryOf(e)
+		}
+		out = output{Result: "journal", Entry: strings.Join(es, ",")}
 	}
 	ret := time.Since(r.start).Nanoseconds()
 	switch {
@@ -121,7 +220,28 @@ func (r *recorder) call(s idem.Store, client int, in input, timeout time.Duratio
 	r.mu.Lock()
 	r.ops = append(r.ops, op{Client: client, In: in, Out: out, Call: call, Return: ret})
 	r.mu.Unlock()
+	if in.Op == "shorten" {
+		// the lease's end: after the shorten took effect, before the wait
+		// past its return ended (unknown: at any time after its call)
+		time.Sleep(lapseWait)
+		end := time.Since(r.start).Nanoseconds()
+		if ret < 0 {
+			end = -1
+		}
+		r.mu.Lock()
+		r.ops = append(r.ops, op{Client: client, In: input{Op: "expire", Key: in.Key, Token: in.Token}, Out: output{Result: "ok"}, Call: call, Return: end})
+		r.mu.Unlock()
+	}
 	return out
+}
+
+// entryOf is a journal entry as the model writes it.
+func entryOf(e idem.StepEntry) string {
+	s := e.Name + "/" + e.Token
+	if e.Done {
+		s += "=" + string(e.Result)
+	}
+	return s
 }
 
 func shortErr(err error) string {
@@ -154,11 +274,27 @@ func (r *recorder) history() []op {
 	return ops
 }
 
+// lapseWait is how long a lapse call waits after its Extend to a
+// millisecond returned: past that millisecond on the store's clock, which
+// is the machine's (Redis, PostgreSQL, MySQL) or the local one shifted by
+// a constant (mongostore, its clock offset measured once).
+const lapseWait = 5 * time.Millisecond
+
+// stepNames are the steps clients journal.
+var stepNames = []string{"charge", "email"}
+
 // client runs random calls on s until stop. Like an engine, it acquires a
-// key with a fresh token, then completes, releases or extends it with
-// that token (sometimes it acquires it again with the same token and
-// fingerprint, as an engine's acquire sent again after a lost reply);
-// others read it; a few calls use a token that owns nothing.
+// key with a fresh token (for an hour), or claims it as a
+// recoverer would, journals steps (start, finish, sometimes suspend),
+// sets a recovery payload, renews, lets its lease lapse (a lapse call:
+// a crash or a stall), completes or releases it with that token, and keeps using the token after its lease lapsed and
+// another took the record over (a former holder, fenced off); sometimes it
+// acquires it again with the same token and fingerprint, as an engine's
+// acquire sent again after a lost reply; others read the record and its
+// journal, or resolve a step as an operator would; a few calls use a
+// token that owns nothing. Calls go to the
+// recorder's slots, few, and a slot whose record is completed moves to a
+// new key.
 func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}, timeout time.Duration, counts *stats) {
 	rng := rand.New(rand.NewPCG(seed, uint64(id)))
 	held := map[int]input{} // key → the acquire this client may hold it by
@@ -169,31 +305,66 @@ func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}
 			return
 		default:
 		}
-		key := rng.IntN(len(r.keys))
+		key := r.slot(rng.IntN(len(r.slots)))
 		in := input{Key: key}
 		a, holds := held[key]
+		lease := int64(0) // an hour: leases end by lapse calls only
 		switch p := rng.IntN(100); {
-		case p < 30:
+		case p < 22:
 			if holds && rng.IntN(3) == 0 {
 				in = a // sent again
 				break
 			}
 			n++
-			in.Op, in.Token, in.FP = "acquire", fmt.Sprintf("c%d-%d", id, n), fingerprints[rng.IntN(len(fingerprints))]
-		case p < 42:
+			in.Op, in.Token, in.FP, in.Lease = "acquire", fmt.Sprintf("c%d-%d", id, n), fingerprints[rng.IntN(len(fingerprints))], lease
+		case p < 28:
 			in.Op, in.Token, in.Resp = "complete", a.Token, fmt.Sprintf("r%d-%d", id, rng.IntN(1000))
-		case p < 62:
+		case p < 34:
 			in.Op, in.Token = "release", a.Token
-		case p < 70:
-			in.Op, in.Token = "extend", a.Token
+		case p < 38:
+			in.Op, in.Token, in.Lease = "extend", a.Token, lease
+		case p < 44:
+			in.Op, in.Token = "shorten", a.Token
+		case p < 58:
+			in.Op, in.Token, in.Name = "startstep", a.Token, stepNames[rng.IntN(len(stepNames))]
+		case p < 66:
+			in.Op, in.Token, in.Name, in.Result = "finishstep", a.Token, stepNames[rng.IntN(len(stepNames))], fmt.Sprintf("v%d", rng.IntN(100))
+		case p < 68:
+			in.Op, in.Token = "suspend", a.Token
+		case p < 72:
+			in.Op, in.Token, in.Payload = "setrecovery", a.Token, fmt.Sprintf("p%d-%d", id, rng.IntN(100))
+		case p < 78:
+			if holds && a.Op == "claim" && rng.IntN(3) == 0 {
+				in = a // sent again
+				break
+			}
+			n++
+			in.Op, in.Token, in.Lease = "claim", fmt.Sprintf("c%d-%d", id, n), lease
+			if rng.IntN(4) == 0 {
+				in.Backoff = int64(hour)
+			}
+		case p < 81:
+			in.Op, in.Name = "resolvestep", stepNames[rng.IntN(len(stepNames))]
+			in.Result, in.Nil = fmt.Sprintf("v%d", rng.IntN(100)), rng.IntN(2) == 0
+		case p < 86:
+			in.Op = "steps"
 		default:
 			in.Op = "get"
 		}
-		if in.Op != "get" && in.Op != "acquire" && (!holds || rng.IntN(10) == 0) {
+		if in.Op != "get" && in.Op != "steps" && in.Op != "acquire" && in.Op != "claim" && in.Op != "resolvestep" && (!holds || rng.IntN(10) == 0) {
 			in.Token = fmt.Sprintf("c%d-stale", id)
 		}
 		out := r.call(s, id, in, timeout)
 		counts.ops.Add(1)
+		if out.Result == "acquired" && out.Rec.Token != "" {
+			counts.takeovers.Add(1)
+		}
+		if out.Result == "claimed" {
+			counts.claims.Add(1)
+		}
+		if out.Result == "notowner" && holds && in.Token == a.Token {
+			counts.fenced.Add(1)
+		}
 		if out.Result == "unknown" {
 			counts.unknown.Add(1)
 			// back off, as a client would: every unknown call stays open
@@ -201,8 +372,12 @@ func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}
 			// with them
 			time.Sleep(30 * time.Millisecond)
 		}
+		if (out.Result == "held" || out.Result == "found") && out.Rec.State == idem.StateCompleted {
+			r.retire(key)
+		}
 		switch {
-		case in.Op == "acquire" && (out.Result == "acquired" || out.Result == "unknown"):
+		case in.Op == "acquire" && (out.Result == "acquired" || out.Result == "unknown"),
+			in.Op == "claim" && (out.Result == "claimed" || out.Result == "unknown"):
 			held[key] = in
 		case in.Op == "acquire", in.Op == "complete" && out.Result != "unknown", in.Op == "release" && out.Result != "unknown":
 			if in.Token == a.Token {
@@ -215,14 +390,27 @@ func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}
 // stats are the figures of a run, per store.
 type stats struct {
 	histories, ops, unknown, faults, restarts, anomalies, undecided atomic.Int64
+	// contended: calls of linearizable histories that met a record in
+	// progress (its lease live or lapsed) or uncertain in porcupine's
+	// linearization; lapsed: calls that met a lapsed lease; completed:
+	// calls that met a completed record; takeovers: acquires of a lapsed
+	// lease, reported with its holder; fenced: calls refused to a token
+	// its client acquired the key with (lapsed, taken over, or ended).
+	// claims: recoverers' Claims that took a lapsed record over.
+	contended, lapsed, completed, takeovers, fenced, claims atomic.Int64
 }
+
+// checkTimeout bounds porcupine's search for one history: a history it
+// does not decide in time (many calls of unknown outcome near short
+// leases' ends, MariaDB under timeouts) is counted undecided, not failed.
+const checkTimeout = 10 * time.Second
 
 // check judges a history with porcupine and, when it is not linearizable,
 // saves it (JSON and HTML) under testdata/found and fails the test.
 func check(t *testing.T, h recorded, counts *stats) {
 	t.Helper()
-	m := model(h.Mode, h.Retries)
-	res, info := porcupine.CheckOperationsVerbose(m, operations(h.Ops), 30*time.Second)
+	m := model(h.Mode, h.Retries, h.Claims, h.Stale)
+	res, info := porcupine.CheckOperationsVerbose(m, operations(h.Ops), checkTimeout)
 	counts.histories.Add(1)
 	h.Verdict = string(res)
 	if res == porcupine.Ok && *saveAll {
@@ -230,10 +418,11 @@ func check(t *testing.T, h recorded, counts *stats) {
 	}
 	switch res {
 	case porcupine.Ok:
+		met(h.Mode, h.Retries, h.Claims, h.Stale, info, counts)
 		return
 	case porcupine.Unknown:
 		counts.undecided.Add(1)
-		t.Logf("%s: porcupine did not decide a history of %d operations within 30s", h.Store, len(h.Ops))
+		t.Logf("%s: porcupine did not decide a history of %d operations within %v", h.Store, len(h.Ops), checkTimeout)
 		return
 	}
 	counts.anomalies.Add(1)
