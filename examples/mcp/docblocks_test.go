@@ -64,3 +64,25 @@ func Example_idemmcpDoc() {
 	_, _ = res, err
 	_ = time.Second
 }
+
+func Example_readmeMCPRecovery() {
+	var engine *idem.Engine
+	var rec *idem.Recoverer
+	server := mcp.NewServer(&mcp.Implementation{Name: "payments"}, nil)
+	// doc: README.md
+	server.AddReceivingMiddleware(idemmcp.Middleware(engine, idemmcp.WithRecovery(rec, server, "create_payment")))
+	// doc end
+}
+
+func Example_idemmcpRecoveryDoc() {
+	var engine *idem.Engine
+	var createPayment *mcp.Tool
+	server := mcp.NewServer(&mcp.Implementation{Name: "payments"}, nil)
+	// doc: adapters/idemmcp/doc.go
+	rec, err := idem.NewRecoverer(engine)
+	server.AddReceivingMiddleware(idemmcp.Middleware(engine, idemmcp.WithTools(createPayment),
+		idemmcp.WithRecovery(rec, server, "create_payment")))
+	rec.Start()
+	// doc end
+	_ = err
+}
