@@ -22,8 +22,8 @@ func readmeRecoveryRPC() {
 	mux := http.NewServeMux()
 	// doc: README.md
 	engine, err := idem.New(store, idemrpc.Recover("/payments.v1.Payments/CreatePayment", "x-tenant")) // never authorization or cookies
-	run, err := idemgrpc.NewRunner(grpcServer, idemgrpc.RunOthers(idem.HTTPRunner(mux))) // after registering the services
-	rec, err := idem.NewRecoverer(engine, idem.RecoverRequests(run.Run))                  // Connect: idemconnect.Runner(mux)
+	run, err := idemgrpc.NewRunner(grpcServer, idemgrpc.RunOthers(idem.HTTPRunner(mux)))               // after registering the services
+	rec, err := idem.NewRecoverer(engine, idem.RecoverRequests(run.Run))                               // Connect: idemconnect.Runner(mux)
 	// the auth interceptor: if p, ok := idemgrpc.RecoveryPrincipal(ctx, engine); ok { ctx = withUser(ctx, p) } else { check the credential }
 	// doc end
 	_, _ = rec, err
