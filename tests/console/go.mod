@@ -6,6 +6,7 @@ require (
 	github.com/chromedp/chromedp v0.23.1
 	github.com/idemkit/idem/core v0.1.0
 	github.com/idemkit/idem/observability/idemui v0.1.0
+	github.com/idemkit/idem/stores/memstore v0.1.0
 	github.com/idemkit/idem/stores/pgstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0

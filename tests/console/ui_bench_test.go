@@ -1,4 +1,4 @@
-package idemui_test
+package console
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // listing reads one bounded page through the store's cursor, however
 // many records the store holds.
 //
-//	go test -run X -bench PagesMillion -benchtime 20x ./observability/idemui
+//	cd tests/console && go test -run X -bench PagesMillion -benchtime 20x .
 const benchRecords = 1_000_000
 
 func BenchmarkPagesMillion(b *testing.B) {

@@ -1,4 +1,4 @@
-package idemui_test
+package console
 
 import (
 	"context"
