@@ -80,7 +80,8 @@ import (
 //     condition without the lapse): two winners of a Race at once
 //     (memstore), Claim's answer after 19 sequences (PostgreSQL).
 //   - a ResolveStep that leaves the step started (memstore, done not
-//     set): Steps, at once.
+//     set; pgstore, the result stored under another field): Steps, at
+//     once (memstore), after 3 sequences (PostgreSQL).
 //   - a Redis takeover script resent over a suspended record (the own
 //     token's takeover acquired while the lease is not live): Resend's
 //     answer, after 2 sequences.
