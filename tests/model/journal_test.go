@@ -42,12 +42,16 @@ import (
 //
 // # Contention
 //
-// Actions draw a key whose record is in progress (its lease live or
-// lapsed) or uncertain three times in four, the token of its holder, of a
-// former holder (fenced off since a takeover) or of nobody, and a step of
-// its journal. The run logs how many actions met such a record
-// (contended), how many a lapsed lease, and how many were fenced off
-// (ErrNotOwner, not claimed, ErrRecordChanged), apart from the total.
+// Every key starts held. Actions draw, nine times in ten, a key whose
+// record fits them (in progress or uncertain; a live lease to journal or
+// lapse; a lapsed, due or resolvable record to take over, claim or
+// resolve), the token of its holder, of a former holder (fenced off since
+// a takeover) or of nobody, and a step of its journal; Crash (a holder
+// that journals, then lapses or suspends) and NewKey (the next request,
+// past a completed key) keep records in progress. The run logs how many
+// actions met a record in progress or uncertain (contended), how many a
+// lapsed lease, and how many were fenced off or refused (ErrNotOwner, not
+// claimed, ErrRecordChanged, held), apart from the total.
 //
 // # Where stores may differ
 //
@@ -76,7 +80,8 @@ import (
 //     condition without the lapse): two winners of a Race at once
 //     (memstore), Claim's answer after 19 sequences (PostgreSQL).
 //   - a ResolveStep that leaves the step started (memstore, done not
-//     set): Steps, at once.
+//     set; pgstore, the result stored under another field): Steps, at
+//     once (memstore), after 3 sequences (PostgreSQL).
 //   - a Redis takeover script resent over a suspended record (the own
 //     token's takeover acquired while the lease is not live): Resend's
 //     answer, after 2 sequences.
