@@ -52,6 +52,7 @@ if [ ! -x "$IDEM_FERRETDB_BIN" ] || [ -n "$(find "$ROOT/tools/ferretdb" -newer "
   (cd "$ROOT/tools/ferretdb" && GOWORK=off go build -o "$IDEM_FERRETDB_BIN" .) || { echo "services: FerretDB build failed" >&2; exit 1; }
 fi
 if [ -z "${IDEM_MONGO_URI:-}" ]; then
+  rm -f "$TMP/ferretdb.out" # the address of a server started before must not be read while this one starts
   "$IDEM_FERRETDB_BIN" -addr 127.0.0.1:0 >"$TMP/ferretdb.out" 2>"$TMP/ferretdb.log" &
   pids+=($!)
   for _ in $(seq 100); do grep -q '^mongodb://' "$TMP/ferretdb.out" 2>/dev/null && break; sleep 0.1; done
