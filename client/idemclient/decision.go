@@ -3,8 +3,6 @@ package idemclient
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -117,37 +115,19 @@ func problemOutcome(resp *http.Response) idem.Outcome {
 // (a cancelled or expired request context always stops; the caller checks
 // it, not this function).
 //
-// Any failure to get a complete response is retried: connection refused,
-// reset or aborted, io.EOF and io.ErrUnexpectedEOF (closed before a complete
-// response), a response cut inside its status line or headers (net/http:
-// "transport connection broken"), timeouts, DNS failures. The request may
-// have been executed, but the key makes a re-send safe. Only errors a
-// re-send cannot cure stop, as in go-retryablehttp's default policy:
-// context.Canceled, TLS certificate and handshake-record errors, and the
-// request errors net/http reports for an unsupported URL scheme, a URL
-// without host, or an invalid header field.
+// Any failure to get a complete response that a restarted or reachable
+// again server fixes is retried: connection refused, reset or aborted,
+// io.EOF and io.ErrUnexpectedEOF (closed before a complete response), a
+// response cut inside its status line or headers (net/http: "transport
+// connection broken"), timeouts, temporary DNS failures. The request may
+// have been executed, but the key makes a re-send safe. Errors a re-send
+// cannot cure stop ([idem.RetryCannotFix], as in go-retryablehttp's default
+// policy): context.Canceled, a DNS name not found, TLS certificate and
+// handshake-record errors, and the request errors net/http reports for an
+// unsupported URL scheme, a URL without host, or an invalid header field.
 func ClassifyError(err error) Decision {
-	if err == nil || errors.Is(err, context.Canceled) {
+	if err == nil || errors.Is(err, context.Canceled) || idem.RetryCannotFix(err) {
 		return Stop
-	}
-	var (
-		verify   *tls.CertificateVerificationError
-		record   tls.RecordHeaderError
-		unknown  x509.UnknownAuthorityError
-		invalid  x509.CertificateInvalidError
-		hostname x509.HostnameError
-	)
-	if errors.As(err, &verify) || errors.As(err, &record) || errors.As(err, &unknown) ||
-		errors.As(err, &invalid) || errors.As(err, &hostname) {
-		return Stop
-	}
-	// net/http's request errors have no exported type; their messages are
-	// stable (go-retryablehttp matches them the same way).
-	msg := err.Error()
-	for _, permanent := range []string{"unsupported protocol scheme", "no Host in request URL", "invalid header field", "nil Request.URL"} {
-		if strings.Contains(msg, permanent) {
-			return Stop
-		}
 	}
 	return Retry
 }
