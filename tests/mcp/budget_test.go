@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,7 +23,8 @@ import (
 // (past its idem.Step, its 10s lease no longer renewed, so duplicates get
 // in-progress answers until it lapses) waits the answers out and gets the
 // takeover's result, with the step's journaled value (one charge); a call
-// whose transport fails stops after the default attempts.
+// whose transport fails is retried for the time budget and the error names
+// the key.
 func TestClientWaitsOutTakeover(t *testing.T) {
 	t.Parallel()
 	store := adaptertest.CrashableJournal(newMemStore(t))
@@ -102,9 +104,11 @@ func TestClientWaitsOutTakeover(t *testing.T) {
 	down := idemmcp.NewClient(func(context.Context) (*mcp.ClientSession, error) {
 		connects.Add(1)
 		return nil, errors.New("connection refused")
-	}, idemmcp.WithBackoff(time.Millisecond, time.Millisecond))
+	}, idemmcp.WithBackoff(time.Millisecond, time.Millisecond), idemmcp.WithMaxElapsed(time.Second))
 	defer func() { _ = down.Close() }()
-	if _, err := down.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: pay}); err == nil || connects.Load() != idemmcp.DefaultAttempts {
-		t.Fatalf("call whose transport fails: %v after %d attempts; want an error after %d", err, connects.Load(), idemmcp.DefaultAttempts)
+	_, err = down.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: pay, Meta: mcp.Meta{idemmcp.MetaKey: "k-down"}})
+	var g *idemmcp.GaveUpError
+	if !errors.As(err, &g) || !errors.Is(err, idemmcp.ErrOutOfTime) || g.Key != "k-down" || !strings.Contains(err.Error(), `"k-down"`) || connects.Load() < 2 {
+		t.Fatalf("call whose transport fails: %v after %d attempts; want out of time, retried, naming key k-down", err, connects.Load())
 	}
 }

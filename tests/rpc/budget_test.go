@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,8 +69,8 @@ func checkTakeoverWaited(t *testing.T, svc *stepService, first, retry func(ctx c
 // TestGRPCClientWaitsOutTakeover: a gRPC call retried with the client
 // interceptor's defaults after its holder crashed mid-handler (a 10s lease
 // that is no longer renewed, Aborted IN_PROGRESS answers until it lapses)
-// gets the takeover's answer; a transport failure still stops after the
-// default attempts.
+// gets the takeover's answer; a closed port is retried for the time
+// budget, and the error names the key.
 func TestGRPCClientWaitsOutTakeover(t *testing.T) {
 	t.Parallel()
 	svc := newStepService(t)
@@ -97,14 +98,19 @@ func TestGRPCClientWaitsOutTakeover(t *testing.T) {
 	}
 	t.Logf("%d in-progress answers waited out", aborted.Load())
 
-	var sends atomic.Int64
-	countSends := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		sends.Add(1)
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
-	down := dial(t, closedAddr(t), grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(), countSends))
-	if _, err := call(down)(context.Background()); status.Code(err) != codes.Unavailable || sends.Load() != int64(idemrpc.DefaultBudget.Attempts) {
-		t.Fatalf("call to a closed port: %v after %d sends; want Unavailable after %d", err, sends.Load(), idemrpc.DefaultBudget.Attempts)
+	down := dial(t, closedAddr(t), grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.WithMaxElapsed(time.Second))))
+	_, err := call(down)(context.Background())
+	checkGaveUp(t, err, status.Code(err) == codes.Unavailable)
+}
+
+// checkGaveUp checks the error of a call to a closed port with a short
+// time budget: out of time, with the key, the last error's code (codeOK).
+func checkGaveUp(t *testing.T, err error, codeOK bool) {
+	t.Helper()
+	var g *idemrpc.GaveUpError
+	if !errors.As(err, &g) || !errors.Is(err, idemrpc.ErrOutOfTime) || g.Key != "charge-1" || !codeOK ||
+		!strings.Contains(err.Error(), `"charge-1"`) || !strings.Contains(err.Error(), "resume") {
+		t.Fatalf("call to a closed port: %v; want Unavailable, out of time, naming key charge-1 to resume with", err)
 	}
 }
 
@@ -114,10 +120,9 @@ func TestConnectClientWaitsOutTakeover(t *testing.T) {
 	t.Parallel()
 	svc := newStepService(t)
 	srv := startConnectSteps(t, takeoverEngine(t), svc)
-	var aborted, sends atomic.Int64
+	var aborted atomic.Int64
 	count := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
-			sends.Add(1)
 			res, err := next(ctx, r)
 			if connect.CodeOf(err) == connect.CodeAborted {
 				aborted.Add(1)
@@ -145,14 +150,10 @@ func TestConnectClientWaitsOutTakeover(t *testing.T) {
 	}
 	t.Logf("%d in-progress answers waited out", aborted.Load())
 
-	sends.Store(0)
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
-	_, err := call(hc, "http://"+closedAddr(t), retrying)(context.Background())
-	var ce *connect.Error
-	if !errors.As(err, &ce) || ce.Code() != connect.CodeUnavailable || sends.Load() != int64(idemrpc.DefaultBudget.Attempts) {
-		t.Fatalf("call to a closed port: %v after %d sends; want Unavailable after %d", err, sends.Load(), idemrpc.DefaultBudget.Attempts)
-	}
+	_, err := call(hc, "http://"+closedAddr(t), connect.WithInterceptors(idemconnect.NewClientInterceptor(idemconnect.WithMaxElapsed(time.Second))))(context.Background())
+	checkGaveUp(t, err, connect.CodeOf(err) == connect.CodeUnavailable)
 }
 
 // closedAddr returns a loopback address nothing listens on: connections
