@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -102,7 +103,11 @@ func WithClientSkip(fn func(fullMethod string) bool) ClientOption {
 // [*idemrpc.GaveUpError] wrapping the last one (status.Code reads its
 // code), naming the key to resume with. gRPC's own retry policy (service
 // config) and its transparent retries run beneath the interceptor and
-// re-send the same metadata, so they reuse the key too. The context wins:
+// re-send the same metadata, so they reuse the key too. A retry on a
+// channel in TRANSIENT_FAILURE first resets its reconnect backoff
+// (ClientConn.ResetConnectBackoff), so that a restarted server is dialled
+// on the interceptor's backoff, not after the channel's own (growing to
+// 2 min by default). The context wins:
 // no attempt starts after it is done, and a retry whose delay would pass
 // its deadline is not made.
 func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
@@ -129,7 +134,13 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 			ctx = metadata.AppendToOutgoingContext(ctx, c.key, key)
 		}
 		r := c.budget.Start()
-		for {
+		for n := 0; ; n++ {
+			if n > 0 && cc.GetState() == connectivity.TransientFailure {
+				// The channel waits out its own reconnect backoff (up to
+				// 2 min) before it dials again; the retry's own backoff
+				// is the one that counts.
+				cc.ResetConnectBackoff()
+			}
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			st, ok := status.FromError(err)
 			if err == nil || !ok {

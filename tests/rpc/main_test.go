@@ -27,6 +27,9 @@ import (
 var toxiAPI *http.Server
 
 func TestMain(m *testing.M) {
+	if door := os.Getenv(restartServerEnv); door != "" { // this binary run as a server process (restart_test.go)
+		os.Exit(runRestartServer(door))
+	}
 	code := m.Run()
 	if toxiAPI != nil {
 		_ = toxiAPI.Close()
