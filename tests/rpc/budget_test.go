@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -98,7 +97,7 @@ func TestGRPCClientWaitsOutTakeover(t *testing.T) {
 	}
 	t.Logf("%d in-progress answers waited out", aborted.Load())
 
-	down := dial(t, closedAddr(t), grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.WithMaxElapsed(time.Second))))
+	down := dial(t, adaptertest.FreeAddr(t), grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.WithMaxElapsed(time.Second))))
 	_, err := call(down)(context.Background())
 	checkGaveUp(t, err, status.Code(err) == codes.Unavailable)
 }
@@ -152,18 +151,6 @@ func TestConnectClientWaitsOutTakeover(t *testing.T) {
 
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
-	_, err := call(hc, "http://"+closedAddr(t), connect.WithInterceptors(idemconnect.NewClientInterceptor(idemconnect.WithMaxElapsed(time.Second))))(context.Background())
+	_, err := call(hc, "http://"+adaptertest.FreeAddr(t), connect.WithInterceptors(idemconnect.NewClientInterceptor(idemconnect.WithMaxElapsed(time.Second))))(context.Background())
 	checkGaveUp(t, err, connect.CodeOf(err) == connect.CodeUnavailable)
-}
-
-// closedAddr returns a loopback address nothing listens on: connections
-// to it are refused.
-func closedAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }

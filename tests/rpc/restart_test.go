@@ -1,17 +1,14 @@
 package rpc
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -23,6 +20,7 @@ import (
 	"github.com/idemkit/idem/adapters/idemgrpc"
 	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/adaptertest"
 	"github.com/idemkit/idem/stores/redisstore"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -49,9 +47,9 @@ const (
 	restartHandler = 3 * time.Second
 )
 
-// runRestartServer is the server process: each execution counts itself in
-// Redis when it starts ("started") and when it ends ("done"), takes
-// restartHandler, and answers {"id": "pay_N"}, N its start's number.
+// runRestartServer is the server process: each execution prints "started"
+// when it starts and "done" when it ends, takes restartHandler, and answers
+// {"id": "pay_N"}, N the number of executions started on the store.
 func runRestartServer(door string) int {
 	opt, err := redis.ParseURL(redisURL())
 	if err != nil {
@@ -61,21 +59,20 @@ func runRestartServer(door string) int {
 	rc := redis.NewClient(opt)
 	defer func() { _ = rc.Close() }()
 	prefix := os.Getenv(restartPrefixEnv)
-	e, err := idem.New(redisstore.New(rc, redisstore.WithPrefix(prefix)), idem.WithLease(restartLease),
+	e, err := idem.New(redisstore.New(rc, redisstore.WithPrefix(prefix)), idem.WithLease(restartLease), idem.WithRetention(10*time.Minute),
 		idem.WithStoreTimeout(restartLease/4), idem.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
 	charge := func(ctx context.Context) (*structpb.Struct, error) {
-		n, err := rc.Incr(ctx, prefix+"started").Result()
+		n, err := rc.Incr(ctx, prefix+"started").Result() // across runs: the payment's number
 		if err != nil {
 			return nil, err
 		}
+		fmt.Println("started")
 		time.Sleep(restartHandler)
-		if err := rc.Incr(ctx, prefix+"done").Err(); err != nil {
-			return nil, err
-		}
+		fmt.Println("done")
 		return structpb.NewStruct(map[string]any{"id": fmt.Sprintf("pay_%d", n)})
 	}
 	alice := func(context.Context) string { return "alice" }
@@ -124,98 +121,13 @@ func redisURL() string {
 	return "redis://127.0.0.1:6379/0"
 }
 
-// restartable is a server process that the test kills (SIGKILL) and
-// starts again on the same address, over the same Redis keys.
-type restartable struct {
-	t            *testing.T
-	door, addr   string
-	prefix       string
-	rc           *redis.Client
-	cmd          *exec.Cmd
-	exited       chan struct{}
-	startedCount int
-}
-
-func startRestartable(t *testing.T, door string) *restartable {
+// startRestartable starts the server process of door on a free address,
+// over fresh Redis keys (they expire with the records' retention).
+func startRestartable(t *testing.T, door string) (*adaptertest.Process, string) {
 	t.Helper()
-	s := &restartable{t: t, door: door, addr: closedAddr(t), prefix: "idemtest:rpc:restart:" + rand.Text()[:10] + ":",
-		rc: redis.NewClient(redisOptions(t))}
-	t.Cleanup(func() {
-		s.kill()
-		deleteKeys(s.rc, s.prefix)
-		_ = s.rc.Close()
-	})
-	s.start()
-	return s
-}
-
-// start runs the server process and waits until it listens.
-func (s *restartable) start() {
-	s.t.Helper()
-	s.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	s.cmd.Env = append(os.Environ(), restartServerEnv+"="+s.door, restartAddrEnv+"="+s.addr, restartPrefixEnv+"="+s.prefix)
-	s.cmd.Stderr = os.Stderr
-	out, err := s.cmd.StdoutPipe()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	s.startedCount++
-	s.exited = make(chan struct{})
-	listening := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == "listening" {
-				close(listening)
-			}
-		}
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	exited := s.exited
-	cmd := s.cmd
-	go func() { _ = cmd.Wait(); close(exited) }()
-	select {
-	case <-listening:
-	case <-exited:
-		s.t.Fatalf("%s server process %d exited before listening on %s", s.door, s.startedCount, s.addr)
-	case <-time.After(2 * time.Minute):
-		s.t.Fatalf("%s server process did not listen within 2 minutes", s.door)
-	}
-}
-
-// kill SIGKILLs the server process, if it runs, and waits for its end.
-func (s *restartable) kill() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.exited
-	s.cmd = nil
-}
-
-// count reads one of the executions' counters in Redis.
-func (s *restartable) count(name string) int64 {
-	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	n, err := s.rc.Get(ctx, s.prefix+name).Int64()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		s.t.Fatalf("redis: %v", err)
-	}
-	return n
-}
-
-// deleteKeys deletes the keys under prefix.
-func deleteKeys(c *redis.Client, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	iter := c.Scan(ctx, 0, prefix+"*", 100).Iterator()
-	for iter.Next(ctx) {
-		_ = c.Del(ctx, iter.Val()).Err()
-	}
+	addr := adaptertest.FreeAddr(t)
+	return adaptertest.StartProcess(t, os.Args[0], []string{"-test.run=^$"}, restartServerEnv+"="+door, restartAddrEnv+"="+addr,
+		restartPrefixEnv+"=idemtest:rpc:restart:"+rand.Text()[:10]+":"), addr
 }
 
 // restartOutcome is what a call made across the restart ended with.
@@ -231,11 +143,11 @@ type restartOutcome struct {
 // the server never comes back, and call (made with a short budget) ends
 // with an *idemrpc.GaveUpError naming key, out of time, whose last error
 // has code Unavailable (unavailable).
-func checkRestart(t *testing.T, s *restartable, key string, down time.Duration, call func() restartOutcome, unavailable func(error) bool) {
+func checkRestart(t *testing.T, s *adaptertest.Process, key string, down time.Duration, call func() restartOutcome, unavailable func(error) bool) {
 	t.Helper()
 	result := make(chan restartOutcome, 1)
 	go func() { result <- call() }()
-	for deadline := time.Now().Add(2 * time.Minute); s.count("started") < 1; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); s.Lines("started") < 1; time.Sleep(10 * time.Millisecond) {
 		select {
 		case r := <-result:
 			t.Fatalf("the call ended before an execution started: %q, %v", r.id, r.err)
@@ -245,7 +157,7 @@ func checkRestart(t *testing.T, s *restartable, key string, down time.Duration, 
 			t.Fatal("no execution started within 2 minutes")
 		}
 	}
-	s.kill() // in the middle of the execution
+	s.Kill() // in the middle of the execution
 	if down < 0 {
 		r := <-result
 		var g *idemrpc.GaveUpError
@@ -255,14 +167,14 @@ func checkRestart(t *testing.T, s *restartable, key string, down time.Duration, 
 		return
 	}
 	time.Sleep(down)
-	s.start()
+	s.Start()
 	var r restartOutcome
 	select {
 	case r = <-result:
 	case <-time.After(3 * time.Minute): // hang guard: the call's budget is 1 min
 		t.Fatal("the call did not end within 3 minutes")
 	}
-	started, done := s.count("started"), s.count("done")
+	started, done := s.Lines("started"), s.Lines("done")
 	if r.err != nil || r.id != fmt.Sprintf("pay_%d", started) || done != 1 {
 		t.Fatalf("server down %v: the call ended with %q, %v; %d executions started, %d ran to their end; want the one completed execution's answer pay_%d",
 			down, r.id, r.err, started, done, started)
@@ -273,6 +185,14 @@ func checkRestart(t *testing.T, s *restartable, key string, down time.Duration, 
 // restartDowns are the scenarios: down for 2, 5 and 20 s, and never back.
 var restartDowns = []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.Second, -1}
 
+// downName names a restart scenario.
+func downName(down time.Duration) string {
+	if down < 0 {
+		return "never back"
+	}
+	return "down " + down.String()
+}
+
 // TestGRPCClientRidesOutRestart: a gRPC call through the client
 // interceptor with its default options, whose server process is killed
 // mid-execution and started again on the same address (the same Redis)
@@ -282,14 +202,14 @@ var restartDowns = []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.S
 func TestGRPCClientRidesOutRestart(t *testing.T) {
 	t.Parallel()
 	for _, down := range restartDowns {
-		t.Run(fmt.Sprint(down), func(t *testing.T) {
+		t.Run(downName(down), func(t *testing.T) {
 			t.Parallel()
-			s := startRestartable(t, "grpc")
+			s, addr := startRestartable(t, "grpc")
 			var opts []idemgrpc.ClientOption
 			if down < 0 {
 				opts = append(opts, idemgrpc.WithMaxElapsed(3*time.Second))
 			}
-			cc := dial(t, s.addr, grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(opts...)))
+			cc := dial(t, addr, grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(opts...)))
 			key := "pay-" + rand.Text()[:10]
 			checkRestart(t, s, key, down, func() restartOutcome {
 				out := new(structpb.Struct)
@@ -306,16 +226,16 @@ func TestGRPCClientRidesOutRestart(t *testing.T) {
 func TestConnectClientRidesOutRestart(t *testing.T) {
 	t.Parallel()
 	for _, down := range restartDowns {
-		t.Run(fmt.Sprint(down), func(t *testing.T) {
+		t.Run(downName(down), func(t *testing.T) {
 			t.Parallel()
-			s := startRestartable(t, "connect")
+			s, addr := startRestartable(t, "connect")
 			var opts []idemconnect.ClientOption
 			if down < 0 {
 				opts = append(opts, idemconnect.WithMaxElapsed(3*time.Second))
 			}
 			hc := &http.Client{Transport: &http.Transport{}}
 			t.Cleanup(hc.CloseIdleConnections)
-			cl := connect.NewClient[structpb.Struct, structpb.Struct](hc, "http://"+s.addr+restartProcedure,
+			cl := connect.NewClient[structpb.Struct, structpb.Struct](hc, "http://"+addr+restartProcedure,
 				connect.WithInterceptors(idemconnect.NewClientInterceptor(opts...)))
 			key := "pay-" + rand.Text()[:10]
 			checkRestart(t, s, key, down, func() restartOutcome {
