@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(stdioServerEnv) == "1" {
 		os.Exit(runStdioServer())
 	}
+	if os.Getenv(restartServerEnv) == "1" { // a server process of restart_test.go
+		os.Exit(runRestartServer())
+	}
 	code := m.Run()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
