@@ -124,3 +124,39 @@ func FreeAddr(t testing.TB) string {
 	_ = ln.Close()
 	return addr
 }
+
+// KillMidCall runs call (a client's call to p's server) in the background,
+// waits until started reports that the server began executing it, and
+// kills p there, in the middle of the execution. With down >= 0 it starts
+// p again on its address after down; with down < 0 the server never comes
+// back. It returns what call returned, waiting for it for up to three
+// minutes (a hang guard: the clients' default budget is one minute), and
+// fails t when call returns before the execution started.
+func KillMidCall[T any](t testing.TB, p *Process, down time.Duration, started func() bool, call func() T) T {
+	t.Helper()
+	result := make(chan T, 1)
+	go func() { result <- call() }()
+	for deadline := time.Now().Add(2 * time.Minute); !started(); time.Sleep(10 * time.Millisecond) {
+		select {
+		case r := <-result:
+			t.Fatalf("the call ended before the server started executing it: %+v", r)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not start executing the call within 2 minutes")
+		}
+	}
+	p.Kill()
+	if down >= 0 {
+		time.Sleep(down)
+		p.Start()
+	}
+	select {
+	case r := <-result:
+		return r
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the call did not end within 3 minutes of the kill")
+	}
+	var zero T
+	return zero
+}

@@ -75,37 +75,16 @@ func TestClientRidesOutServerRestart(t *testing.T) {
 				id     string
 				err    error
 			}
-			result := make(chan outcome, 1)
-			go func() {
+			r := adaptertest.KillMidCall(t, s, down, func() bool { return svc.executions() > 0 }, func() outcome {
 				status, id, _, err := payAt(c, url, user, key)
-				result <- outcome{status, id, err}
-			}()
-			for deadline := time.Now().Add(2 * time.Minute); svc.executions() < 1; time.Sleep(10 * time.Millisecond) {
-				select {
-				case r := <-result:
-					t.Fatalf("the call ended before an execution started: %d %v", r.status, r.err)
-				default:
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("no execution started within 2 minutes")
-				}
-			}
-			s.Kill() // in its provider call
+				return outcome{status, id, err}
+			})
 			if down < 0 {
-				r := <-result
 				var g *idemclient.GaveUpError
 				if !errors.As(r.err, &g) || g.Key != key || !errors.Is(r.err, idemclient.ErrOutOfTime) || !strings.Contains(r.err.Error(), "idemclient.WithKey(ctx, \""+key+"\")") {
 					t.Fatalf("call to a server that never came back: %v; want out of time, naming key %q to resume with", r.err, key)
 				}
 				return
-			}
-			time.Sleep(down)
-			s.Start()
-			var r outcome
-			select {
-			case r = <-result:
-			case <-time.After(3 * time.Minute): // hang guard: the call's budget is 1 min
-				t.Fatal("the call did not end within 3 minutes")
 			}
 			if r.err != nil || r.status != http.StatusCreated || r.id == "" {
 				t.Fatalf("server down %v: the call ended with %d %q, %v; want 201 with a payment", down, r.status, r.id, r.err)

@@ -125,37 +125,16 @@ func TestClientRidesOutRestart(t *testing.T) {
 				res *mcp.CallToolResult
 				err error
 			}
-			result := make(chan outcome, 1)
-			go func() {
+			r := adaptertest.KillMidCall(t, s, down, func() bool { return s.Lines("started") > 0 }, func() outcome {
 				res, err := agent.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: pay, Meta: mcp.Meta{idemmcp.MetaKey: key}})
-				result <- outcome{res, err}
-			}()
-			for deadline := time.Now().Add(2 * time.Minute); s.Lines("started") < 1; time.Sleep(10 * time.Millisecond) {
-				select {
-				case r := <-result:
-					t.Fatalf("the call ended before an execution started: %v", r.err)
-				default:
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("no execution started within 2 minutes")
-				}
-			}
-			s.Kill() // in the middle of the execution
+				return outcome{res, err}
+			})
 			if down < 0 {
-				r := <-result
 				var g *idemmcp.GaveUpError
 				if !errors.As(r.err, &g) || g.Key != key || !errors.Is(r.err, idemmcp.ErrOutOfTime) || !strings.Contains(r.err.Error(), "resume") {
 					t.Fatalf("call to a server that never came back: %v; want out of time, naming key %q to resume with", r.err, key)
 				}
 				return
-			}
-			time.Sleep(down)
-			s.Start()
-			var r outcome
-			select {
-			case r = <-result:
-			case <-time.After(3 * time.Minute): // hang guard: the call's budget is 1 min
-				t.Fatal("the call did not end within 3 minutes")
 			}
 			started, done := s.Lines("started"), s.Lines("done")
 			if r.err != nil {

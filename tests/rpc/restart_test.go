@@ -145,34 +145,13 @@ type restartOutcome struct {
 // has code Unavailable (unavailable).
 func checkRestart(t *testing.T, s *adaptertest.Process, key string, down time.Duration, call func() restartOutcome, unavailable func(error) bool) {
 	t.Helper()
-	result := make(chan restartOutcome, 1)
-	go func() { result <- call() }()
-	for deadline := time.Now().Add(2 * time.Minute); s.Lines("started") < 1; time.Sleep(10 * time.Millisecond) {
-		select {
-		case r := <-result:
-			t.Fatalf("the call ended before an execution started: %q, %v", r.id, r.err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no execution started within 2 minutes")
-		}
-	}
-	s.Kill() // in the middle of the execution
+	r := adaptertest.KillMidCall(t, s, down, func() bool { return s.Lines("started") > 0 }, call)
 	if down < 0 {
-		r := <-result
 		var g *idemrpc.GaveUpError
 		if !errors.As(r.err, &g) || g.Key != key || !errors.Is(r.err, idemrpc.ErrOutOfTime) || !unavailable(r.err) || !strings.Contains(r.err.Error(), "resume") {
 			t.Fatalf("call to a server that never came back: %v; want Unavailable, out of time, naming key %q to resume with", r.err, key)
 		}
 		return
-	}
-	time.Sleep(down)
-	s.Start()
-	var r restartOutcome
-	select {
-	case r = <-result:
-	case <-time.After(3 * time.Minute): // hang guard: the call's budget is 1 min
-		t.Fatal("the call did not end within 3 minutes")
 	}
 	started, done := s.Lines("started"), s.Lines("done")
 	if r.err != nil || r.id != fmt.Sprintf("pay_%d", started) || done != 1 {
