@@ -41,7 +41,8 @@ func (d Decision) String() string {
 // ClassifyStatus returns the decision for an HTTP response status of a
 // request carrying an idempotency key:
 //
-//	Retry: 409 (idem: a request with this key is in progress), 429 (rate
+//	Retry: 409 (idem: a request with this key is in progress), 425 (too
+//	       early, RFC 8470: sent again after the TLS handshake), 429 (rate
 //	       limited), 500 (idem releases the key on 5xx, so a retry executes
 //	       again only when nothing was stored), 502, 503 (idem: store
 //	       unavailable), 504.
@@ -50,7 +51,7 @@ func (d Decision) String() string {
 //	       every other 4xx and 5xx (501, 505, ... will not change on a retry).
 func ClassifyStatus(status int) Decision {
 	switch status {
-	case http.StatusConflict, http.StatusTooManyRequests,
+	case http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
 		http.StatusInternalServerError, http.StatusBadGateway,
 		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return Retry

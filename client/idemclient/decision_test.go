@@ -19,7 +19,7 @@ import (
 )
 
 // retried is the whole set of statuses ClassifyStatus retries.
-var retried = map[int]bool{409: true, 429: true, 500: true, 502: true, 503: true, 504: true}
+var retried = map[int]bool{409: true, 425: true, 429: true, 500: true, 502: true, 503: true, 504: true}
 
 func TestClassifyStatus(t *testing.T) {
 	for status := 100; status <= 599; status++ {

@@ -20,7 +20,7 @@
 // [ClassifyResponse] and [ClassifyError] decide, [ParseRetryAfter] and
 // [Backoff] set the wait: idem's in-progress and store-unavailable answers
 // (told apart by their problem type, since 409 is also
-// operation-uncertain), 429, 502, 504, other servers' 409, 500 and 503, and
+// operation-uncertain), 425, 429, 502, 504, other servers' 409, 500 and 503, and
 // transport failures are retried, honouring Retry-After up to a cap, else
 // with exponential backoff and full jitter. idem's final answers about the
 // key (operation-uncertain, key-expired, replay-forbidden, key-reused,
@@ -31,7 +31,7 @@
 // (a deploy, a rescheduled pod) refuses connections for seconds, and after
 // a crash the service answers 409 in-progress until the crashed holder's
 // lease lapses (up to its lease, 30s by default) and a retry takes the
-// execution over. So the Transport retries transport failures, 429, 502,
+// execution over. So the Transport retries transport failures, 425, 429, 502,
 // 503, 504 and in-progress answers (idem's 409 in-progress, another
 // server's 409), as Retry-After says or with backoff (up to 5s), for
 // [WithMaxElapsed] (default 1m: the default lease plus a 30s margin for

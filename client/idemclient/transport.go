@@ -67,7 +67,7 @@ const (
 // says [Retry]; the wait is the response's Retry-After when it has one (up to
 // [WithMaxRetryAfter]), else [Backoff]. Retries are budgeted in time, not
 // attempts: transport failures (refused, reset, EOF before a response: the
-// server is down or restarting), 429, 502, 503, 504 and in-progress answers
+// server is down or restarting), 425, 429, 502, 503, 504 and in-progress answers
 // (idem's 409 in-progress problem, or another server's 409: the IETF
 // draft's answer to a request whose key is in use) are retried for as long
 // as [WithMaxElapsed] (default 1m: the default lease a crashed holder's
