@@ -89,7 +89,8 @@ func WithClientSkip(fn func(procedure string) bool) ClientOption {
 // truncated response, which connect-go reports as CodeCanceled, CodeUnknown
 // or CodeInternal) after the RetryInfo delay when the error carries one,
 // else an exponential backoff with jitter capped at 5s ([WithBackoff]); an
-// application's CodeAborted with RetryInfo like CodeUnavailable. All are
+// application's CodeAborted or CodeResourceExhausted with RetryInfo (a
+// rate limit) like CodeUnavailable. All are
 // retried for as long as the call's deadline leaves room for the next delay
 // (without a deadline, [WithMaxElapsed], 1 min), so that a call survives a
 // server restart and waits out a crashed holder's lease; [WithAttempts]
@@ -146,7 +147,7 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 // delay when err carries one, else -1 (the caller picks a backoff). It is
 // [idemrpc.Retry] on err's code and details: idem's answers by their
 // ErrorInfo reason (IN_PROGRESS and STORE_UNAVAILABLE only), other errors
-// CodeUnavailable, or CodeAborted with RetryInfo.
+// CodeUnavailable, or CodeAborted or CodeResourceExhausted with RetryInfo.
 func RetryDelay(err error) (time.Duration, bool) {
 	ce := new(connect.Error)
 	if !errors.As(err, &ce) {

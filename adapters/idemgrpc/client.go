@@ -89,9 +89,10 @@ func WithClientSkip(fn func(fullMethod string) bool) ClientOption {
 // after its RetryInfo delay; Unavailable (the server is down or
 // restarting, did not run the call, or its answer was lost) after the
 // RetryInfo delay when the status carries one, else an exponential backoff
-// with jitter capped at 5s ([WithBackoff]); an application's Aborted with
-// RetryInfo like Unavailable. All are retried for as long as the call's
-// deadline leaves room for the next delay (without a deadline,
+// with jitter capped at 5s ([WithBackoff]); an application's Aborted or
+// ResourceExhausted with RetryInfo (a rate limit) like Unavailable. All
+// are retried for as long as the call's deadline leaves room for the next
+// delay (without a deadline,
 // [WithMaxElapsed], 1 min), so that a call survives a server restart and
 // waits out a crashed holder's lease; [WithAttempts] adds a count. Server
 // delays are spread by up to a fifth. An Unavailable no retry fixes (the
@@ -166,7 +167,7 @@ func firstOf(vs []string) string {
 // delay when err carries one, else -1 (the caller picks a backoff). It is
 // [idemrpc.Retry] on err's status: idem's answers by their ErrorInfo
 // reason (IN_PROGRESS and STORE_UNAVAILABLE only), other errors
-// Unavailable, or Aborted with RetryInfo.
+// Unavailable, or Aborted or ResourceExhausted with RetryInfo.
 func RetryDelay(err error) (time.Duration, bool) {
 	st, ok := status.FromError(err)
 	if !ok {

@@ -19,8 +19,9 @@ import (
 // unavailable only; never operation-uncertain, key-expired,
 // replay-forbidden, key-reused or fingerprint-changed, whatever its code);
 // o is that outcome, idem.OutcomeNone for other errors. Other errors:
-// Unavailable always, Aborted only with a RetryInfo delay (an
-// application's own Aborted without one is its to handle).
+// Unavailable always, Aborted and ResourceExhausted (a rate limit) only
+// with a RetryInfo delay (an application's own Aborted or
+// ResourceExhausted without one is its to handle); every other code never.
 func Retry(code uint32, details []any) (server time.Duration, retry bool, o idem.Outcome) {
 	server = RetryInfoDelay(details)
 	for _, d := range details {
@@ -29,7 +30,7 @@ func Retry(code uint32, details []any) (server time.Duration, retry bool, o idem
 			return server, o.Retryable(), o
 		}
 	}
-	return server, code == Unavailable || code == Aborted && server >= 0, idem.OutcomeNone
+	return server, code == Unavailable || (code == Aborted || code == ResourceExhausted) && server >= 0, idem.OutcomeNone
 }
 
 // RetryInfoDelay returns the delay of the first google.rpc.RetryInfo among
