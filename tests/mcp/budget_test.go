@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -110,5 +112,28 @@ func TestClientWaitsOutTakeover(t *testing.T) {
 	var g *idemmcp.GaveUpError
 	if !errors.As(err, &g) || !errors.Is(err, idemmcp.ErrOutOfTime) || g.Key != "k-down" || !strings.Contains(err.Error(), `"k-down"`) || connects.Load() < 2 {
 		t.Fatalf("call whose transport fails: %v after %d attempts; want out of time, retried, naming key k-down", err, connects.Load())
+	}
+}
+
+// TestClientStopsOnRefusal: a server that refuses the client (HTTP 401 to
+// initialize: a retry with the same credentials cannot change it) ends the
+// call at once with the transport's error, not after the time budget.
+func TestClientStopsOnRefusal(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "no token", http.StatusUnauthorized)
+	}))
+	defer srv.Close()
+	client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "test"}, nil)
+	var connects atomic.Int64
+	agent := idemmcp.NewClient(func(ctx context.Context) (*mcp.ClientSession, error) {
+		connects.Add(1)
+		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL, MaxRetries: -1}, nil)
+	})
+	defer func() { _ = agent.Close() }()
+	_, err := agent.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: pay, Meta: mcp.Meta{idemmcp.MetaKey: "k-401"}})
+	var g *idemmcp.GaveUpError
+	if err == nil || errors.As(err, &g) || !strings.HasSuffix(err.Error(), "Unauthorized") || connects.Load() != 1 {
+		t.Fatalf("call refused with 401: %v after %d connects; want the refusal after one", err, connects.Load())
 	}
 }
