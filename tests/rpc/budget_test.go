@@ -2,9 +2,11 @@ package rpc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,7 @@ import (
 	"github.com/idemkit/idem/core/adaptertest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -153,4 +156,49 @@ func TestConnectClientWaitsOutTakeover(t *testing.T) {
 	defer hc.CloseIdleConnections()
 	_, err := call(hc, "http://"+adaptertest.FreeAddr(t), connect.WithInterceptors(idemconnect.NewClientInterceptor(idemconnect.WithMaxElapsed(time.Second))))(context.Background())
 	checkGaveUp(t, err, connect.CodeOf(err) == connect.CodeUnavailable)
+}
+
+// TestClientsStopOnUntrustedCertificate: a server whose TLS certificate
+// the client does not trust is a failure no retry fixes: the gRPC and
+// Connect interceptors end the call at once with it, not after their
+// time budget.
+func TestClientsStopOnUntrustedCertificate(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.EnableHTTP2 = true // gRPC's ALPN h2 is accepted: the handshake gets to the certificate
+	srv.StartTLS()         // its certificate is signed by httptest's own CA
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "https://")
+	var sends atomic.Int64
+	countSends := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		sends.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})),
+		grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(), countSends))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cc.Close() }()
+	err = cc.Invoke(context.Background(), stepsProcedure, req(1200, "tls"), new(structpb.Struct))
+	var g *idemrpc.GaveUpError
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "x509") || errors.As(err, &g) || sends.Load() != 1 {
+		t.Errorf("gRPC call to an untrusted server: %v after %d sends; want Unavailable (x509) after one", err, sends.Load())
+	}
+
+	sends.Store(0)
+	count := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
+			sends.Add(1)
+			return next(ctx, r)
+		}
+	})
+	hc := &http.Client{Transport: &http.Transport{}} // the system's roots: httptest's CA is not among them
+	defer hc.CloseIdleConnections()
+	cl := connect.NewClient[structpb.Struct, structpb.Struct](hc, srv.URL+stepsProcedure, connect.WithInterceptors(idemconnect.NewClientInterceptor(), count))
+	_, err = cl.CallUnary(context.Background(), connect.NewRequest(req(1200, "tls")))
+	var verify *tls.CertificateVerificationError
+	if !errors.As(err, &verify) || errors.As(err, &g) || sends.Load() != 1 {
+		t.Errorf("Connect call to an untrusted server: %v after %d sends; want the certificate error after one", err, sends.Load())
+	}
 }
