@@ -71,6 +71,8 @@ func TestClassifyError(t *testing.T) {
 		{&net.DNSError{Err: "server misbehaving", Name: "x", IsTemporary: true}, idemclient.Retry},
 		{urlErr(opErr("dial", &net.DNSError{Err: "no such host", Name: "x", IsNotFound: true})), idemclient.Stop},
 		{errors.New("rpc error: code = Unavailable desc = dns: A record lookup error: lookup x on 127.0.0.53:53: no such host"), idemclient.Stop},
+		{errors.New(`rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake failed: remote error: tls: no application protocol"`), idemclient.Stop},
+		{errors.New(`rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake failed: EOF"`), idemclient.Retry},
 		{errors.New("rpc error: code = Unavailable desc = connection error: desc = \"transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority\""), idemclient.Stop},
 		{errors.New("http2: server sent GOAWAY and closed the connection"), idemclient.Retry},
 		{nil, idemclient.Stop},
