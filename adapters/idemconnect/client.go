@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -30,21 +31,22 @@ func WithClientKeyHeader(name string) ClientOption {
 }
 
 // WithAttempts sets how many times a logical call that fails
-// (Unavailable, a broken transport) is sent at most, the first included;
-// 1 disables the interceptor's own retries (the key is still added).
-// In-progress answers do not count (see [WithInProgressWait]). Optional.
-// Default is 4.
+// (Unavailable, a broken transport) is sent at most, the first included,
+// within the time [WithMaxElapsed] gives; 1 disables the interceptor's own
+// retries (the key is still added). In-progress answers do not count.
+// Optional. Default is none: the time bounds the retries.
 func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.budget.Attempts = max(1, n) } }
 
-// WithInProgressWait bounds how long a call whose context has no deadline
-// keeps retrying idem's in-progress answers (each after its RetryInfo
-// delay); a call with a deadline retries them until the deadline leaves no
-// room for the next delay, whatever this is. Optional. Default is
-// [idemrpc.DefaultInProgressWait] (1m0s: the engine's default lease
+// WithMaxElapsed bounds how long, from its first send, a call whose
+// context has no deadline keeps retrying: Unavailable and broken
+// transports (a server restarting) and idem's in-progress answers (each
+// after its RetryInfo delay); a call with a deadline retries until the
+// deadline leaves no room for the next delay, whatever this is. Optional.
+// Default is [idemrpc.DefaultMaxElapsed] (1m0s: the engine's default lease
 // of 30s, which a crashed holder's record can take to lapse before a retry
 // takes it over, plus a 30s margin for the takeover's execution).
-func WithInProgressWait(d time.Duration) ClientOption {
-	return func(c *clientConfig) { c.budget.InProgressWait = d }
+func WithMaxElapsed(d time.Duration) ClientOption {
+	return func(c *clientConfig) { c.budget.MaxElapsed = d }
 }
 
 // WithBackoff sets the delay before the first retry of an Unavailable call
@@ -80,22 +82,28 @@ func WithClientSkip(fn func(procedure string) bool) ClientOption {
 // NewClientInterceptor returns a client interceptor (connect.WithInterceptors
 // on a client) that gives each logical unary call one idempotency key in its
 // request header (or keeps the one the caller set) and retries it with that
-// same key, by [idemrpc.Retry]: idem's in-progress answer (CodeAborted,
-// reason IN_PROGRESS) after its RetryInfo delay, for as long as the call's
-// deadline leaves room for the delay (without a deadline,
-// [WithInProgressWait]), so that a call with a deadline waits for a slow
-// handler; CodeUnavailable or a transport failure (an error the client
-// made up, not the server's, from a reset connection or a truncated
-// response, which connect-go reports as CodeCanceled, CodeUnknown or
-// CodeInternal) after the RetryInfo delay when the error carries one, else
-// an exponential backoff with jitter, up to [WithAttempts] sends; an
-// application's CodeAborted with RetryInfo like CodeUnavailable. Server
-// delays are spread by up to a fifth. Every other outcome is returned at
+// same key, by [idemrpc.Budget]: idem's in-progress answer (CodeAborted,
+// reason IN_PROGRESS) after its RetryInfo delay; CodeUnavailable (a refused
+// connection: the server is down or restarting) or a transport failure (an
+// error the client made up, not the server's, from a reset connection or a
+// truncated response, which connect-go reports as CodeCanceled, CodeUnknown
+// or CodeInternal) after the RetryInfo delay when the error carries one,
+// else an exponential backoff with jitter capped at 5s ([WithBackoff]); an
+// application's CodeAborted or CodeResourceExhausted with RetryInfo (a
+// rate limit) like CodeUnavailable. All are
+// retried for as long as the call's deadline leaves room for the next delay
+// (without a deadline, [WithMaxElapsed], 1 min), so that a call survives a
+// server restart and waits out a crashed holder's lease; [WithAttempts]
+// adds a count. Server delays are spread by up to a fifth. A failure no
+// retry fixes (the name does not resolve, the server's certificate is
+// refused: idem.RetryCannotFix) and every other outcome are returned at
 // once: idem's uncertain, key-expired, replay-forbidden, key-reused and
-// fingerprint-changed answers are never retried, whatever their code. The
-// context wins: no attempt starts after it is done, and a retry whose delay
-// would pass its deadline is not made; the last error is returned.
-// Procedures free of side effects, streams and handler calls pass through.
+// fingerprint-changed answers are never retried, whatever their code. When
+// the budget runs out the error is an [*idemrpc.GaveUpError] wrapping the
+// last one (connect.CodeOf reads its code), naming the key to resume with.
+// The context wins: no attempt starts after it is done, and a retry whose
+// delay would pass its deadline is not made. Procedures free of side
+// effects, streams and handler calls pass through.
 func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 	c := clientConfig{key: idem.DefaultHeader, newKey: crand.Text, budget: idemrpc.DefaultBudget}
 	for _, o := range opts {
@@ -115,14 +123,19 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 			if !spec.IsClient || spec.IdempotencyLevel == connect.IdempotencyNoSideEffects || c.skip != nil && c.skip(spec.Procedure) {
 				return next(ctx, req)
 			}
-			if req.Header().Get(c.key) == "" {
-				req.Header().Set(c.key, newKey(ctx))
+			key := req.Header().Get(c.key)
+			if key == "" {
+				key = newKey(ctx)
+				req.Header().Set(c.key, key)
 			}
 			r := c.budget.Start()
 			for {
 				res, err := next(ctx, req)
-				if err == nil || !r.Again(ctx, uint32(connect.CodeOf(err)), details(err), transportFailure(ctx, err)) {
-					return res, err
+				if err == nil {
+					return res, nil
+				}
+				if !r.Again(ctx, err, uint32(connect.CodeOf(err)), details(err), transportFailure(ctx, err)) {
+					return res, r.GaveUp(err, key, fmt.Sprintf("header %q", c.key))
 				}
 			}
 		}
@@ -134,7 +147,7 @@ func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
 // delay when err carries one, else -1 (the caller picks a backoff). It is
 // [idemrpc.Retry] on err's code and details: idem's answers by their
 // ErrorInfo reason (IN_PROGRESS and STORE_UNAVAILABLE only), other errors
-// CodeUnavailable, or CodeAborted with RetryInfo.
+// CodeUnavailable, or CodeAborted or CodeResourceExhausted with RetryInfo.
 func RetryDelay(err error) (time.Duration, bool) {
 	ce := new(connect.Error)
 	if !errors.As(err, &ce) {

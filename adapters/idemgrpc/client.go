@@ -3,12 +3,15 @@ package idemgrpc
 import (
 	"context"
 	crand "crypto/rand"
+	"errors"
+	"fmt"
 	"strings"
 	"time"
 
 	"github.com/idemkit/idem/adapters/idemrpc"
 	idem "github.com/idemkit/idem/core"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -31,21 +34,22 @@ func WithClientKeyMetadata(name string) ClientOption {
 }
 
 // WithAttempts sets how many times a logical call that fails
-// (Unavailable, a broken transport) is sent at most, the first included;
-// 1 disables the interceptor's own retries (the key is still added).
-// In-progress answers do not count (see [WithInProgressWait]). Optional.
-// Default is 4.
+// (Unavailable, a broken transport) is sent at most, the first included,
+// within the time [WithMaxElapsed] gives; 1 disables the interceptor's own
+// retries (the key is still added). In-progress answers do not count.
+// Optional. Default is none: the time bounds the retries.
 func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.budget.Attempts = max(1, n) } }
 
-// WithInProgressWait bounds how long a call whose context has no deadline
-// keeps retrying idem's in-progress answers (each after its RetryInfo
-// delay); a call with a deadline retries them until the deadline leaves no
-// room for the next delay, whatever this is. Optional. Default is
-// [idemrpc.DefaultInProgressWait] (1m0s: the engine's default lease
+// WithMaxElapsed bounds how long, from its first send, a call whose
+// context has no deadline keeps retrying: Unavailable and broken
+// transports (a server restarting) and idem's in-progress answers (each
+// after its RetryInfo delay); a call with a deadline retries until the
+// deadline leaves no room for the next delay, whatever this is. Optional.
+// Default is [idemrpc.DefaultMaxElapsed] (1m0s: the engine's default lease
 // of 30s, which a crashed holder's record can take to lapse before a retry
 // takes it over, plus a 30s margin for the takeover's execution).
-func WithInProgressWait(d time.Duration) ClientOption {
-	return func(c *clientConfig) { c.budget.InProgressWait = d }
+func WithMaxElapsed(d time.Duration) ClientOption {
+	return func(c *clientConfig) { c.budget.MaxElapsed = d }
 }
 
 // WithBackoff sets the delay before the first retry of an Unavailable call
@@ -81,21 +85,32 @@ func WithClientSkip(fn func(fullMethod string) bool) ClientOption {
 // UnaryClientInterceptor returns an interceptor that gives each logical
 // unary call one idempotency key in its outgoing metadata (or keeps the one
 // the caller put there) and retries it with that same key, by
-// [idemrpc.Retry]: idem's in-progress answer (Aborted, reason IN_PROGRESS)
-// after its RetryInfo delay, for as long as the call's deadline leaves room
-// for the delay (without a deadline, [WithInProgressWait]), so that a
-// call with a deadline waits for a slow handler; Unavailable (the server
-// did not run it, or the answer was lost) after the RetryInfo delay when
-// the status carries one, else an exponential backoff with jitter, up to
-// [WithAttempts] sends; an application's Aborted with RetryInfo like
-// Unavailable. Server delays are spread by up to a fifth. Every other
-// outcome is returned at once: idem's uncertain, key-expired,
-// replay-forbidden, key-reused and fingerprint-changed answers are never
-// retried, whatever their code ([RetryDelay]). gRPC's own retry policy
-// (service config) and its transparent retries run beneath the interceptor
-// and re-send the same metadata, so they reuse the key too. The context
-// wins: no attempt starts after it is done, and a retry whose delay would
-// pass its deadline is not made; the last error is returned.
+// [idemrpc.Budget]: idem's in-progress answer (Aborted, reason IN_PROGRESS)
+// after its RetryInfo delay; Unavailable (the server is down or
+// restarting, did not run the call, or its answer was lost) after the
+// RetryInfo delay when the status carries one, else an exponential backoff
+// with jitter capped at 5s ([WithBackoff]); an application's Aborted or
+// ResourceExhausted with RetryInfo (a rate limit) like Unavailable. All
+// are retried for as long as the call's deadline leaves room for the next
+// delay (without a deadline,
+// [WithMaxElapsed], 1 min), so that a call survives a server restart and
+// waits out a crashed holder's lease; [WithAttempts] adds a count. Server
+// delays are spread by up to a fifth. An Unavailable no retry fixes (the
+// name does not resolve, the server's certificate is refused:
+// idem.RetryCannotFix on its message) and every other outcome are returned
+// at once: idem's uncertain, key-expired, replay-forbidden, key-reused and
+// fingerprint-changed answers are never retried, whatever their code
+// ([RetryDelay]). When the budget runs out the error is an
+// [*idemrpc.GaveUpError] wrapping the last one (status.Code reads its
+// code), naming the key to resume with. gRPC's own retry policy (service
+// config) and its transparent retries run beneath the interceptor and
+// re-send the same metadata, so they reuse the key too. A retry on a
+// channel in TRANSIENT_FAILURE first resets its reconnect backoff
+// (ClientConn.ResetConnectBackoff), so that a restarted server is dialled
+// on the interceptor's backoff, not after the channel's own (growing to
+// 2 min by default). The context wins:
+// no attempt starts after it is done, and a retry whose delay would pass
+// its deadline is not made.
 func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 	c := clientConfig{key: strings.ToLower(idem.DefaultHeader), newKey: crand.Text, budget: idemrpc.DefaultBudget}
 	for _, o := range opts {
@@ -113,18 +128,38 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 		if c.skip != nil && c.skip(method) {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(c.key)) == 0 {
-			ctx = metadata.AppendToOutgoingContext(ctx, c.key, newKey(ctx))
+		md, _ := metadata.FromOutgoingContext(ctx)
+		key := firstOf(md.Get(c.key))
+		if key == "" {
+			key = newKey(ctx)
+			ctx = metadata.AppendToOutgoingContext(ctx, c.key, key)
 		}
 		r := c.budget.Start()
-		for {
+		for n := 0; ; n++ {
+			if n > 0 && cc.GetState() == connectivity.TransientFailure {
+				// The channel waits out its own reconnect backoff (up to
+				// 2 min) before it dials again; the retry's own backoff
+				// is the one that counts.
+				cc.ResetConnectBackoff()
+			}
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			st, ok := status.FromError(err)
-			if err == nil || !ok || !r.Again(ctx, uint32(st.Code()), st.Details(), false) {
+			if err == nil || !ok {
 				return err
+			}
+			if !r.Again(ctx, errors.New(st.Message()), uint32(st.Code()), st.Details(), false) {
+				return r.GaveUp(err, key, fmt.Sprintf("metadata %q", c.key))
 			}
 		}
 	}
+}
+
+// firstOf returns the first of vs, "" when there is none.
+func firstOf(vs []string) string {
+	if len(vs) == 0 {
+		return ""
+	}
+	return vs[0]
 }
 
 // RetryDelay reports whether a call that failed with err may be sent again
@@ -132,7 +167,7 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 // delay when err carries one, else -1 (the caller picks a backoff). It is
 // [idemrpc.Retry] on err's status: idem's answers by their ErrorInfo
 // reason (IN_PROGRESS and STORE_UNAVAILABLE only), other errors
-// Unavailable, or Aborted with RetryInfo.
+// Unavailable, or Aborted or ResourceExhausted with RetryInfo.
 func RetryDelay(err error) (time.Duration, bool) {
 	st, ok := status.FromError(err)
 	if !ok {

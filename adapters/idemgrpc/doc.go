@@ -62,8 +62,8 @@
 // Aborted for conflicts to "retry at a higher level" and FailedPrecondition
 // for calls not to retry "until the system state has been explicitly
 // fixed", here by an operator resolving the record. [UnaryClientInterceptor]
-// retries by the ErrorInfo reason: in-progress within the call's deadline,
-// store-unavailable up to its attempts, nothing else of idem's.
+// retries by the ErrorInfo reason: in-progress and store-unavailable
+// within the call's deadline (or [WithMaxElapsed]), nothing else of idem's.
 //
 // # Recovery without a client
 //

@@ -4,8 +4,11 @@ import (
 	"context"
 	crand "crypto/rand"
 	"errors"
+	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,9 +20,11 @@ import (
 // Client calls tools the way an agent runtime should: each logical call
 // gets one idempotency key, generated once and sent in _meta[MetaKey] with
 // every attempt, and attempts that may not have been answered (a timeout,
-// a cut connection, an in-progress or store-unavailable answer) are sent
-// again with that same key, so that the server executes the call at most
-// once and the retry gets its stored result. Safe for concurrent use.
+// a cut connection, a server that refuses connections while it restarts,
+// an in-progress or store-unavailable answer) are sent again with that
+// same key, for up to [WithMaxElapsed] (1 min), so that the server
+// executes the call at most once and the retry gets its stored result.
+// Safe for concurrent use.
 type Client struct {
 	connect func(ctx context.Context) (*mcp.ClientSession, error)
 	cfg     clientConfig
@@ -33,8 +38,8 @@ type Client struct {
 type ClientOption func(*clientConfig)
 
 type clientConfig struct {
-	attempts       int
-	inProgressWait time.Duration
+	attempts       int // 0: no count
+	maxElapsed     time.Duration
 	attemptTimeout time.Duration
 	first, max     time.Duration
 	onRetry        func(attempt int, err error, delay time.Duration)
@@ -42,32 +47,30 @@ type clientConfig struct {
 
 // WithAttempts sets how many attempts of one logical call may fail (a
 // timeout, a connection error, a store-unavailable answer), the first
-// included. In-progress answers do not count (see [WithInProgressWait]);
-// 1 disables retries altogether. Optional. Default is [DefaultAttempts]
-// (5). Values below 1 count as 1.
+// included, within [WithMaxElapsed]. In-progress answers do not count; 1
+// disables retries altogether. Optional. Default is none: the time bounds
+// the retries. Values below 1 count as 1.
 func WithAttempts(n int) ClientOption { return func(c *clientConfig) { c.attempts = max(n, 1) } }
 
-// DefaultAttempts is how many attempts of one logical call may fail by
-// default ([WithAttempts]).
-const DefaultAttempts = 5
+// DefaultMaxElapsed is how long a logical call keeps retrying by default
+// ([WithMaxElapsed]): the engine's default lease (idem.DefaultLease, 30s),
+// which is how long a crashed holder's record can answer in progress
+// before a retry takes it over, plus [InProgressMargin] for the takeover's
+// execution: 1m0s. It covers a server restarting too (a deploy, a process
+// manager's restart: seconds of refused connections).
+const DefaultMaxElapsed = idem.DefaultLease + InProgressMargin
 
-// DefaultInProgressWait is how long a logical call keeps retrying
-// in-progress answers ([TypeInProgress]) by default: the engine's default
-// lease (idem.DefaultLease, 30s), which is how long a crashed holder's
-// record can answer in progress before a retry takes it over, plus
-// [InProgressMargin] for the takeover's execution: 1m0s.
-const DefaultInProgressWait = idem.DefaultLease + InProgressMargin
-
-// InProgressMargin is what [DefaultInProgressWait] adds to the engine's
+// InProgressMargin is what [DefaultMaxElapsed] adds to the engine's
 // default lease: the time a takeover's execution may take to answer.
 const InProgressMargin = 30 * time.Second
 
-// WithInProgressWait bounds the time, from the call's first attempt, spent
-// retrying in-progress answers, each after its RetryAfterSeconds; ctx's
-// deadline bounds it too, whichever ends first. Optional. Default is
-// [DefaultInProgressWait] (1m0s).
-func WithInProgressWait(d time.Duration) ClientOption {
-	return func(c *clientConfig) { c.inProgressWait = d }
+// WithMaxElapsed bounds the time, from the call's first attempt, spent
+// retrying: connection errors and timeouts (after the backoff) and
+// in-progress and store-unavailable answers (after their
+// RetryAfterSeconds); ctx's deadline bounds it too, whichever ends first.
+// Optional. Default is [DefaultMaxElapsed] (1m0s).
+func WithMaxElapsed(d time.Duration) ClientOption {
+	return func(c *clientConfig) { c.maxElapsed = d }
 }
 
 // WithAttemptTimeout bounds each attempt; an attempt that times out is
@@ -97,7 +100,7 @@ func WithRetryHook(fn func(attempt int, err error, delay time.Duration)) ClientO
 // It calls connect on the first call, and again after an attempt fails
 // with a connection error (the session is then closed and replaced).
 func NewClient(connect func(ctx context.Context) (*mcp.ClientSession, error), opts ...ClientOption) *Client {
-	c := &Client{connect: connect, cfg: clientConfig{attempts: DefaultAttempts, inProgressWait: DefaultInProgressWait, attemptTimeout: 30 * time.Second, first: 200 * time.Millisecond, max: 5 * time.Second}}
+	c := &Client{connect: connect, cfg: clientConfig{maxElapsed: DefaultMaxElapsed, attemptTimeout: 30 * time.Second, first: 200 * time.Millisecond, max: 5 * time.Second}}
 	for _, o := range opts {
 		o(&c.cfg)
 	}
@@ -117,13 +120,17 @@ func NewKey() string { return crand.Text() }
 // It returns the first answer that is final: a result (the tool's, or the
 // stored one replayed, marked with _meta[ReplayedMetaKey]), or an error
 // that retrying with the same key cannot change (a JSON-RPC error other
-// than an in-progress or store-unavailable one: [ErrorDataOf] reads it).
-// In-progress answers are budgeted in time ([WithInProgressWait], ctx's
-// deadline), failed attempts in number ([WithAttempts]): a call retried
-// after its server crashed waits until the crashed holder's lease lapses
-// and a retry takes the execution over. When a bound is reached it returns
-// the last error; when ctx ends, ctx's error. Errors of an attempt that may have reached the server are never
-// retried with another key.
+// than an in-progress or store-unavailable one: [ErrorDataOf] reads it; an
+// HTTP 4xx other than 404 session-missing, 408, 409, 425 and 429; a
+// failure idem.RetryCannotFix names: a DNS name not found, a TLS
+// certificate refused). Retries are budgeted in time ([WithMaxElapsed],
+// ctx's deadline): a call made while its server restarts (initialize
+// refused) or after it crashed mid-call waits until the server is back and
+// the crashed holder's lease lapsed, and a retry takes the execution over.
+// [WithAttempts] adds a count. When a bound is reached, or ctx ends, it
+// returns a [*GaveUpError] wrapping the last error (or ctx's), with the
+// key to resume with. Errors of an attempt that may have reached the
+// server are never retried with another key.
 func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
 	p := *params
 	p.Meta = maps.Clone(params.Meta)
@@ -133,24 +140,26 @@ func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp
 	if k, ok := p.Meta[MetaKey]; !ok || k == nil {
 		p.Meta[MetaKey] = NewKey()
 	}
+	key, _ := p.Meta[MetaKey].(string)
 	next := c.cfg.first
 	start := time.Now()
 	failed := 0 // attempts that count towards cfg.attempts
-	var last error
 	for attempt := 1; ; attempt++ {
 		res, err := c.attempt(ctx, &p)
 		if err == nil {
 			return res, nil
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		gaveUp := func(reason error) error {
+			return &GaveUpError{Key: key, Attempts: attempt, Elapsed: time.Since(start), Reason: reason, Err: err}
 		}
-		last = err
+		if ctx.Err() != nil {
+			return nil, gaveUp(ctx.Err())
+		}
 		delay, retry, inProgress := time.Duration(0), false, false
 		if d, ok := ErrorDataOf(err); ok {
 			retry, delay = d.Retryable, time.Duration(d.RetryAfterSeconds)*time.Second
 			inProgress = d.Type == TypeInProgress
-		} else if !isProtocolError(err) { // timeout, connection error
+		} else if !isProtocolError(err) && !idem.RetryCannotFix(err) && !httpRefusal(err) { // timeout, connection error
 			retry = true
 			delay = next/2 + rand.N(next/2+1) //nolint:gosec // jitter, not a secret
 			next = min(2*next, c.cfg.max)
@@ -159,13 +168,15 @@ func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp
 			failed++
 		}
 		switch {
-		case !retry, c.cfg.attempts <= 1, failed >= c.cfg.attempts:
-			return nil, last
-		case inProgress && time.Since(start)+delay > c.cfg.inProgressWait:
-			return nil, last
+		case !retry:
+			return nil, err
+		case c.cfg.attempts == 1, c.cfg.attempts > 1 && !inProgress && failed >= c.cfg.attempts:
+			return nil, gaveUp(ErrAttemptsExhausted)
+		case time.Since(start)+delay > c.cfg.maxElapsed:
+			return nil, gaveUp(ErrOutOfTime)
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
-			return nil, last
+			return nil, gaveUp(ErrOutOfTime)
 		}
 		if c.cfg.onRetry != nil {
 			c.cfg.onRetry(attempt, err, delay)
@@ -174,10 +185,71 @@ func (c *Client) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, ctx.Err()
+			return nil, gaveUp(ctx.Err())
 		case <-t.C:
 		}
 	}
+}
+
+// Reasons [Client.CallTool] stopped retrying a call that still needed a
+// retry, carried by [GaveUpError.Reason].
+var (
+	// ErrOutOfTime: the next attempt would start after [WithMaxElapsed]
+	// or ctx's deadline.
+	ErrOutOfTime = errors.New("idemmcp: no time left for another attempt")
+	// ErrAttemptsExhausted: the last attempt [WithAttempts] allows failed.
+	ErrAttemptsExhausted = errors.New("idemmcp: attempts exhausted")
+)
+
+// GaveUpError is the error of [Client.CallTool] when it stopped retrying a
+// call whose last error was retryable: the call may have been executed.
+// Resuming is safe: call again later with the same Key in
+// _meta[MetaKey], and a completed execution is replayed, not repeated.
+// It wraps the last attempt's error ([ErrorDataOf] reads it) and the
+// reason.
+type GaveUpError struct {
+	// Key is the idempotency key every attempt carried in _meta[MetaKey].
+	Key string
+	// Attempts is the number of attempts; Elapsed the time from the first.
+	Attempts int
+	Elapsed  time.Duration
+	// Reason is why retrying stopped: [ErrOutOfTime],
+	// [ErrAttemptsExhausted] or ctx's error.
+	Reason error
+	// Err is the last attempt's error.
+	Err error
+}
+
+// Error names the key, the attempts, the last error and how to resume.
+func (e *GaveUpError) Error() string {
+	return fmt.Sprintf("idemmcp: gave up after %d attempt(s) in %v with idempotency key %q (%v): the call may have been executed; "+
+		"resume by calling again with _meta[%q] = %q to get its answer; last: %v",
+		e.Attempts, e.Elapsed.Round(time.Millisecond), e.Key, e.Reason, MetaKey, e.Key, e.Err)
+}
+
+// Unwrap returns the last attempt's error and the reason.
+func (e *GaveUpError) Unwrap() []error { return []error{e.Err, e.Reason} }
+
+// httpRefusal reports whether err is the streamable HTTP transport's
+// report of a 4xx status a retry cannot change (the go-sdk gives it as
+// "...: <status text>"): every 4xx but 408, 409, 425 and 429, and a 404
+// for a session the server no longer knows (mcp.ErrSessionMissing: the
+// client connects again).
+func httpRefusal(err error) bool {
+	if errors.Is(err, mcp.ErrSessionMissing) {
+		return false
+	}
+	msg := err.Error()
+	for code := 400; code < 500; code++ {
+		switch code {
+		case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+			continue
+		}
+		if text := http.StatusText(code); text != "" && strings.HasSuffix(msg, ": "+text) {
+			return true
+		}
+	}
+	return false
 }
 
 // attempt sends p once on the current session (connecting first when

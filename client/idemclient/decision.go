@@ -3,8 +3,6 @@ package idemclient
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -43,7 +41,8 @@ func (d Decision) String() string {
 // ClassifyStatus returns the decision for an HTTP response status of a
 // request carrying an idempotency key:
 //
-//	Retry: 409 (idem: a request with this key is in progress), 429 (rate
+//	Retry: 409 (idem: a request with this key is in progress), 425 (too
+//	       early, RFC 8470: sent again after the TLS handshake), 429 (rate
 //	       limited), 500 (idem releases the key on 5xx, so a retry executes
 //	       again only when nothing was stored), 502, 503 (idem: store
 //	       unavailable), 504.
@@ -52,7 +51,7 @@ func (d Decision) String() string {
 //	       every other 4xx and 5xx (501, 505, ... will not change on a retry).
 func ClassifyStatus(status int) Decision {
 	switch status {
-	case http.StatusConflict, http.StatusTooManyRequests,
+	case http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
 		http.StatusInternalServerError, http.StatusBadGateway,
 		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return Retry
@@ -117,37 +116,19 @@ func problemOutcome(resp *http.Response) idem.Outcome {
 // (a cancelled or expired request context always stops; the caller checks
 // it, not this function).
 //
-// Any failure to get a complete response is retried: connection refused,
-// reset or aborted, io.EOF and io.ErrUnexpectedEOF (closed before a complete
-// response), a response cut inside its status line or headers (net/http:
-// "transport connection broken"), timeouts, DNS failures. The request may
-// have been executed, but the key makes a re-send safe. Only errors a
-// re-send cannot cure stop, as in go-retryablehttp's default policy:
-// context.Canceled, TLS certificate and handshake-record errors, and the
-// request errors net/http reports for an unsupported URL scheme, a URL
-// without host, or an invalid header field.
+// Any failure to get a complete response that a restarted or reachable
+// again server fixes is retried: connection refused, reset or aborted,
+// io.EOF and io.ErrUnexpectedEOF (closed before a complete response), a
+// response cut inside its status line or headers (net/http: "transport
+// connection broken"), timeouts, temporary DNS failures. The request may
+// have been executed, but the key makes a re-send safe. Errors a re-send
+// cannot cure stop ([idem.RetryCannotFix], as in go-retryablehttp's default
+// policy): context.Canceled, a DNS name not found, TLS certificate and
+// handshake-record errors, and the request errors net/http reports for an
+// unsupported URL scheme, a URL without host, or an invalid header field.
 func ClassifyError(err error) Decision {
-	if err == nil || errors.Is(err, context.Canceled) {
+	if err == nil || errors.Is(err, context.Canceled) || idem.RetryCannotFix(err) {
 		return Stop
-	}
-	var (
-		verify   *tls.CertificateVerificationError
-		record   tls.RecordHeaderError
-		unknown  x509.UnknownAuthorityError
-		invalid  x509.CertificateInvalidError
-		hostname x509.HostnameError
-	)
-	if errors.As(err, &verify) || errors.As(err, &record) || errors.As(err, &unknown) ||
-		errors.As(err, &invalid) || errors.As(err, &hostname) {
-		return Stop
-	}
-	// net/http's request errors have no exported type; their messages are
-	// stable (go-retryablehttp matches them the same way).
-	msg := err.Error()
-	for _, permanent := range []string{"unsupported protocol scheme", "no Host in request URL", "invalid header field", "nil Request.URL"} {
-		if strings.Contains(msg, permanent) {
-			return Stop
-		}
 	}
 	return Retry
 }

@@ -19,7 +19,7 @@ import (
 )
 
 // retried is the whole set of statuses ClassifyStatus retries.
-var retried = map[int]bool{409: true, 429: true, 500: true, 502: true, 503: true, 504: true}
+var retried = map[int]bool{409: true, 425: true, 429: true, 500: true, 502: true, 503: true, 504: true}
 
 func TestClassifyStatus(t *testing.T) {
 	for status := 100; status <= 599; status++ {
@@ -68,7 +68,12 @@ func TestClassifyError(t *testing.T) {
 		{opErr("dial", timeoutError{}), idemclient.Retry},
 		{opErr("dial", errors.New("no route to host")), idemclient.Retry},
 		{errors.New(`net/http: HTTP/1.x transport connection broken: malformed HTTP status code "20"`), idemclient.Retry},
-		{&net.DNSError{Err: "no such host", Name: "x", IsNotFound: true}, idemclient.Retry},
+		{&net.DNSError{Err: "server misbehaving", Name: "x", IsTemporary: true}, idemclient.Retry},
+		{urlErr(opErr("dial", &net.DNSError{Err: "no such host", Name: "x", IsNotFound: true})), idemclient.Stop},
+		{errors.New("rpc error: code = Unavailable desc = dns: A record lookup error: lookup x on 127.0.0.53:53: no such host"), idemclient.Stop},
+		{errors.New(`rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake failed: remote error: tls: no application protocol"`), idemclient.Stop},
+		{errors.New(`rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake failed: EOF"`), idemclient.Retry},
+		{errors.New("rpc error: code = Unavailable desc = connection error: desc = \"transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority\""), idemclient.Stop},
 		{errors.New("http2: server sent GOAWAY and closed the connection"), idemclient.Retry},
 		{nil, idemclient.Stop},
 		{errors.New(`unsupported protocol scheme "ftp"`), idemclient.Stop},

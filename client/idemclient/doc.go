@@ -20,26 +20,32 @@
 // [ClassifyResponse] and [ClassifyError] decide, [ParseRetryAfter] and
 // [Backoff] set the wait: idem's in-progress and store-unavailable answers
 // (told apart by their problem type, since 409 is also
-// operation-uncertain), 429, 502, 504, other servers' 409, 500 and 503, and
+// operation-uncertain), 425, 429, 502, 504, other servers' 409, 500 and 503, and
 // transport failures are retried, honouring Retry-After up to a cap, else
 // with exponential backoff and full jitter. idem's final answers about the
 // key (operation-uncertain, key-expired, replay-forbidden, key-reused,
 // fingerprint-changed, stored-result-unreadable) stop at once with an
 // [*OutcomeError] (errors.Is with [ErrUncertain], [ErrKeyExpired], ...);
 // every other status is returned as it is.
-// In-progress answers (idem's 409 in-progress, another server's 409) are
-// budgeted in time, not attempts: after a crash the service answers 409
-// until the crashed holder's lease lapses (up to its lease, 30s by default)
-// and a retry takes the execution over, so the Transport waits them out, as
-// Retry-After says, for [WithMaxElapsed] (default 1m: the default lease plus
-// a 30s margin for the takeover's execution) or until the request context's
-// deadline, whichever ends first. Failed attempts (transport errors, other
-// retryable statuses) are bounded by [WithMaxAttempts] (default 5).
-// The attempts, the total time and the request context bound the retries;
-// when they end first the error is a [*GaveUpError] carrying the key, the
-// last status or error and the reason (errors.Is with [ErrAttemptsExhausted],
-// [ErrOutOfTime], [ErrRetryAfterTooLong], [ErrBodyNotReplayable] or the
-// context's error). Calling again later with the same key is safe. A reply
+// Retries are budgeted in time, not attempts: a server that restarts
+// (a deploy, a rescheduled pod) refuses connections for seconds, and after
+// a crash the service answers 409 in-progress until the crashed holder's
+// lease lapses (up to its lease, 30s by default) and a retry takes the
+// execution over. So the Transport retries transport failures, 425, 429, 502,
+// 503, 504 and in-progress answers (idem's 409 in-progress, another
+// server's 409), as Retry-After says or with backoff (up to 5s), for
+// [WithMaxElapsed] (default 1m: the default lease plus a 30s margin for
+// the takeover's execution) or until the request context's deadline,
+// whichever ends first. A 500 (the handler ran and failed) is sent
+// [DefaultMaxAttempts] (5) times at most; [WithMaxAttempts] is the opt-in
+// count of every failed attempt. A failure no retry fixes (a DNS name not
+// found, a refused TLS certificate: idem.RetryCannotFix) ends at once.
+// When the budget or the request context ends first the error is a
+// [*GaveUpError] carrying the key, the last status or error and the reason
+// (errors.Is with [ErrAttemptsExhausted], [ErrOutOfTime],
+// [ErrRetryAfterTooLong], [ErrBodyNotReplayable] or the context's error),
+// and saying how to resume: calling again later with the same key
+// ([WithKey]) is safe and gets the one execution's answer. A reply
 // cut inside its body surfaces on the caller's read, unless
 // [WithResponseBuffer] reads final bodies first and retries such cuts too.
 //

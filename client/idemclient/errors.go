@@ -123,9 +123,12 @@ func newOutcomeError(key string, attempts int, resp *http.Response, o idem.Outco
 
 // GaveUpError is returned (wrapped in a *url.Error by http.Client) when a
 // request with an idempotency key still needed a retry but the Transport
-// stopped: out of attempts or time, a Retry-After beyond the cap, a body
-// that cannot be re-sent, or the request context ended. Retrying later with
-// the same Key is safe: a completed execution is replayed, not repeated.
+// stopped: out of time or attempts, a Retry-After beyond the cap, a body
+// that cannot be re-sent, or the request context ended. The request may
+// have been executed. Resuming is safe: send it again later with the same
+// Key ([WithKey] on its context, or the Idempotency-Key header), and a
+// completed execution is replayed, not repeated; an execution still in
+// progress is waited for.
 type GaveUpError struct {
 	// Key is the idempotency key every attempt carried.
 	Key string
@@ -144,14 +147,15 @@ type GaveUpError struct {
 	Reason error
 }
 
-// Error names the key, the attempts and the last outcome.
+// Error names the key, the attempts, the last outcome, and how to resume.
 func (e *GaveUpError) Error() string {
 	last := fmt.Sprintf("status %d", e.StatusCode)
 	if e.Err != nil {
 		last = e.Err.Error()
 	}
-	return fmt.Sprintf("idemclient: gave up after %d attempt(s) with idempotency key %q (%v); last: %s",
-		e.Attempts, e.Key, e.Reason, last)
+	return fmt.Sprintf("idemclient: gave up after %d attempt(s) with idempotency key %q (%v); last: %s; "+
+		"the request may have been executed: resume with the same key, idemclient.WithKey(ctx, %q), to get its answer",
+		e.Attempts, e.Key, e.Reason, last, e.Key)
 }
 
 // Unwrap returns Reason and Err, so that errors.Is matches both.

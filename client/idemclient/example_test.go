@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -66,4 +67,54 @@ func ExampleGaveUpError() {
 	}
 	client.CloseIdleConnections()
 	// Output: order-1001 503 2m0s true
+}
+
+// Resuming after giving up: the server was down for longer than the time
+// budget (1 min by default; 200ms here), so the call ends with the key; the
+// caller sends the request again later with that key, and gets the answer
+// of the one execution (replayed, had the first call's attempt executed).
+func ExampleGaveUpError_resume() {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	_ = ln.Close() // the server is down: connections are refused
+
+	client := &http.Client{Transport: idemclient.New(idemclient.WithMaxElapsed(200 * time.Millisecond))}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount":1999}`))
+	_, err := client.Do(req)
+	var gaveUp *idemclient.GaveUpError
+	if !errors.As(err, &gaveUp) {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("out of time:", errors.Is(err, idemclient.ErrOutOfTime), "key kept:", gaveUp.Key != "")
+
+	// Later, the server is back on its address.
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Println("server got key:", r.Header.Get(idemclient.HeaderKey) == gaveUp.Key)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	_ = srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+
+	ctx := idemclient.WithKey(context.Background(), gaveUp.Key) // resume with the same key
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount":1999}`))
+	resp, err := client.Do(req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = resp.Body.Close()
+	fmt.Println(resp.StatusCode)
+	client.CloseIdleConnections()
+	// Output:
+	// out of time: true key kept: true
+	// server got key: true
+	// 201
 }

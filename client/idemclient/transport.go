@@ -22,21 +22,25 @@ const HeaderKey = "Idempotency-Key"
 
 // Defaults of the options.
 const (
-	// DefaultMaxAttempts bounds the attempts that failed (a transport
-	// error, a retryable status other than in progress), the first
-	// included: [WithMaxAttempts].
+	// DefaultMaxAttempts bounds the attempts answered 500 when
+	// [WithMaxAttempts] is not set: the handler ran and failed (idem
+	// released the key), so each retry runs it again, and a handler that
+	// always fails is not run for the whole time budget. Other failures are
+	// bounded in time only ([WithMaxElapsed]).
 	DefaultMaxAttempts = 5
 	// DefaultMaxElapsed bounds the whole call's retries in time
-	// ([WithMaxElapsed]): idem's default lease (idem.DefaultLease, 30s),
-	// which is how long a crashed holder's in-progress record can answer
-	// 409 before a retry takes it over, plus [InProgressMargin] for the
-	// takeover's own execution: 1m0s.
+	// ([WithMaxElapsed]), whatever made them: a server restarting (refused
+	// connections for the seconds a deploy or a process manager takes), or
+	// a crashed holder's in-progress record, which answers 409 for up to
+	// idem's default lease (idem.DefaultLease, 30s) before a retry takes it
+	// over; plus [InProgressMargin] for the takeover's own execution: 1m0s.
 	DefaultMaxElapsed = idem.DefaultLease + InProgressMargin
 	// InProgressMargin is what [DefaultMaxElapsed] adds to the default
 	// lease: the time a takeover's execution may take to answer.
 	InProgressMargin = 30 * time.Second
 	// DefaultBaseDelay and DefaultMaxDelay are the backoff's first step
-	// and cap ([WithBackoff]).
+	// and cap ([WithBackoff]): a restarted server is found again at most
+	// 5s after it listens.
 	DefaultBaseDelay = 100 * time.Millisecond
 	DefaultMaxDelay  = 5 * time.Second
 	// DefaultMaxRetryAfter is the longest Retry-After honoured
@@ -61,15 +65,19 @@ const (
 // Every attempt of a covered request carries the same key and the same body
 // bytes. An attempt is retried when [ClassifyError] or [ClassifyResponse]
 // says [Retry]; the wait is the response's Retry-After when it has one (up to
-// [WithMaxRetryAfter]), else [Backoff]. In-progress answers (idem's 409
-// in-progress problem, or another server's 409: the IETF draft's answer to a
-// request whose key is in use) are budgeted in time, not attempts: they are
-// waited out for as long as [WithMaxElapsed] (default 1m: the default lease
-// a crashed holder's record can take to lapse, plus a margin for the
-// takeover) and the request context's deadline allow, so that a retry after
-// a crash gets the takeover's answer. Failed attempts (transport errors,
-// other retryable statuses) stop at [WithMaxAttempts]. Retrying stops when a
-// bound is reached or the request context ends, with a [*GaveUpError]. A final response, replayed or not, is returned as
+// [WithMaxRetryAfter]), else [Backoff]. Retries are budgeted in time, not
+// attempts: transport failures (refused, reset, EOF before a response: the
+// server is down or restarting), 425, 429, 502, 503, 504 and in-progress answers
+// (idem's 409 in-progress problem, or another server's 409: the IETF
+// draft's answer to a request whose key is in use) are retried for as long
+// as [WithMaxElapsed] (default 1m: the default lease a crashed holder's
+// record can take to lapse, plus a margin for the takeover) and the request
+// context's deadline allow, so that a call made while the server restarts,
+// or after it crashed mid-request, gets the answer of the one execution. A
+// 500 (the handler ran and failed) is retried up to [DefaultMaxAttempts]
+// times; [WithMaxAttempts] sets a count for every failed attempt instead.
+// Retrying stops when a bound is reached or the request context ends, with
+// a [*GaveUpError] that carries the key to resume with ([WithKey]). A final response, replayed or not, is returned as
 // the server sent it; [Attempts], [Replayed] and [RequestKey] read what
 // happened from it. An answer of idem that ends the key's use without a
 // result (operation-uncertain, key-expired, replay-forbidden, key-reused,
@@ -127,20 +135,21 @@ func WithMethods(methods ...string) Option {
 
 // WithMaxAttempts bounds the failed attempts of one request (a transport
 // error, net/http's own re-sends, a retryable status other than 409 in
-// progress), the first included; in-progress answers don't count (they are
-// bounded by [WithMaxElapsed] and the request's deadline). 1 disables
-// retries altogether, in-progress answers included. Optional. Default is
-// [DefaultMaxAttempts] (5).
+// progress), the first included, within [WithMaxElapsed]; in-progress
+// answers don't count (they are bounded by [WithMaxElapsed] and the
+// request's deadline). 1 disables retries altogether, in-progress answers
+// included; values below 1 count as 1. Optional. Default is none: failures
+// are bounded in time, 500 answers by [DefaultMaxAttempts] (5).
 func WithMaxAttempts(n int) Option { return func(t *Transport) { t.maxAttempts = max(n, 1) } }
 
 // WithMaxElapsed bounds the time from the first attempt to the start of the
 // last one: no attempt starts later (the request context's deadline, and so
 // http.Client.Timeout, bounds it too, whichever ends first). It is the
-// budget of waiting out in-progress answers: a takeover after a crash
-// answers once the crashed holder's lease lapses, up to the service's lease
-// after the crash. 0 disables every wait. Optional. Default is
-// [DefaultMaxElapsed] (1m0s: idem's default lease 30s plus
-// [InProgressMargin] 30s).
+// budget of every retry: a server restarting refuses connections until it
+// listens again, and a takeover after a crash answers once the crashed
+// holder's lease lapses, up to the service's lease after the crash. 0
+// disables every wait. Optional. Default is [DefaultMaxElapsed] (1m0s:
+// idem's default lease 30s plus [InProgressMargin] 30s).
 func WithMaxElapsed(d time.Duration) Option { return func(t *Transport) { t.maxElapsed = d } }
 
 // WithBackoff sets the exponential backoff with full jitter used when a
@@ -208,7 +217,6 @@ func New(opts ...Option) *Transport {
 	t := &Transport{
 		base:          http.DefaultTransport,
 		methods:       []string{http.MethodPost, http.MethodPatch},
-		maxAttempts:   DefaultMaxAttempts,
 		maxElapsed:    DefaultMaxElapsed,
 		baseDelay:     DefaultBaseDelay,
 		maxDelay:      DefaultMaxDelay,
@@ -280,7 +288,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	start := time.Now()
-	failed := 0 // attempts that count towards maxAttempts
+	failed := 0    // attempts that count towards maxAttempts
+	ranFailed := 0 // attempts answered 500, bounded by DefaultMaxAttempts without WithMaxAttempts
 	for n := 1; ; n++ {
 		info := &attemptInfo{key: key, n: n}
 		var conns atomic.Int32 // connections the send obtained: more than one is a re-send
@@ -303,10 +312,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		info.n = n
 		var decision Decision
 		var outcome idem.Outcome
-		inProgress := false // budgeted in time, not attempts
+		inProgress := false // never counts towards maxAttempts
 		if err == nil {
 			decision, outcome = ClassifyResponse(resp)
 			inProgress = decision == Retry && resp.StatusCode == http.StatusConflict
+			if decision == Retry && resp.StatusCode == http.StatusInternalServerError {
+				ranFailed++
+			}
 			if decision == Stop && t.respBuffer > 0 {
 				if err = bufferBody(resp, t.respBuffer); err != nil {
 					resp = nil
@@ -362,7 +374,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		switch {
 		case a.GaveUp != nil:
-		case t.maxAttempts <= 1, !inProgress && failed >= t.maxAttempts:
+		case t.maxAttempts == 1, t.maxAttempts > 1 && !inProgress && failed >= t.maxAttempts,
+			t.maxAttempts == 0 && ranFailed >= DefaultMaxAttempts:
 			a.GaveUp = ErrAttemptsExhausted
 		case !body.replayable():
 			a.GaveUp = ErrBodyNotReplayable

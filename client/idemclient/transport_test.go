@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -407,18 +408,47 @@ func TestInProgressBudgetedInTime(t *testing.T) {
 		}
 	})
 	t.Run("transport failures", func(t *testing.T) {
+		// Refused connections are budgeted in time, not attempts: more
+		// than DefaultMaxAttempts, then out of time, with the key.
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		addr := ln.Addr().String()
 		_ = ln.Close() // connections are refused
-		cl := client(fast()...)
+		var attempts atomic.Int64
+		cl := client(fast(idemclient.WithMaxElapsed(500*time.Millisecond), idemclient.WithAttemptHook(func(idemclient.Attempt) { attempts.Add(1) }))...)
 		defer closeIdle(cl)
 		_, err = post(t, cl, "http://"+addr, "x") //nolint:bodyclose // no response
 		var g *idemclient.GaveUpError
-		if !errors.As(err, &g) || !errors.Is(err, idemclient.ErrAttemptsExhausted) || g.Attempts != idemclient.DefaultMaxAttempts {
-			t.Fatalf("err %v; want attempts exhausted after %d", err, idemclient.DefaultMaxAttempts)
+		if !errors.As(err, &g) || !errors.Is(err, idemclient.ErrOutOfTime) || g.Key == "" || !strings.Contains(err.Error(), "idemclient.WithKey(ctx, \""+g.Key+"\")") {
+			t.Fatalf("err %v; want out of time, naming the key to resume with", err)
+		}
+		if g.Attempts <= idemclient.DefaultMaxAttempts || attempts.Load() != int64(g.Attempts) {
+			t.Errorf("gave up after %d attempts (hook saw %d); want more than %d, all reported", g.Attempts, attempts.Load(), idemclient.DefaultMaxAttempts)
+		}
+	})
+	t.Run("server errors counted", func(t *testing.T) {
+		// A 500 (the handler ran and failed) is retried DefaultMaxAttempts
+		// times at most, without WithMaxAttempts.
+		s := newScript(t, statuses(500))
+		cl := client(fast()...)
+		defer closeIdle(cl)
+		_, err := post(t, cl, s.srv.URL, "x") //nolint:bodyclose // no response
+		var g *idemclient.GaveUpError
+		if !errors.As(err, &g) || !errors.Is(err, idemclient.ErrAttemptsExhausted) || g.Attempts != idemclient.DefaultMaxAttempts || len(s.requests()) != idemclient.DefaultMaxAttempts {
+			t.Fatalf("err %v, %d requests; want attempts exhausted after %d", err, len(s.requests()), idemclient.DefaultMaxAttempts)
+		}
+	})
+	t.Run("name not found", func(t *testing.T) {
+		// A failure no retry fixes ends at once.
+		var attempts atomic.Int64
+		cl := client(fast(idemclient.WithMaxElapsed(10*time.Second), idemclient.WithAttemptHook(func(idemclient.Attempt) { attempts.Add(1) }))...)
+		defer closeIdle(cl)
+		_, err := post(t, cl, "http://no-such-host.invalid", "x") //nolint:bodyclose // no response
+		var dns *net.DNSError
+		if !errors.As(err, &dns) || !dns.IsNotFound || attempts.Load() != 1 {
+			t.Fatalf("err %v after %d attempts; want the DNS error after one", err, attempts.Load())
 		}
 	})
 }

@@ -27,8 +27,8 @@ import (
 // idem.Step, its 10s lease no longer renewed, so the retry gets 409
 // in-progress answers until it lapses: more than the default attempts)
 // waits them out and gets the takeover's answer, with the step's journaled
-// charge (one charge); a transport failure still stops after the default
-// attempts.
+// charge (one charge); a refused connection is retried for the time
+// budget, and the error carries the key.
 func TestClientWaitsOutTakeover(t *testing.T) {
 	t.Parallel()
 	mem := memstore.New()
@@ -109,8 +109,10 @@ func TestClientWaitsOutTakeover(t *testing.T) {
 	}
 	closed := "http://" + ln.Addr().String()
 	_ = ln.Close() // connections are refused
+	short := &http.Client{Transport: idemclient.New(idemclient.WithMaxElapsed(time.Second))}
+	defer short.CloseIdleConnections()
 	var g *idemclient.GaveUpError
-	if _, err := order(ctx, cl, closed, "pay-down", `{"amount":1}`); !errors.As(err, &g) || g.Attempts != idemclient.DefaultMaxAttempts { //nolint:bodyclose // no response
-		t.Fatalf("order to a closed port: %v; want a GaveUpError after %d attempts", err, idemclient.DefaultMaxAttempts)
+	if _, err := order(ctx, short, closed, "pay-down", `{"amount":1}`); !errors.As(err, &g) || !errors.Is(err, idemclient.ErrOutOfTime) || g.Key != "pay-down" { //nolint:bodyclose // no response
+		t.Fatalf("order to a closed port: %v; want a GaveUpError out of time, with the key", err)
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,7 +25,8 @@ import (
 // (past its idem.Step, its 10s lease no longer renewed, so duplicates get
 // in-progress answers until it lapses) waits the answers out and gets the
 // takeover's result, with the step's journaled value (one charge); a call
-// whose transport fails stops after the default attempts.
+// whose transport fails is retried for the time budget and the error names
+// the key.
 func TestClientWaitsOutTakeover(t *testing.T) {
 	t.Parallel()
 	store := adaptertest.CrashableJournal(newMemStore(t))
@@ -102,9 +106,34 @@ func TestClientWaitsOutTakeover(t *testing.T) {
 	down := idemmcp.NewClient(func(context.Context) (*mcp.ClientSession, error) {
 		connects.Add(1)
 		return nil, errors.New("connection refused")
-	}, idemmcp.WithBackoff(time.Millisecond, time.Millisecond))
+	}, idemmcp.WithBackoff(time.Millisecond, time.Millisecond), idemmcp.WithMaxElapsed(time.Second))
 	defer func() { _ = down.Close() }()
-	if _, err := down.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: pay}); err == nil || connects.Load() != idemmcp.DefaultAttempts {
-		t.Fatalf("call whose transport fails: %v after %d attempts; want an error after %d", err, connects.Load(), idemmcp.DefaultAttempts)
+	_, err = down.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: pay, Meta: mcp.Meta{idemmcp.MetaKey: "k-down"}})
+	var g *idemmcp.GaveUpError
+	if !errors.As(err, &g) || !errors.Is(err, idemmcp.ErrOutOfTime) || g.Key != "k-down" || !strings.Contains(err.Error(), `"k-down"`) || connects.Load() < 2 {
+		t.Fatalf("call whose transport fails: %v after %d attempts; want out of time, retried, naming key k-down", err, connects.Load())
+	}
+}
+
+// TestClientStopsOnRefusal: a server that refuses the client (HTTP 401 to
+// initialize: a retry with the same credentials cannot change it) ends the
+// call at once with the transport's error, not after the time budget.
+func TestClientStopsOnRefusal(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "no token", http.StatusUnauthorized)
+	}))
+	defer srv.Close()
+	client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "test"}, nil)
+	var connects atomic.Int64
+	agent := idemmcp.NewClient(func(ctx context.Context) (*mcp.ClientSession, error) {
+		connects.Add(1)
+		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL, MaxRetries: -1}, nil)
+	})
+	defer func() { _ = agent.Close() }()
+	_, err := agent.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: pay, Meta: mcp.Meta{idemmcp.MetaKey: "k-401"}})
+	var g *idemmcp.GaveUpError
+	if err == nil || errors.As(err, &g) || !strings.HasSuffix(err.Error(), "Unauthorized") || connects.Load() != 1 {
+		t.Fatalf("call refused with 401: %v after %d connects; want the refusal after one", err, connects.Load())
 	}
 }

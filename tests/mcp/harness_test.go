@@ -3,11 +3,14 @@ package mcp
 import (
 	"context"
 	"crypto/rand"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +37,15 @@ func TestMain(m *testing.M) {
 	}
 	if os.Getenv(crashServerEnv) == "1" {
 		os.Exit(runCrashServer())
+	}
+	if os.Getenv(restartServerEnv) == "1" { // a server process of restart_test.go
+		os.Exit(runRestartServer())
+	}
+	flag.Parse()
+	// The restart tests mostly wait (for a server process to be down, for
+	// a lease to lapse), not on the CPU: run them side by side.
+	if f := flag.Lookup("test.parallel"); f != nil && f.Value.String() == strconv.Itoa(runtime.GOMAXPROCS(0)) {
+		_ = f.Value.Set("8")
 	}
 	code := m.Run()
 	if code == 0 {

@@ -2,10 +2,12 @@ package rpc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/idemkit/idem/core/adaptertest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -68,8 +71,8 @@ func checkTakeoverWaited(t *testing.T, svc *stepService, first, retry func(ctx c
 // TestGRPCClientWaitsOutTakeover: a gRPC call retried with the client
 // interceptor's defaults after its holder crashed mid-handler (a 10s lease
 // that is no longer renewed, Aborted IN_PROGRESS answers until it lapses)
-// gets the takeover's answer; a transport failure still stops after the
-// default attempts.
+// gets the takeover's answer; a closed port is retried for the time
+// budget, and the error names the key.
 func TestGRPCClientWaitsOutTakeover(t *testing.T) {
 	t.Parallel()
 	svc := newStepService(t)
@@ -97,14 +100,19 @@ func TestGRPCClientWaitsOutTakeover(t *testing.T) {
 	}
 	t.Logf("%d in-progress answers waited out", aborted.Load())
 
-	var sends atomic.Int64
-	countSends := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		sends.Add(1)
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
-	down := dial(t, closedAddr(t), grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(), countSends))
-	if _, err := call(down)(context.Background()); status.Code(err) != codes.Unavailable || sends.Load() != int64(idemrpc.DefaultBudget.Attempts) {
-		t.Fatalf("call to a closed port: %v after %d sends; want Unavailable after %d", err, sends.Load(), idemrpc.DefaultBudget.Attempts)
+	down := dial(t, adaptertest.FreeAddr(t), grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.WithMaxElapsed(time.Second))))
+	_, err := call(down)(context.Background())
+	checkGaveUp(t, err, status.Code(err) == codes.Unavailable)
+}
+
+// checkGaveUp checks the error of a call to a closed port with a short
+// time budget: out of time, with the key, the last error's code (codeOK).
+func checkGaveUp(t *testing.T, err error, codeOK bool) {
+	t.Helper()
+	var g *idemrpc.GaveUpError
+	if !errors.As(err, &g) || !errors.Is(err, idemrpc.ErrOutOfTime) || g.Key != "charge-1" || !codeOK ||
+		!strings.Contains(err.Error(), `"charge-1"`) || !strings.Contains(err.Error(), "resume") {
+		t.Fatalf("call to a closed port: %v; want Unavailable, out of time, naming key charge-1 to resume with", err)
 	}
 }
 
@@ -114,10 +122,9 @@ func TestConnectClientWaitsOutTakeover(t *testing.T) {
 	t.Parallel()
 	svc := newStepService(t)
 	srv := startConnectSteps(t, takeoverEngine(t), svc)
-	var aborted, sends atomic.Int64
+	var aborted atomic.Int64
 	count := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
-			sends.Add(1)
 			res, err := next(ctx, r)
 			if connect.CodeOf(err) == connect.CodeAborted {
 				aborted.Add(1)
@@ -145,24 +152,53 @@ func TestConnectClientWaitsOutTakeover(t *testing.T) {
 	}
 	t.Logf("%d in-progress answers waited out", aborted.Load())
 
-	sends.Store(0)
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
-	_, err := call(hc, "http://"+closedAddr(t), retrying)(context.Background())
-	var ce *connect.Error
-	if !errors.As(err, &ce) || ce.Code() != connect.CodeUnavailable || sends.Load() != int64(idemrpc.DefaultBudget.Attempts) {
-		t.Fatalf("call to a closed port: %v after %d sends; want Unavailable after %d", err, sends.Load(), idemrpc.DefaultBudget.Attempts)
-	}
+	_, err := call(hc, "http://"+adaptertest.FreeAddr(t), connect.WithInterceptors(idemconnect.NewClientInterceptor(idemconnect.WithMaxElapsed(time.Second))))(context.Background())
+	checkGaveUp(t, err, connect.CodeOf(err) == connect.CodeUnavailable)
 }
 
-// closedAddr returns a loopback address nothing listens on: connections
-// to it are refused.
-func closedAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// TestClientsStopOnUntrustedCertificate: a server whose TLS certificate
+// the client does not trust is a failure no retry fixes: the gRPC and
+// Connect interceptors end the call at once with it, not after their
+// time budget.
+func TestClientsStopOnUntrustedCertificate(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.EnableHTTP2 = true // gRPC's ALPN h2 is accepted: the handshake gets to the certificate
+	srv.StartTLS()         // its certificate is signed by httptest's own CA
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "https://")
+	var sends atomic.Int64
+	countSends := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		sends.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})),
+		grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(), countSends))
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
+	defer func() { _ = cc.Close() }()
+	err = cc.Invoke(context.Background(), stepsProcedure, req(1200, "tls"), new(structpb.Struct))
+	var g *idemrpc.GaveUpError
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "x509") || errors.As(err, &g) || sends.Load() != 1 {
+		t.Errorf("gRPC call to an untrusted server: %v after %d sends; want Unavailable (x509) after one", err, sends.Load())
+	}
+
+	sends.Store(0)
+	count := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
+			sends.Add(1)
+			return next(ctx, r)
+		}
+	})
+	hc := &http.Client{Transport: &http.Transport{}} // the system's roots: httptest's CA is not among them
+	defer hc.CloseIdleConnections()
+	cl := connect.NewClient[structpb.Struct, structpb.Struct](hc, srv.URL+stepsProcedure, connect.WithInterceptors(idemconnect.NewClientInterceptor(), count))
+	_, err = cl.CallUnary(context.Background(), connect.NewRequest(req(1200, "tls")))
+	var verify *tls.CertificateVerificationError
+	if !errors.As(err, &verify) || errors.As(err, &g) || sends.Load() != 1 {
+		t.Errorf("Connect call to an untrusted server: %v after %d sends; want the certificate error after one", err, sends.Load())
+	}
 }

@@ -3,9 +3,12 @@ package rpc
 import (
 	"context"
 	"crypto/rand"
+	"flag"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +30,15 @@ import (
 var toxiAPI *http.Server
 
 func TestMain(m *testing.M) {
+	if door := os.Getenv(restartServerEnv); door != "" { // this binary run as a server process (restart_test.go)
+		os.Exit(runRestartServer(door))
+	}
+	flag.Parse()
+	// The restart tests mostly wait (for a server process to be down, for
+	// a lease to lapse), not on the CPU: run them side by side.
+	if f := flag.Lookup("test.parallel"); f != nil && f.Value.String() == strconv.Itoa(runtime.GOMAXPROCS(0)) {
+		_ = f.Value.Set("8")
+	}
 	code := m.Run()
 	if toxiAPI != nil {
 		_ = toxiAPI.Close()
