@@ -425,8 +425,10 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 // [EventTakeover] and a log line naming the whole key (idemctl show takes
 // it) and the previous owner. When this engine itself left the record
 // uncertain under that token (a step's outcome unknown, or recovery
-// parked), an operator's [ResolveStep] made it due: the line, at Info,
-// reports a resume, not a crash.
+// parked), an operator's [ResolveStep] made it due; when it abandoned the
+// execution with its journal (a handler error after a [Step] finished),
+// the retry resumes it: either way the line, at Info, reports a resume,
+// not a crash.
 func (e *Engine) reportTakeover(ctx context.Context, ev Event, rec Record) {
 	ev.Kind, ev.PreviousOwner, ev.Lapsed = EventTakeover, rec.Token, -rec.LeaseLeft
 	ev.Op, ev.StoreDuration = 0, 0 // the acquire is reported once, by EventAcquired
@@ -434,10 +436,14 @@ func (e *Engine) reportTakeover(ctx context.Context, ev Event, rec Record) {
 	if host, pid, ok := TokenOwner(rec.Token); ok {
 		owner = host + ":" + strconv.Itoa(pid)
 	}
-	if e.reported(suspendedName(rec.Token)) {
+	switch {
+	case e.reported(suspendedName(rec.Token)):
 		e.cfg.logger.InfoContext(ctx, "idem: resumed a record an operator resolved (idemctl resolve-step) after this process left it uncertain (not a crash); the handler resumes from its last journaled step (docs/runbook.md#uncertain-payment)",
 			"key", ev.Key, "previous_owner", owner, "method", ev.Method, "route", ev.Route)
-	} else {
+	case e.reported(abandonedName(rec.Token)):
+		e.cfg.logger.InfoContext(ctx, "idem: resumed a record whose execution in this process ended without an answer after a journaled step (error, 5xx or panic; not a crash); the handler resumes from its last journaled step (README: Durable steps)",
+			"key", ev.Key, "previous_owner", owner, "method", ev.Method, "route", ev.Route)
+	default:
 		e.cfg.logger.WarnContext(ctx, "idem: took over a lapsed lease; its holder stopped renewing it (crashed or stalled), or it was uncertain and an operator resolved a step (idemctl resolve-step); the handler runs again from its last journaled step (README: After a crash; docs/runbook.md#takeover-alert)",
 			"key", ev.Key, "previous_owner", owner, "lapsed", ev.Lapsed, "method", ev.Method, "route", ev.Route)
 	}

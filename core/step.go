@@ -116,6 +116,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	case err != nil:
 		return zero, fmt.Errorf("%w: starting step %q: %w", ErrUnavailable, name, err)
 	case entry.Done:
+		x.markJournaled() // an end without an answer keeps the journal (unstored)
 		return decodeStep[T](entry.Result, cfg.codec)
 	case entry.Token != x.token && !cfg.repeatable:
 		x.suspendAtEnd(name)
@@ -141,6 +142,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		x.suspendAtEnd(name) // a takeover finds the step started: uncertain unless repeatable
 		return zero, fmt.Errorf("%w: journaling step %q: %w", ErrUnavailable, name, err)
 	}
+	x.markJournaled()
 	return v, ferr
 }
 
