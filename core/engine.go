@@ -559,7 +559,8 @@ const maxReleasers = 256
 // left, because the failed call never landed or did its work) or a lease
 // (of the given duration) has passed, so a stalled store leaves no key stuck at 409 for a whole
 // lease. Tokens are unique, so releasing a lease that never existed is
-// harmless. Close makes it try once at once, then stop.
+// harmless. A record with a step journal is left to lapse at once instead
+// (lapseKeepingJournal). Close makes it try once at once, then stop.
 func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease time.Duration) {
 	if e.local || e.releasers.Add(1) > maxReleasers {
 		e.releasers.Add(-1)
@@ -591,17 +592,48 @@ func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease
 			}
 			waited += pause
 			start := time.Now()
-			rctx, cancel := e.storeCall(ctx)
-			err := e.store.Release(rctx, ev.Key, token)
-			cancel()
-			if err == nil {
+			kept, err := e.lapseKeepingJournal(ctx, ev.Key, token)
+			if !kept && err == nil {
+				rctx, cancel := e.storeCall(ctx)
+				err = e.store.Release(rctx, ev.Key, token)
+				cancel()
+			}
+			switch {
+			case kept:
+				e.firstReport(abandonedName(token))
+				e.emit(ctx, Event{Kind: EventAbandoned, Key: ev.Key, Method: ev.Method, Route: ev.Route})
+			case err == nil:
 				e.emit(ctx, Event{Kind: EventReleased, Key: ev.Key, Method: ev.Method, Route: ev.Route, Op: OpRelease, StoreDuration: time.Since(start)})
 			}
-			if err == nil || errors.Is(err, ErrNotOwner) || last {
+			if kept || err == nil || errors.Is(err, ErrNotOwner) || last {
 				return
 			}
 		}
 	}()
+}
+
+// lapseKeepingJournal is releaseLater's first move with a [Journal] store
+// that can shorten leases: a late acquire may have taken over a record
+// whose steps are journaled, and a release would delete them (the retry
+// would run a step that is not [Repeatable] again). It lets token's lease
+// lapse at once, then reports kept when the record holds steps (left as
+// abandon leaves it), or err (ErrNotOwner: token holds no lease). When
+// neither, the caller releases: token's lease has lapsed, so a release
+// that meets another holder's journal fails with ErrNotOwner.
+func (e *Engine) lapseKeepingJournal(ctx context.Context, key, token string) (kept bool, err error) {
+	if e.journal == nil || e.extender == nil {
+		return false, nil
+	}
+	rctx, cancel := e.storeCall(ctx)
+	err = e.extender.Extend(rctx, key, token, time.Millisecond)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	rctx, cancel = e.storeCall(ctx)
+	steps, err := e.journal.Steps(rctx, key)
+	cancel()
+	return err != nil || len(steps) > 0, nil // unknown: keep it, the lease lapses anyway
 }
 
 // Close stops the background completion retries (see [WithCompletionRetry])
