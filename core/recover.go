@@ -452,10 +452,11 @@ func (x *Execution) tell(err error) {
 
 // RollbackUnit is implemented by the [Unit]s of [Transactional] stores
 // that can roll the handler's writes back without releasing the record:
-// the engine calls Rollback when a recovery run ([Recoverer]) or a
-// takeover ends without a storable answer, keeping the record, its
-// journal and its recovery payload for the next attempt. A Unit without
-// it is released (Release: its journal goes with it) in that case.
+// the engine calls Rollback when a recovery run ([Recoverer]), a
+// takeover, or an execution in which a [Step] finished ends without a
+// storable answer, keeping the record, its journal and its recovery
+// payload for the next attempt. A Unit without it is released (Release:
+// its journal goes with it, and a retry runs its steps again) in that case.
 type RollbackUnit interface {
 	Unit
 	// Rollback rolls the handler's writes back and ends the unit; the
