@@ -630,10 +630,16 @@ func (e *Engine) lapseKeepingJournal(ctx context.Context, key, token string) (ke
 	if err != nil {
 		return false, err
 	}
-	rctx, cancel = e.storeCall(ctx)
+	return e.mayHaveSteps(ctx, key), nil
+}
+
+// mayHaveSteps reports whether key's record has a step journal, true when
+// the store cannot tell.
+func (e *Engine) mayHaveSteps(ctx context.Context, key string) bool {
+	rctx, cancel := e.storeCall(ctx)
+	defer cancel()
 	steps, err := e.journal.Steps(rctx, key)
-	cancel()
-	return err != nil || len(steps) > 0, nil // unknown: keep it, the lease lapses anyway
+	return err != nil || len(steps) > 0
 }
 
 // Close stops the background completion retries (see [WithCompletionRetry])

@@ -73,7 +73,9 @@ func StepCodec(c Codec) StepOption { return func(s *stepConfig) { s.codec = c } 
 // error, a 5xx, a panic, a store error starting the next step) keeps the
 // journal and lets the lease lapse at once ([EventAbandoned]), so the
 // retry takes the record over and replays the finished steps (a step
-// left started, not Repeatable, then ends it uncertain, as below). A step found started by an earlier holder that
+// left started, not Repeatable, then ends it uncertain, as below; under
+// [WithUncertainAfterCrash] the lapsed record turns uncertain, as after a
+// crash). A step found started by an earlier holder that
 // stopped has an unknown outcome: fn runs again if the step is
 // [Repeatable], else Step returns [ErrStepUncertain] and the execution
 // ends uncertain. When fn ran but its outcome cannot be journaled (store

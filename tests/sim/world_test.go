@@ -964,17 +964,9 @@ func storedAnswer(rec idem.Record) (string, error) {
 	return "value:" + string(b), nil
 }
 
-// answerIs reports whether rec is completed with the answer final.
-func (w *world) answerIs(rec idem.Record, final string) bool {
-	if rec.State != idem.StateCompleted {
-		return false
-	}
-	a, err := storedAnswer(rec)
-	return err == nil && a == final
-}
-
 // journalSays reports whether the journal of key holds the steps' results
-// of the answer final ("value:" JSON of a Result); w.mu is held.
+// of the answer final ("value:" JSON of a Result, or the permanent error
+// "declined after" the charge); w.mu is held.
 func (w *world) journalSays(key int, final string) bool {
 	var v Result
 	declined, isDeclined := strings.CutPrefix(final, "stored-error:declined after ")
