@@ -206,8 +206,11 @@ func (s *StoredError) Is(target error) bool {
 //     [ErrUncertain]; a spent key under [WithTombstones]: [ErrKeyExpired].
 //   - fn returns an error: the key is released (a retry runs fn again) and
 //     Do returns the error, unless it is marked [Permanent]: then it is
-//     stored too and duplicates get it as a [StoredError].
-//   - fn panics: the key is released and the panic goes on.
+//     stored too and duplicates get it as a [StoredError]. Once a [Step]
+//     of fn finished, the key is not released but its lease lapses at
+//     once, the journal kept: a retry runs fn again with the finished
+//     steps replayed ([EventAbandoned]).
+//   - fn panics: the key is released (as for an error) and the panic goes on.
 //   - The store fails: an error wrapping [ErrUnavailable] and the store's
 //     error; fn did not run. [WithFailOpen] does not apply to Do.
 //

@@ -425,8 +425,10 @@ func (e *Engine) reportUnreadable(ctx context.Context, ev Event, err error) {
 // [EventTakeover] and a log line naming the whole key (idemctl show takes
 // it) and the previous owner. When this engine itself left the record
 // uncertain under that token (a step's outcome unknown, or recovery
-// parked), an operator's [ResolveStep] made it due: the line, at Info,
-// reports a resume, not a crash.
+// parked), an operator's [ResolveStep] made it due; when it abandoned the
+// execution with its journal (a handler error after a [Step] finished),
+// the retry resumes it: either way the line, at Info, reports a resume,
+// not a crash.
 func (e *Engine) reportTakeover(ctx context.Context, ev Event, rec Record) {
 	ev.Kind, ev.PreviousOwner, ev.Lapsed = EventTakeover, rec.Token, -rec.LeaseLeft
 	ev.Op, ev.StoreDuration = 0, 0 // the acquire is reported once, by EventAcquired
@@ -434,10 +436,14 @@ func (e *Engine) reportTakeover(ctx context.Context, ev Event, rec Record) {
 	if host, pid, ok := TokenOwner(rec.Token); ok {
 		owner = host + ":" + strconv.Itoa(pid)
 	}
-	if e.reported(suspendedName(rec.Token)) {
+	switch {
+	case e.reported(suspendedName(rec.Token)):
 		e.cfg.logger.InfoContext(ctx, "idem: resumed a record an operator resolved (idemctl resolve-step) after this process left it uncertain (not a crash); the handler resumes from its last journaled step (docs/runbook.md#uncertain-payment)",
 			"key", ev.Key, "previous_owner", owner, "method", ev.Method, "route", ev.Route)
-	} else {
+	case e.reported(abandonedName(rec.Token)):
+		e.cfg.logger.InfoContext(ctx, "idem: resumed a record whose execution in this process ended without an answer after a journaled step (error, 5xx or panic; not a crash); the handler resumes from its last journaled step (README: Durable steps)",
+			"key", ev.Key, "previous_owner", owner, "method", ev.Method, "route", ev.Route)
+	default:
 		e.cfg.logger.WarnContext(ctx, "idem: took over a lapsed lease; its holder stopped renewing it (crashed or stalled), or it was uncertain and an operator resolved a step (idemctl resolve-step); the handler runs again from its last journaled step (README: After a crash; docs/runbook.md#takeover-alert)",
 			"key", ev.Key, "previous_owner", owner, "lapsed", ev.Lapsed, "method", ev.Method, "route", ev.Route)
 	}
@@ -553,7 +559,8 @@ const maxReleasers = 256
 // left, because the failed call never landed or did its work) or a lease
 // (of the given duration) has passed, so a stalled store leaves no key stuck at 409 for a whole
 // lease. Tokens are unique, so releasing a lease that never existed is
-// harmless. Close makes it try once at once, then stop.
+// harmless. A record with a step journal is left to lapse at once instead
+// (lapseKeepingJournal). Close makes it try once at once, then stop.
 func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease time.Duration) {
 	if e.local || e.releasers.Add(1) > maxReleasers {
 		e.releasers.Add(-1)
@@ -585,17 +592,54 @@ func (e *Engine) releaseLater(ctx context.Context, ev Event, token string, lease
 			}
 			waited += pause
 			start := time.Now()
-			rctx, cancel := e.storeCall(ctx)
-			err := e.store.Release(rctx, ev.Key, token)
-			cancel()
-			if err == nil {
+			kept, err := e.lapseKeepingJournal(ctx, ev.Key, token)
+			if !kept && err == nil {
+				rctx, cancel := e.storeCall(ctx)
+				err = e.store.Release(rctx, ev.Key, token)
+				cancel()
+			}
+			switch {
+			case kept:
+				e.firstReport(abandonedName(token))
+				e.emit(ctx, Event{Kind: EventAbandoned, Key: ev.Key, Method: ev.Method, Route: ev.Route})
+			case err == nil:
 				e.emit(ctx, Event{Kind: EventReleased, Key: ev.Key, Method: ev.Method, Route: ev.Route, Op: OpRelease, StoreDuration: time.Since(start)})
 			}
-			if err == nil || errors.Is(err, ErrNotOwner) || last {
+			if kept || err == nil || errors.Is(err, ErrNotOwner) || last {
 				return
 			}
 		}
 	}()
+}
+
+// lapseKeepingJournal is releaseLater's first move with a [Journal] store
+// that can shorten leases: a late acquire may have taken over a record
+// whose steps are journaled, and a release would delete them (the retry
+// would run a step that is not [Repeatable] again). It lets token's lease
+// lapse at once, then reports kept when the record holds steps (left as
+// abandon leaves it), or err (ErrNotOwner: token holds no lease). When
+// neither, the caller releases: token's lease has lapsed, so a release
+// that meets another holder's journal fails with ErrNotOwner.
+func (e *Engine) lapseKeepingJournal(ctx context.Context, key, token string) (kept bool, err error) {
+	if e.journal == nil || e.extender == nil {
+		return false, nil
+	}
+	rctx, cancel := e.storeCall(ctx)
+	err = e.extender.Extend(rctx, key, token, time.Millisecond)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	return e.mayHaveSteps(ctx, key), nil
+}
+
+// mayHaveSteps reports whether key's record has a step journal, true when
+// the store cannot tell.
+func (e *Engine) mayHaveSteps(ctx context.Context, key string) bool {
+	rctx, cancel := e.storeCall(ctx)
+	defer cancel()
+	steps, err := e.journal.Steps(rctx, key)
+	return err != nil || len(steps) > 0
 }
 
 // Close stops the background completion retries (see [WithCompletionRetry])

@@ -31,11 +31,12 @@ const (
 	EventRecoveryParked                          // a record's recovery attempts are exhausted: it is uncertain until an operator resolves it (idemctl list -state uncertain)
 	EventRecoveryRefused                         // 403: a request carried an Idem-Recovery nonce no pending recovery run issued, or ran as another request than its claim
 	EventRecoveryPass                            // a Recoverer's pass ended; Pass counts the due records it saw, claimed, recovered, deferred and parked
+	EventAbandoned                               // an execution whose record holds a journal (a Step started, or a takeover) ended without an answer to store (error, 5xx, panic): not released, its lease lapses at once and the journal is kept, so the retry resumes after its last finished step
 )
 
 var eventNames = [...]string{"", "acquired", "replayed", "conflict", "mismatch", "rejected", "completed", "released", "lease-lost", "store-error", "unprotected",
 	"replay-forbidden", "fingerprint-changed", "uncertain", "key-expired", "takeover",
-	"recovery-started", "recovered", "recovery-deferred", "recovery-parked", "recovery-refused", "recovery-pass"}
+	"recovery-started", "recovered", "recovery-deferred", "recovery-parked", "recovery-refused", "recovery-pass", "abandoned"}
 
 // String returns the event's name, e.g. "replayed".
 func (k EventKind) String() string {

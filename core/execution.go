@@ -59,6 +59,7 @@ type Execution struct {
 	finished    bool                // Finish or Fail was called; under mu
 	steps       map[string]struct{} // steps running (Step); under mu
 	suspendStep string              // the step whose unknown outcome makes x end uncertain (Step); under mu
+	journaled   bool                // a step is done in x's record (journaled by x, or found done): see keepsJournal; under mu
 	mu          sync.Mutex
 }
 
@@ -113,7 +114,9 @@ func (x *Execution) Unreplayable() { x.unreplayable = true }
 // Finish records the handler's response: status (0 means 200) and header as
 // sent, and the body given to Write. Responses with status 2xx, 3xx and 4xx
 // other than 408, 409, 425 and 429 are stored (all of them with
-// [WithStoreAll]); others release the key so that a retry executes again.
+// [WithStoreAll]); others release the key so that a retry executes again
+// (once a [Step] finished, the key's lease lapses at once instead and its
+// journal is kept: the retry resumes after the last finished step).
 // Store errors are logged and reported as events; the client's response is
 // never changed by them.
 func (x *Execution) Finish(status int, header http.Header) {
@@ -418,7 +421,8 @@ func (x *Execution) answerOverride() {
 }
 
 // Fail releases the key after a handler error without a response, so that
-// a retry executes again.
+// a retry executes again (once a [Step] finished, it lets the lease lapse
+// at once and keeps the journal instead, as Finish does).
 func (x *Execution) Fail() {
 	x.finishing()
 	if step := x.suspending(); step != "" {
@@ -432,17 +436,42 @@ func (x *Execution) Fail() {
 }
 
 // unstored ends x, whose handler ended without an answer to store:
-// released, so that a retry executes again; a [Recoverer]'s run is left
-// to lapse instead, its journal and payload kept for its next attempt
-// (released only when its Unit cannot roll back without releasing).
+// released, so that a retry executes again. When x's record may hold a
+// journal (keepsJournal) or x is a [Recoverer]'s run, it is left to lapse
+// at once instead ([Execution.abandon]), its journal (and recovery
+// payload) kept: a release would delete the steps done, and the retry
+// would run a step that is not [Repeatable] again. Released anyway when
+// x's [Unit] cannot roll back without releasing (not a [RollbackUnit]).
 func (x *Execution) unstored() {
-	if x.recovering {
+	if x.recovering || x.keepsJournal() {
 		if _, ok := x.unit.(RollbackUnit); x.unit == nil || ok {
 			x.abandon()
 			return
 		}
 	}
 	x.release()
+}
+
+// keepsJournal reports whether x's record may hold a step journal that an
+// end without an answer must keep: a [Step] of x journaled its outcome or
+// found it journaled, or x took the record over from a holder that
+// stopped (its steps are journaled there). Steps only started (fn
+// returned a transient error or panicked: no effect, or one safe to
+// repeat) do not count.
+func (x *Execution) keepsJournal() bool {
+	if x.e.journal == nil {
+		return false
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.journaled || x.tookOver
+}
+
+// markJournaled records that a step is done in x's record.
+func (x *Execution) markJournaled() {
+	x.mu.Lock()
+	x.journaled = true
+	x.mu.Unlock()
 }
 
 func (x *Execution) release() {

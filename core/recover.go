@@ -391,8 +391,12 @@ func (e *Engine) adoptOp(ctx context.Context, ev Event, key, fp string) (*Execut
 }
 
 // abandon ends x without completing or releasing it: its lease lapses
-// (at once where the store can shorten it), and the record, its journal
-// and recovery payload are kept for a takeover or a [Recoverer].
+// (at once where the store can shorten it, [Extender]; else at its term),
+// and the record, its journal and recovery payload are kept for a
+// takeover (the client's retry) or a [Recoverer]. It reports
+// [EventRecoveryDeferred] for a Recoverer's run, else [EventAbandoned],
+// and remembers x's token so that the takeover from it is logged as a
+// resume, not a crash (reportTakeover).
 func (x *Execution) abandon() {
 	x.stopRenewal()
 	if x.unit != nil {
@@ -402,24 +406,38 @@ func (x *Execution) abandon() {
 			cancel()
 		}
 	}
-	if x.e.extender != nil && !x.e.local {
-		ctx, cancel := x.e.storeCall(x.ctx)
+	if x.e.extender != nil {
+		ctx, cancel := x.ctx, context.CancelFunc(func() {})
+		if !x.e.local {
+			ctx, cancel = x.e.storeCall(x.ctx)
+		}
 		_ = x.e.extender.Extend(ctx, x.ev.Key, x.token, time.Millisecond) // let it lapse now, not a lease from now
 		cancel()
 	}
 	ev := x.ended(x.ev, 0, 0)
 	ev.Kind = EventRecoveryDeferred
+	err := errRecoveryDeferred
+	if !x.recovering {
+		ev.Kind, err = EventAbandoned, errAbandoned
+		x.e.firstReport(abandonedName(x.token))
+	}
 	x.e.emit(x.ctx, ev)
 	x.recycle()
-	x.tell(errRecoveryDeferred)
+	x.tell(err)
 	if x.reported != nil {
-		x.reported(errRecoveryDeferred)
+		x.reported(err)
 	}
 }
+
+// abandonedName is the name under which firstReport remembers a token
+// whose execution this engine abandoned with its journal, for
+// reportTakeover.
+func abandonedName(token string) string { return "abandoned:" + token }
 
 var (
 	errRecoveryDeferred = errors.New("idem: the recovery run did not end the execution; it is due again after its backoff")
 	errRecoveryReleased = errors.New("idem: the recovery run released the execution")
+	errAbandoned        = errors.New("idem: the execution ended without an answer to store; its lease lapses and its journal is kept for the retry")
 )
 
 // tell tells x's recoverer how x ended (nil: stored).
@@ -434,10 +452,11 @@ func (x *Execution) tell(err error) {
 
 // RollbackUnit is implemented by the [Unit]s of [Transactional] stores
 // that can roll the handler's writes back without releasing the record:
-// the engine calls Rollback when a recovery run ([Recoverer]) or a
-// takeover ends without a storable answer, keeping the record, its
-// journal and its recovery payload for the next attempt. A Unit without
-// it is released (Release: its journal goes with it) in that case.
+// the engine calls Rollback when a recovery run ([Recoverer]), a
+// takeover, or an execution in which a [Step] finished ends without a
+// storable answer, keeping the record, its journal and its recovery
+// payload for the next attempt. A Unit without it is released (Release:
+// its journal goes with it, and a retry runs its steps again) in that case.
 type RollbackUnit interface {
 	Unit
 	// Rollback rolls the handler's writes back and ends the unit; the

@@ -66,9 +66,16 @@ func StepCodec(c Codec) StepOption { return func(s *stepConfig) { s.codec = c } 
 //
 // Outcomes fn does not journal: a transient error (not [Permanent]) or a
 // panic leaves the step started and not done, as "no effect, or one
-// safe to repeat": the execution usually fails and releases its key (the
-// journal goes with it), and a later Step of the name in the same
-// execution runs fn again. A step found started by an earlier holder that
+// safe to repeat", and a later Step of the name in the same execution
+// runs fn again. The execution usually fails then: with no step finished
+// it releases its key (the journal goes with it) and the retry starts
+// afresh; once a step finished, an end without an answer to store (an
+// error, a 5xx, a panic, a store error starting the next step) keeps the
+// journal and lets the lease lapse at once ([EventAbandoned]), so the
+// retry takes the record over and replays the finished steps (a step
+// left started, not Repeatable, then ends it uncertain, as below; under
+// [WithUncertainAfterCrash] the lapsed record turns uncertain, as after a
+// crash). A step found started by an earlier holder that
 // stopped has an unknown outcome: fn runs again if the step is
 // [Repeatable], else Step returns [ErrStepUncertain] and the execution
 // ends uncertain. When fn ran but its outcome cannot be journaled (store
@@ -116,6 +123,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	case err != nil:
 		return zero, fmt.Errorf("%w: starting step %q: %w", ErrUnavailable, name, err)
 	case entry.Done:
+		x.markJournaled() // an end without an answer keeps the journal (unstored)
 		return decodeStep[T](entry.Result, cfg.codec)
 	case entry.Token != x.token && !cfg.repeatable:
 		x.suspendAtEnd(name)
@@ -141,6 +149,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		x.suspendAtEnd(name) // a takeover finds the step started: uncertain unless repeatable
 		return zero, fmt.Errorf("%w: journaling step %q: %w", ErrUnavailable, name, err)
 	}
+	x.markJournaled()
 	return v, ferr
 }
 

@@ -22,7 +22,8 @@ import (
 // by Release, Resolve and expiry; the limits; racing holders; and steps
 // through the engine (journaled results replayed after a takeover, an
 // unknown step ending the execution uncertain, a repeatable one run
-// again, a stalled holder unable to journal). newStore is called once per
+// again, a stalled holder unable to journal, a function failing after a
+// finished step leaving its journal to the retry). newStore is called once per
 // subtest, as for [Run]; the cases wait for leases together.
 func RunJournal(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	tests := []storeCase{
@@ -35,6 +36,7 @@ func RunJournal(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"RacingTakeover", testJournalRacing},
 		{"StepsThroughDo", testStepsThroughDo},
 		{"StalledHolderCannotJournal", testStepStalledHolder},
+		{"FailureAfterStepKeepsJournal", testStepFailKeepsJournal},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

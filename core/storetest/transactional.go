@@ -67,7 +67,10 @@ type TxHooks struct {
 //   - when the transaction's connection dies before the completion, the
 //     writes are gone, the response is not stored (a lease-lost event, no
 //     completed one) and the key is released so a retry executes at once
-//     (with [TxHooks.KillConnection]);
+//     (with [TxHooks.KillConnection]); when a step was journaled
+//     ([idem.Step], stores that implement [idem.Journal]) the record is
+//     not released but left to lapse at once, its journal kept, so the
+//     retry replays the step instead of running it again;
 //   - a handler that never asks for its transaction completes as on a
 //     plain store;
 //   - the transaction is closed to the handler once its execution ended,
@@ -90,6 +93,7 @@ func RunTransactional(t *testing.T, newStore func(t *testing.T) (idem.Store, TxH
 		{"InvalidRetentionKeepsTransaction", testTxInvalidRetention},
 		{"TransactionUnused", testTxUnused},
 		{"ConnectionLost", testTxConnectionLost},
+		{"ConnectionLostKeepsJournal", testTxConnectionLostJournal},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -377,4 +381,54 @@ func testTxConnectionLost(t *testing.T, p *txProbe, h TxHooks) {
 		t.Fatalf("retry = %+v; want an execution at once (the key was released)", resp)
 	}
 	x.Fail()
+}
+
+// testTxConnectionLostJournal is testTxConnectionLost after a step: the
+// completion fails, but the record keeps its journal (its lease lapses
+// at once instead of a release), so the retry replays the charge.
+func testTxConnectionLostJournal(t *testing.T, p *txProbe, h TxHooks) {
+	if _, ok := p.Store.(idem.Journal); !ok || h.KillConnection == nil {
+		return
+	}
+	e := doEngine(t, p.Store, idem.WithLease(longLease), idem.WithStoreTimeout(10*time.Second))
+	const k = "connection-lost-journal"
+	charges := 0
+	step := func(c context.Context) (string, error) {
+		return idem.Step(c, "charge", func(context.Context) (string, error) {
+			charges++
+			return "ch_1", nil
+		})
+	}
+	x, resp := e.Begin(ctx(t), txRequest(k))
+	if x == nil {
+		t.Fatalf("Begin = %+v; want an execution", resp)
+	}
+	hc := x.WithInfo(ctx(t))
+	if _, err := step(hc); err != nil {
+		t.Fatalf("step: %v", err)
+	}
+	if err := h.Write(hc, k); err != nil {
+		t.Fatalf("the handler's write: %v", err)
+	}
+	h.KillConnection(t, hc)
+	_, _ = x.Write([]byte("done"))
+	x.Finish(http.StatusCreated, nil)
+	if n := h.Rows(t, k); n != 0 {
+		t.Fatalf("%d rows committed; want 0 (rolled back with the connection)", n)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		x, resp = e.Begin(ctx(t), txRequest(k))
+		if x != nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if x == nil {
+		t.Fatalf("retry = %+v; want an execution once the kept record's lease lapsed", resp)
+	}
+	got, err := step(x.WithInfo(ctx(t)))
+	if err != nil || got != "ch_1" || charges != 1 {
+		t.Fatalf("retry's step = %q, %v after %d charges; want the journaled ch_1, one charge", got, err, charges)
+	}
+	_, _ = x.Write([]byte("done"))
+	x.Finish(http.StatusCreated, nil)
 }

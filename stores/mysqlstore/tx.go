@@ -24,7 +24,9 @@ var ErrExecutionEnded = errors.New("mysqlstore: the execution has ended; its tra
 // an execution whose transaction failed before its commit: the handler's
 // writes are gone, so its response must not be stored. It wraps
 // [idem.ErrNotOwner]: the engine does not retry it, and the key is released
-// (best effort) so that a retry executes again.
+// (best effort) so that a retry executes again; a record with a step
+// journal is left to lapse at once instead, so that the retry replays its
+// steps done.
 var ErrRolledBack = fmt.Errorf("mysqlstore: the execution's transaction was rolled back: %w", idem.ErrNotOwner)
 
 // Tx returns the transaction of the execution whose handler ctx belongs
@@ -209,9 +211,18 @@ func (u *unit) rollback() {
 
 // releaseBestEffort deletes the record still in progress under this token
 // after its transaction was rolled back, so a retry need not wait for the
-// lease to lapse; on failure the lease lapses instead.
+// lease to lapse; on failure the lease lapses instead. A record with a
+// step journal (idem.Step) is not deleted but left to lapse at once (its
+// lease shortened to 1 ms), its journal kept: the retry takes it over and
+// replays the steps done instead of running them again. Only this token
+// writes the journal while it holds the lease, so the check is not racy.
 func (u *unit) releaseBestEffort(ctx context.Context) {
-	if ctx.Err() == nil {
-		_ = u.s.Release(ctx, u.key, u.token)
+	if ctx.Err() != nil {
+		return
 	}
+	if st, err := u.s.Steps(ctx, u.key); err != nil || len(st) > 0 {
+		_ = u.s.Extend(ctx, u.key, u.token, time.Millisecond)
+		return
+	}
+	_ = u.s.Release(ctx, u.key, u.token)
 }
