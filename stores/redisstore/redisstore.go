@@ -49,9 +49,20 @@ var (
 type Store struct {
 	c redis.UniversalClient
 	// p sends the commands on one record (Acquire, Complete, Release,
-	// Extend, Get, Resolve, the step journal's): c, or the client of
+	// Extend, Get, Resolve, the step journal's) when they are not queued
+	// on an asynchronous auto-pipeliner (see send): c, or the client of
 	// [WithPipeliner].
-	p           redis.UniversalClient
+	p redis.UniversalClient
+	// pset is set by [WithPipeliner].
+	pset bool
+	// auto is c when the store takes c's AsyncAutoPipeline() (the default
+	// for a *redis.Client or *redis.ClusterClient), else nil.
+	auto     asyncSource
+	autoOpts *redis.AutoPipelineOptions // see autoOptions
+	// ap is the asynchronous auto-pipeliner of the per-record commands:
+	// c's (taken at the first call), the one given to [WithPipeliner], nil
+	// for none yet or none, noAuto for none to be taken.
+	ap          atomic.Pointer[redis.AutoPipeliner]
 	prefix      string
 	timeout     time.Duration
 	waitN       int
@@ -86,24 +97,36 @@ func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d
 
 // WithPipeliner sends the store's commands on one record (those of
 // Acquire, Complete, Release, Extend, Get, Resolve and the step journal)
-// through p instead of the client given to [New]: typically the client's
-// auto-pipeliner, client.AutoPipeline() (go-redis v9.22 and later), which
-// coalesces the commands of concurrent requests into pipelines over a few
-// connections, so that a fresh request costs a share of a write and a read
-// system call instead of two of each, and no request waits for a pooled
-// connection. The commands that span servers or hold a connection (Check,
-// Eviction, List, Inspect, Evict, and WithWaitReplicas' script and WAIT
-// pipeline) keep going through the client given to New.
+// through p instead of the auto-pipeliner [New] takes by default. The
+// commands that span servers or hold a connection (Check, Eviction, List,
+// Inspect, Evict, WithWaitReplicas' script and WAIT pipeline, the
+// recovery index) always go through the client given to New.
 //
-// p must reach the same Redis as that client (its AutoPipeline() does).
-// Every command the store sends through p is safe to run twice, as an
-// auto-pipeliner does when it resends a batch after a dropped connection:
-// see the README's "Pipelining". An auto-pipeliner does not end a queued
-// command when its context ends: set the client's ReadTimeout and
-// WriteTimeout below the engine's store timeout ([idem.WithStoreTimeout],
-// 2s by default). The store never closes p. Optional. Default is the
-// client given to New.
-func WithPipeliner(p redis.UniversalClient) Option { return func(s *Store) { s.p = p } }
+// Without WithPipeliner, a store on a *redis.Client or *redis.ClusterClient
+// queues them on the client's asynchronous auto-pipeliner,
+// client.AsyncAutoPipeline() (go-redis v9.22 and later), taken at the
+// first call: it coalesces the commands of concurrent requests into
+// pipelines over one connection, so that a fresh request costs a share of
+// a write and a read system call instead of two of each, and no request
+// waits for a pooled connection. WithPipeliner(client.AsyncAutoPipeline())
+// is that default; WithPipeliner(client), the client itself, sends each
+// command on its own pooled connection (no batching); another asynchronous
+// *redis.AutoPipeliner is used as the default one; any other p (a blocking
+// client.AutoPipeline() among them) gets each command with p.Process.
+//
+// p must reach the same Redis as that client. Every command the store
+// sends through p is safe to run twice, as an auto-pipeliner does when it
+// resends a batch after a dropped connection: see the README's
+// "Pipelining". On an asynchronous auto-pipeliner the store stops waiting
+// for a command when its context ends (the store's timeout bounds every
+// call); a blocking one does not end a queued command when its context
+// ends: with it, set the client's ReadTimeout and WriteTimeout below the
+// engine's store timeout ([idem.WithStoreTimeout], 2s by default). The
+// store never closes p, nor the auto-pipeliner it takes (closing the
+// client closes it). Optional.
+func WithPipeliner(p redis.UniversalClient) Option {
+	return func(s *Store) { s.p, s.pset = p, true }
+}
 
 // WithWaitReplicas makes Complete wait until n replicas acknowledged the
 // completed record, with Redis WAIT n timeout, before it returns. WAIT is
@@ -140,8 +163,17 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	for _, o := range opts {
 		o(s)
 	}
-	if s.p == nil {
+	switch ap, ok := s.p.(*redis.AutoPipeliner); {
+	case !s.pset:
 		s.p = client
+		switch c := client.(type) {
+		case *redis.Client:
+			s.auto, s.autoOpts = c, autoOptions(c.Options().AutoPipelineOptions)
+		case *redis.ClusterClient:
+			s.auto, s.autoOpts = c, autoOptions(c.Options().AutoPipelineOptions)
+		}
+	case ok && !ap.IsBlocking():
+		s.ap.Store(ap)
 	}
 	s.tagged = hasHashTag(s.prefix)
 	_, cluster := client.(*redis.ClusterClient)
@@ -513,7 +545,7 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 // decision stands). It costs a round trip on this path only, so that
 // Acquire's SET (the path of every fresh request) stays one command.
 func (s *Store) leaseLeft(ctx context.Context, key string) time.Duration {
-	left, err := s.p.PTTL(ctx, key).Result()
+	left, err := s.pttl(ctx, key)
 	if err != nil || left <= 0 { // -1ns: no TTL, -2ns: no key
 		return 0
 	}
@@ -535,10 +567,7 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 	if !withResp {
 		keys = keys[:1]
 	}
-	v, err := s.p.EvalSha(ctx, peekScript.sha, keys).Slice()
-	if isNoScript(err) {
-		v, err = s.p.Eval(ctx, peekScript.src, keys).Slice()
-	}
+	v, err := s.evalScript(ctx, peekScript, keys).Slice()
 	if err != nil {
 		return idem.Record{}, 0, false, err
 	}
@@ -579,7 +608,9 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 // reads as acquired.
 func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists bool, err error) {
 	raw := set.rawCommand(ctx)
-	_ = s.p.Process(ctx, raw)
+	if err := s.send(ctx, raw); err != nil {
+		return "", false, err
+	}
 	b, err := raw.Result()
 	if err != nil {
 		return "", false, err
@@ -591,7 +622,9 @@ func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists b
 		return "", false, fmt.Errorf("%w: the key holds another type than a string (%s)", ErrCorrupt, bytes.TrimSpace(b[1:]))
 	}
 	cmd := set.command(ctx)
-	_ = s.p.Process(ctx, cmd)
+	if err := s.send(ctx, cmd); err != nil {
+		return "", false, err
+	}
 	old, err = cmd.Result()
 	switch {
 	case err == nil:
@@ -705,10 +738,14 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 		return s.completeAndWait(ctx, keys[0], run)
 	}
 	cmd := run(ctx, false)
-	_ = s.p.Process(ctx, cmd)
+	if err := s.send(ctx, cmd); err != nil {
+		return fmt.Errorf("redisstore: complete: %w", err)
+	}
 	if isNoScript(cmd.Err()) {
 		cmd = run(ctx, true)
-		_ = s.p.Process(ctx, cmd)
+		if err := s.send(ctx, cmd); err != nil {
+			return fmt.Errorf("redisstore: complete: %w", err)
+		}
 	}
 	ok, err := cmd.Result()
 	switch {
@@ -724,10 +761,14 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 // server's script cache lacks the script (restart, failover, SCRIPT FLUSH).
 func (s *Store) run(ctx context.Context, sc *script, ev *evalCmd) (int64, error) {
 	cmd := ev.command(ctx, sc, false)
-	_ = s.p.Process(ctx, cmd)
+	if err := s.send(ctx, cmd); err != nil {
+		return 0, err
+	}
 	if isNoScript(cmd.Err()) {
 		cmd = ev.command(ctx, sc, true)
-		_ = s.p.Process(ctx, cmd)
+		if err := s.send(ctx, cmd); err != nil {
+			return 0, err
+		}
 	}
 	return cmd.Result()
 }
@@ -907,7 +948,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	v, err := s.p.Get(ctx, s.prefix+key).Result()
+	v, err := s.get(ctx, s.prefix+key)
 	switch {
 	case errors.Is(err, redis.Nil):
 		return idem.Record{}, false, nil

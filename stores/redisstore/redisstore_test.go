@@ -823,9 +823,25 @@ func TestAcquireErrorReply(t *testing.T) {
 	if ok || err == nil || !strings.Contains(err.Error(), "READONLY") || errors.Is(err, idem.ErrCorrupt) {
 		t.Fatalf("Acquire on a replica = %v, %v; want a READONLY error", ok, err)
 	}
-	if got := hook.names(); len(got) != 2 || got[0] != "set" || got[1] != "set" {
-		t.Fatalf("Acquire on a replica sent %v; want SET (raw), then SET (parsed)", got)
+	// The store's commands go through the client's auto-pipeliner, whose
+	// connections (a pool of their own) are dialed at its first command:
+	// their handshake (HELLO, CLIENT SETINFO) is no command of the store.
+	if got := storeCommands(hook.names()); len(got) != 2 || got[0] != "set" || got[1] != "set" {
+		t.Fatalf("Acquire on a replica sent %v; want SET (raw), then SET (parsed)", hook.names())
 	}
+}
+
+// storeCommands drops from names (of a countHook) the commands go-redis
+// sends when it dials a connection: HELLO and CLIENT (alone or pipelined).
+func storeCommands(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if n == "hello" || strings.HasPrefix(n, "client") || strings.HasPrefix(n, "pipeline[client") {
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 func TestJournal(t *testing.T) {

@@ -1,0 +1,149 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// asyncSource is a client with an asynchronous auto-pipeliner: go-redis's
+// *redis.Client (standalone and Sentinel failover) and *redis.ClusterClient.
+type asyncSource interface {
+	AsyncAutoPipelineWithOptions(*redis.AutoPipelineOptions) (*redis.AutoPipeliner, error)
+}
+
+// autoOptions returns the options the store takes its client's
+// auto-pipeliner with: the client's own (its Options.AutoPipelineOptions)
+// when it has some, else go-redis's DefaultAutoPipelineOptions with a
+// MaxFlushDelay of 1ns. That turns off go-redis's default coalescing
+// wait, which holds a command queued behind a batch in flight for up to
+// three "silence gaps" of 200µs to 2ms each, waiting for more callers:
+// the commands of an HTTP service arrive between handler runs, not in
+// waves, so the wait cost a service at 8 concurrent requests most of its
+// throughput (RESULTS.md, section 9). Batches still form: the commands
+// that arrive while a batch is in flight go together in the next one.
+func autoOptions(own *redis.AutoPipelineOptions) *redis.AutoPipelineOptions {
+	if own != nil {
+		return own
+	}
+	o := redis.DefaultAutoPipelineOptions()
+	o.MaxFlushDelay = time.Nanosecond
+	return o
+}
+
+// noAuto marks a Store whose client gave no auto-pipeliner (an invalid
+// Options.AutoPipelineOptions): its commands go to the client itself.
+var noAuto = new(redis.AutoPipeliner)
+
+// pipeliner returns the asynchronous auto-pipeliner the store's commands
+// on one record go through, or nil when they go to s.p with Process: a
+// client without one, a client of [WithPipeliner] that is not an
+// asynchronous *redis.AutoPipeliner, or a client whose auto-pipeliner
+// could not be built. By default it is the client's AsyncAutoPipeline(),
+// taken at the first call (New does no I/O and starts no goroutine) and
+// again after the client's cached instance was closed by someone else.
+func (s *Store) pipeliner() *redis.AutoPipeliner {
+	ap := s.ap.Load()
+	if ap != nil && ap != noAuto {
+		return ap
+	}
+	if ap == noAuto || s.auto == nil {
+		return nil
+	}
+	ap, err := s.auto.AsyncAutoPipelineWithOptions(s.autoOpts)
+	switch {
+	case errors.Is(err, redis.ErrClosed): // the client is closed: its own Process says so
+		return nil
+	case err != nil: // e.g. invalid AutoPipelineOptions: the plain client, for good
+		s.ap.CompareAndSwap(nil, noAuto)
+		return nil
+	}
+	s.ap.CompareAndSwap(nil, ap)
+	return ap
+}
+
+// send runs cmd on the per-record path: queued on the auto-pipeliner
+// (see pipeliner), or with s.p's Process. It returns a non-nil error only
+// when ctx ended before cmd's reply came: the command was then abandoned
+// (it may still run on the server, as a command whose reply a timed-out
+// client stops reading does) and cmd must not be read. Otherwise cmd
+// holds its reply or error, as after Process.
+//
+// An auto-pipeliner does not end a queued command when its context ends;
+// the store stops waiting for it instead (AutoFuture.WaitContext), so the
+// store's timeout and the caller's context bound every call, whatever the
+// client's ContextTimeoutEnabled, ReadTimeout and WriteTimeout.
+func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
+	ap := s.pipeliner()
+	if ap == nil {
+		_ = s.p.Process(ctx, cmd)
+		return nil
+	}
+	err := ap.Submit(ctx, cmd).WaitContext(ctx)
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (the command was sent or queued; its reply was not awaited)", ctx.Err())
+	}
+	if s.auto != nil && errors.Is(err, redis.ErrClosed) {
+		s.ap.CompareAndSwap(ap, nil) // closed by its other user: take the client's next one
+	}
+	return nil
+}
+
+// evalScript runs sc on keys and args on the per-record path (see send)
+// with EVALSHA, and once more with EVAL when the server's script cache
+// lacks it. Its command's error is ctx's when ctx ended first.
+func (s *Store) evalScript(ctx context.Context, sc *script, keys []string, args ...any) *redis.Cmd {
+	if s.pipeliner() == nil {
+		cmd := s.p.EvalSha(ctx, sc.sha, keys, args...)
+		if isNoScript(cmd.Err()) {
+			cmd = s.p.Eval(ctx, sc.src, keys, args...)
+		}
+		return cmd
+	}
+	// Built by a pipeline that is never executed: go-redis's own argument
+	// flattening for args, as the client's EvalSha.
+	pipe := s.c.Pipeline()
+	cmd := pipe.EvalSha(ctx, sc.sha, keys, args...)
+	if err := s.send(ctx, cmd); err != nil {
+		return abandoned(ctx, err)
+	}
+	if isNoScript(cmd.Err()) {
+		cmd = pipe.Eval(ctx, sc.src, keys, args...)
+		if err := s.send(ctx, cmd); err != nil {
+			return abandoned(ctx, err)
+		}
+	}
+	return cmd
+}
+
+// abandoned returns a command holding err, for a caller that reads a
+// command whose reply send did not await.
+func abandoned(ctx context.Context, err error) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(err)
+	return cmd
+}
+
+// pttl returns the PTTL of key, sent on the per-record path.
+func (s *Store) pttl(ctx context.Context, key string) (time.Duration, error) {
+	cmd := redis.NewDurationCmd(ctx, time.Millisecond, "pttl", key)
+	cmd.SetFirstKeyPos(1)
+	if err := s.send(ctx, cmd); err != nil {
+		return 0, err
+	}
+	return cmd.Result()
+}
+
+// get returns the value at key, sent on the per-record path (redis.Nil
+// for no key).
+func (s *Store) get(ctx context.Context, key string) (string, error) {
+	cmd := redis.NewStringCmd(ctx, "get", key)
+	cmd.SetFirstKeyPos(1)
+	if err := s.send(ctx, cmd); err != nil {
+		return "", err
+	}
+	return cmd.Result()
+}
