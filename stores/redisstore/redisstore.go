@@ -88,11 +88,14 @@ func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefi
 // (whichever ends first). Optional. Default is 0: the context alone bounds
 // calls (the engine gives each one [idem.WithStoreTimeout], 2s by default).
 //
-// go-redis applies context deadlines to the socket only when the client was
-// built with ContextTimeoutEnabled: true; otherwise a call blocked on the
-// network is bounded by the client's ReadTimeout and WriteTimeout (5s by
-// default in go-redis v9.23), whatever the context says. Set
-// ContextTimeoutEnabled, or ReadTimeout below the engine's store timeout.
+// With the default auto-pipeliner (see [WithPipeliner]) the store stops
+// waiting for a command when the context ends, whatever the client's
+// settings. With WithPipeliner(client), go-redis applies context deadlines
+// to the socket only when the client was built with ContextTimeoutEnabled:
+// true; otherwise a call blocked on the network is bounded by the client's
+// ReadTimeout and WriteTimeout (5s by default in go-redis v9.23), whatever
+// the context says. Set ContextTimeoutEnabled, or ReadTimeout below the
+// engine's store timeout.
 func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
 
 // WithPipeliner sends the store's commands on one record (those of

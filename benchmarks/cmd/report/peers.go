@@ -310,6 +310,12 @@ func writeLoad(w io.Writer, r *results, png string) {
 		}
 	}
 	writeLoadRatios(w, r, services, levels)
+	// results/load-profile.md (relative to the benchmarks module, where
+	// scripts/bench.sh runs this command): the hand-written note on where
+	// the load run's server time goes, from its profiles.
+	if b, err := os.ReadFile(loadProfileNote); err == nil {
+		p("\n%s", b)
+	}
 	if png != "" {
 		p("\n![load: throughput and p99 per library](%s)\n", png)
 	}
@@ -386,6 +392,10 @@ func loadChart(r *results, path string) error {
 	}
 	return f.Close()
 }
+
+// loadProfileNote is the hand-written note on the load run's profiles
+// that section 9 includes when it exists.
+const loadProfileNote = "results/load-profile.md"
 
 // loadRecordPeers are the Go peers whose load rows are a record
 // (results/load-go-peers.txt), not measured by make bench-load.
