@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -81,6 +82,16 @@ func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
 	if ap == nil {
 		_ = s.p.Process(ctx, cmd)
 		return nil
+	}
+	// A command whose reply is not awaited may go out after the call
+	// returned, when the caller may have reused the memory of its
+	// arguments: a []byte argument (a caller's response or step result;
+	// the store's own buffers are strings it never reuses) goes as a copy.
+	args := cmd.Args()
+	for i, a := range args {
+		if b, ok := a.([]byte); ok {
+			args[i] = bytes.Clone(b)
+		}
 	}
 	err := ap.Submit(ctx, cmd).WaitContext(ctx)
 	if err != nil && ctx.Err() != nil {

@@ -217,6 +217,7 @@ func TestResentBatch(t *testing.T) {
 // (1 for a command sent alone).
 type gateHook struct {
 	prefix  string
+	off     atomic.Bool // set: record and hold nothing
 	release chan struct{}
 	held    chan struct{} // closed when the first batch is held
 	once    sync.Once
@@ -260,7 +261,7 @@ func (h *gateHook) gate(cmds []redis.Cmder) {
 			}
 		}
 	}
-	if n == 0 {
+	if n == 0 || h.off.Load() {
 		return
 	}
 	h.mu.Lock()
@@ -389,6 +390,55 @@ func TestDefaultTimeout(t *testing.T) {
 	waitFor(t, "the store did not acquire again once the server answered", func() bool {
 		_, ok, err := s.Acquire(context.Background(), key, tok, "fp", time.Minute)
 		return err == nil && ok
+	})
+}
+
+// TestAbandonedArgumentsCopied: a FinishStep whose reply the store stops
+// waiting for (the store's timeout, the command held by the server) goes
+// out later with the result as it was given, even though the caller wrote
+// over its buffer after the call returned.
+func TestAbandonedArgumentsCopied(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	prefix := newPrefix(t, c)
+	hook := newGateHook(prefix)
+	hook.off.Store(true)
+	c.AddHook(hook)
+	t.Cleanup(func() { closeOnce(hook.release) })
+	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	key, tok := storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire: %v, %v", ok, err)
+	}
+	if _, err := s.StartStep(ctxT(t), key, tok, "charge", time.Minute); err != nil {
+		t.Fatalf("StartStep: %v", err)
+	}
+	hook.off.Store(false)
+	result := []byte("charged ch_1")
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.FinishStep(ctx, key, tok, "charge", result) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("FinishStep held by the server = %v; want an error wrapping context.DeadlineExceeded", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("FinishStep held by the server did not end with its context within 2 minutes")
+	}
+	copy(result, "XXXXXXXXXXXX") // the caller reuses its buffer
+	hook.off.Store(true)
+	close(hook.release)
+	waitFor(t, "the held FinishStep did not land", func() bool {
+		steps, err := s.Steps(ctxT(t), key)
+		if err != nil || len(steps) != 1 || !steps[0].Done {
+			return false
+		}
+		if got := string(steps[0].Result); got != "charged ch_1" {
+			t.Fatalf("the step's result is %q; want %q, as given to FinishStep", got, "charged ch_1")
+		}
+		return true
 	})
 }
 
