@@ -16,23 +16,33 @@ type asyncSource interface {
 	AsyncAutoPipelineWithOptions(*redis.AutoPipelineOptions) (*redis.AutoPipeliner, error)
 }
 
-// autoOptions returns the options the store takes its client's
-// auto-pipeliner with: the client's own (its Options.AutoPipelineOptions)
-// when it has some, else go-redis's DefaultAutoPipelineOptions with a
-// MaxFlushDelay of 1ns. That turns off go-redis's default coalescing
+// AutoPipelineOptions returns the options a [Store] takes its client's
+// asynchronous auto-pipeliner with when the client has none of its own
+// (Options.AutoPipelineOptions): go-redis's DefaultAutoPipelineOptions with
+// a MaxFlushDelay of 1ns. That turns off go-redis's default coalescing
 // wait, which holds a command queued behind a batch in flight for up to
 // three "silence gaps" of 200µs to 2ms each, waiting for more callers:
 // the commands of an HTTP service arrive between handler runs, not in
-// waves, so the wait cost a service at 8 concurrent requests most of its
-// throughput (RESULTS.md, section 9). Batches still form: the commands
-// that arrive while a batch is in flight go together in the next one.
+// waves, and the wait cost a service at 8 concurrent requests most of its
+// requests/s (stores/redisstore README, Pipelining). Batches still form:
+// the commands that arrive while a batch is in flight go together in the
+// next one. WithPipeliner(ap), with ap from
+// client.AsyncAutoPipelineWithOptions(AutoPipelineOptions()), is the
+// store's default.
+func AutoPipelineOptions() *redis.AutoPipelineOptions {
+	o := redis.DefaultAutoPipelineOptions()
+	o.MaxFlushDelay = time.Nanosecond
+	return o
+}
+
+// autoOptions returns the options the store takes its client's
+// auto-pipeliner with: the client's own when it has some (own), else
+// AutoPipelineOptions().
 func autoOptions(own *redis.AutoPipelineOptions) *redis.AutoPipelineOptions {
 	if own != nil {
 		return own
 	}
-	o := redis.DefaultAutoPipelineOptions()
-	o.MaxFlushDelay = time.Nanosecond
-	return o
+	return AutoPipelineOptions()
 }
 
 // noAuto marks a Store whose client gave no auto-pipeliner (an invalid

@@ -442,6 +442,41 @@ func TestAbandonedArgumentsCopied(t *testing.T) {
 	})
 }
 
+// TestDefaultOptions: the store takes its client's auto-pipeliner (the one
+// client.AsyncAutoPipeline() then returns) with AutoPipelineOptions, or
+// with the client's own AutoPipelineOptions when it has some.
+func TestDefaultOptions(t *testing.T) {
+	t.Parallel()
+	for _, own := range []*redis.AutoPipelineOptions{nil, {MaxBatchSize: 50, MaxFlushDelay: 20 * time.Microsecond}} {
+		opt, err := redis.ParseURL(redisURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt.AutoPipelineOptions = own
+		c := redis.NewClient(opt)
+		t.Cleanup(func() { _ = c.Close() })
+		s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+		if _, _, err := s.Get(ctxT(t), storetest.Key()); err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		ap, err := c.AsyncAutoPipeline()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := redisstore.AutoPipelineOptions()
+		if own != nil {
+			want = own
+		}
+		if got := ap.Config(); got.MaxFlushDelay != want.MaxFlushDelay || got.MaxBatchSize != want.MaxBatchSize {
+			t.Errorf("client options %+v: the store's auto-pipeliner has MaxFlushDelay %v, MaxBatchSize %d; want %v, %d",
+				own, got.MaxFlushDelay, got.MaxBatchSize, want.MaxFlushDelay, want.MaxBatchSize)
+		}
+	}
+	if d := redisstore.AutoPipelineOptions().MaxFlushDelay; d <= 0 {
+		t.Errorf("AutoPipelineOptions().MaxFlushDelay = %v; want > 0 (go-redis's coalescing wait off)", d)
+	}
+}
+
 // closeOnce closes ch unless it is closed.
 func closeOnce(ch chan struct{}) {
 	select {

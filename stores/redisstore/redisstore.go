@@ -111,8 +111,14 @@ func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d
 // first call: it coalesces the commands of concurrent requests into
 // pipelines over one connection, so that a fresh request costs a share of
 // a write and a read system call instead of two of each, and no request
-// waits for a pooled connection. WithPipeliner(client.AsyncAutoPipeline())
-// is that default; WithPipeliner(client), the client itself, sends each
+// waits for a pooled connection; it takes it with [AutoPipelineOptions]
+// unless the client's Options.AutoPipelineOptions is set. go-redis keeps
+// one asynchronous auto-pipeliner per client, made by its first getter:
+// if the service called client.AsyncAutoPipeline() before the store's
+// first call, the store shares that one, with its options.
+// WithPipeliner(ap), with ap from
+// client.AsyncAutoPipelineWithOptions(AutoPipelineOptions()), is that
+// default; WithPipeliner(client), the client itself, sends each
 // command on its own pooled connection (no batching); another asynchronous
 // *redis.AutoPipeliner is used as the default one; any other p (a blocking
 // client.AutoPipeline() among them) gets each command with p.Process.
