@@ -168,3 +168,21 @@ func (s *Store) get(ctx context.Context, key string) (string, error) {
 	}
 	return cmd.Result()
 }
+
+// sendAcquire runs Acquire's SET on the per-record path and, unlike send,
+// waits for its reply even past ctx's end (bounded by the client's own
+// dial, read and write timeouts, as a plain client's call is): a SET that
+// went out after the store stopped waiting would leave an in-progress
+// record under a token no request holds, answered 409 until its lease
+// lapses, to the retries of a request the engine answered 503.
+func (s *Store) sendAcquire(ctx context.Context, cmd redis.Cmder) {
+	ap := s.pipeliner()
+	if ap == nil {
+		_ = s.p.Process(ctx, cmd)
+		return
+	}
+	_ = ap.Submit(ctx, cmd).Wait()
+	if s.auto != nil && errors.Is(cmd.Err(), redis.ErrClosed) {
+		s.ap.CompareAndSwap(ap, nil)
+	}
+}

@@ -324,7 +324,7 @@ func TestDefaultPipelines(t *testing.T) {
 	for range calls - 1 {
 		go acquire()
 	}
-	// A goroutine waiting in AutoFuture.WaitContext has queued its command
+	// A goroutine waiting in AutoFuture.Wait has queued its command
 	// on an auto-pipeliner.
 	waitFor(t, "the Acquires did not all queue their SET on an auto-pipeliner", func() bool {
 		return waiting() >= calls
@@ -348,48 +348,52 @@ func TestDefaultPipelines(t *testing.T) {
 
 // TestDefaultTimeout: with the store's commands held in the auto-pipeliner
 // (the first one held by the server, as far as the client can tell), the
-// store's timeout still ends every call, the one held and the one queued
-// behind it: the store stops waiting for a command whose context ended,
-// whatever the client's timeouts. Once the server answers, the store
-// works again.
+// store's timeout still ends a call, the one held (a completion) and the
+// one queued behind it (a read): the store stops waiting for a command
+// whose context ended, whatever the client's timeouts. Once the server
+// answers, the store works again.
 func TestDefaultTimeout(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
 	prefix := newPrefix(t, c)
 	hook := newGateHook(prefix)
+	hook.off.Store(true)
 	c.AddHook(hook)
 	t.Cleanup(func() { closeOnce(hook.release) })
 	s := redisstore.New(c, redisstore.WithPrefix(prefix), redisstore.WithTimeout(100*time.Millisecond))
+	key, tok := storetest.Key(), storetest.Token()
+	waitFor(t, "Acquire did not succeed", func() bool {
+		_, ok, err := s.Acquire(context.Background(), key, tok, "fp", time.Minute)
+		return err == nil && ok
+	})
+	hook.off.Store(false)
 
 	errs := make(chan error, 2)
-	for i := range 2 {
-		go func() {
-			_, _, err := s.Acquire(context.Background(), storetest.Key(), storetest.Token(), "fp", time.Minute)
-			errs <- err
-		}()
-		if i == 0 {
-			select {
-			case <-hook.held:
-			case <-time.After(2 * time.Minute):
-				t.Fatal("the first Acquire sent nothing within 2 minutes")
-			}
-		}
+	go func() { errs <- s.Complete(context.Background(), key, tok, []byte("response"), time.Minute) }()
+	select {
+	case <-hook.held:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Complete sent nothing within 2 minutes")
 	}
+	go func() {
+		_, _, err := s.Get(context.Background(), key)
+		errs <- err
+	}()
 	for range 2 {
 		select {
 		case err := <-errs:
 			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("Acquire held past the store's timeout = %v; want an error wrapping context.DeadlineExceeded", err)
+				t.Fatalf("a call held past the store's timeout = %v; want an error wrapping context.DeadlineExceeded", err)
 			}
 		case <-time.After(2 * time.Minute):
-			t.Fatal("an Acquire held by the server did not end with the store's timeout within 2 minutes")
+			t.Fatal("a call held by the server did not end with the store's timeout within 2 minutes")
 		}
 	}
+	hook.off.Store(true)
 	close(hook.release)
-	key, tok := storetest.Key(), storetest.Token()
-	waitFor(t, "the store did not acquire again once the server answered", func() bool {
-		_, ok, err := s.Acquire(context.Background(), key, tok, "fp", time.Minute)
-		return err == nil && ok
+	waitFor(t, "the store did not read the record once the server answered", func() bool {
+		rec, found, err := s.Get(context.Background(), key)
+		return err == nil && found && rec.State == idem.StateCompleted
 	})
 }
 
@@ -487,13 +491,13 @@ func closeOnce(ch chan struct{}) {
 }
 
 // waiting counts the goroutines waiting for a command queued on an
-// auto-pipeliner (in AutoFuture.WaitContext).
+// auto-pipeliner (in AutoFuture.Wait or WaitContext).
 func waiting() int {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "go-redis/v9.AutoFuture.WaitContext(")
+			return strings.Count(string(buf[:n]), "go-redis/v9.AutoFuture.Wait") // Wait or WaitContext
 		}
 		buf = make([]byte, 2*len(buf))
 	}

@@ -90,7 +90,7 @@ func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefi
 //
 // With the default auto-pipeliner (see [WithPipeliner]) the store stops
 // waiting for a command when the context ends, whatever the client's
-// settings. With WithPipeliner(client), go-redis applies context deadlines
+// settings, except for Acquire's SET (bounded as below). With WithPipeliner(client), go-redis applies context deadlines
 // to the socket only when the client was built with ContextTimeoutEnabled:
 // true; otherwise a call blocked on the network is bounded by the client's
 // ReadTimeout and WriteTimeout (5s by default in go-redis v9.23), whatever
@@ -128,7 +128,9 @@ func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d
 // resends a batch after a dropped connection: see the README's
 // "Pipelining". On an asynchronous auto-pipeliner the store stops waiting
 // for a command when its context ends (the store's timeout bounds every
-// call); a blocking one does not end a queued command when its context
+// call but Acquire's SET, which waits for its reply or the client's own
+// timeouts, as with a plain client: a SET sent after the store stopped
+// waiting would leave an in-progress record no request holds); a blocking one does not end a queued command when its context
 // ends: with it, set the client's ReadTimeout and WriteTimeout below the
 // engine's store timeout ([idem.WithStoreTimeout], 2s by default). The
 // store never closes p, nor the auto-pipeliner it takes (closing the
@@ -617,9 +619,7 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 // reads as acquired.
 func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists bool, err error) {
 	raw := set.rawCommand(ctx)
-	if err := s.send(ctx, raw); err != nil {
-		return "", false, err
-	}
+	s.sendAcquire(ctx, raw)
 	b, err := raw.Result()
 	if err != nil {
 		return "", false, err
@@ -631,9 +631,7 @@ func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists b
 		return "", false, fmt.Errorf("%w: the key holds another type than a string (%s)", ErrCorrupt, bytes.TrimSpace(b[1:]))
 	}
 	cmd := set.command(ctx)
-	if err := s.send(ctx, cmd); err != nil {
-		return "", false, err
-	}
+	s.sendAcquire(ctx, cmd)
 	old, err = cmd.Result()
 	switch {
 	case err == nil:
