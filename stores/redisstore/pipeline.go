@@ -16,9 +16,8 @@ type asyncSource interface {
 	AsyncAutoPipelineWithOptions(*redis.AutoPipelineOptions) (*redis.AutoPipeliner, error)
 }
 
-// AutoPipelineOptions returns the options a [Store] takes its client's
-// asynchronous auto-pipeliner with when the client has none of its own
-// (Options.AutoPipelineOptions): go-redis's DefaultAutoPipelineOptions with
+// AutoPipelineOptions returns the options to take a client's asynchronous
+// auto-pipeliner with for [WithPipeliner]: go-redis's DefaultAutoPipelineOptions with
 // a MaxFlushDelay of 1ns. That turns off go-redis's default coalescing
 // wait, which holds a command queued behind a batch in flight for up to
 // three "silence gaps" of 200µs to 2ms each, waiting for more callers:
@@ -26,23 +25,12 @@ type asyncSource interface {
 // waves, and the wait cost a service at 8 concurrent requests most of its
 // requests/s (stores/redisstore README, Pipelining). Batches still form:
 // the commands that arrive while a batch is in flight go together in the
-// next one. WithPipeliner(ap), with ap from
-// client.AsyncAutoPipelineWithOptions(AutoPipelineOptions()), is the
-// store's default.
+// next one. Use it as WithPipeliner(ap), with ap from
+// client.AsyncAutoPipelineWithOptions(AutoPipelineOptions()).
 func AutoPipelineOptions() *redis.AutoPipelineOptions {
 	o := redis.DefaultAutoPipelineOptions()
 	o.MaxFlushDelay = time.Nanosecond
 	return o
-}
-
-// autoOptions returns the options the store takes its client's
-// auto-pipeliner with: the client's own when it has some (own), else
-// AutoPipelineOptions().
-func autoOptions(own *redis.AutoPipelineOptions) *redis.AutoPipelineOptions {
-	if own != nil {
-		return own
-	}
-	return AutoPipelineOptions()
 }
 
 // noAuto marks a Store whose client gave no auto-pipeliner (an invalid
@@ -50,12 +38,9 @@ func autoOptions(own *redis.AutoPipelineOptions) *redis.AutoPipelineOptions {
 var noAuto = new(redis.AutoPipeliner)
 
 // pipeliner returns the asynchronous auto-pipeliner the store's commands
-// on one record go through, or nil when they go to s.p with Process: a
-// client without one, a client of [WithPipeliner] that is not an
-// asynchronous *redis.AutoPipeliner, or a client whose auto-pipeliner
-// could not be built. By default it is the client's AsyncAutoPipeline(),
-// taken at the first call (New does no I/O and starts no goroutine) and
-// again after the client's cached instance was closed by someone else.
+// on one record go through (the one given to [WithPipeliner]; s.auto, a
+// client to take it from at the first call, is not set by New yet), or nil
+// when they go to s.p with Process.
 func (s *Store) pipeliner() *redis.AutoPipeliner {
 	ap := s.ap.Load()
 	if ap != nil && ap != noAuto {

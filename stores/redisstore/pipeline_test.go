@@ -291,8 +291,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// TestDefaultPipelines: a store given a plain *redis.Client (no
-// WithPipeliner) queues the commands of concurrent calls on the client's
+// TestDefaultPipelines: a store given the client's asynchronous
+// auto-pipeliner (WithPipeliner) queues the commands of concurrent calls on the client's
 // auto-pipeliner, which sends them in batches: with the first command held
 // (a slow server), the next ones wait in its queue, and go in fewer round
 // trips than commands once it is released.
@@ -303,7 +303,7 @@ func TestDefaultPipelines(t *testing.T) {
 	hook := newGateHook(prefix)
 	c.AddHook(hook)
 	t.Cleanup(func() { closeOnce(hook.release) }) // before the client closes
-	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	s := redisstore.New(c, redisstore.WithPrefix(prefix), redisstore.WithPipeliner(asyncAP(t, c)))
 	ctx := ctxT(t)
 
 	const calls = 32
@@ -360,7 +360,7 @@ func TestDefaultTimeout(t *testing.T) {
 	hook.off.Store(true)
 	c.AddHook(hook)
 	t.Cleanup(func() { closeOnce(hook.release) })
-	s := redisstore.New(c, redisstore.WithPrefix(prefix), redisstore.WithTimeout(100*time.Millisecond))
+	s := redisstore.New(c, redisstore.WithPrefix(prefix), redisstore.WithTimeout(100*time.Millisecond), redisstore.WithPipeliner(asyncAP(t, c)))
 	key, tok := storetest.Key(), storetest.Token()
 	waitFor(t, "Acquire did not succeed", func() bool {
 		_, ok, err := s.Acquire(context.Background(), key, tok, "fp", time.Minute)
@@ -409,7 +409,7 @@ func TestAbandonedArgumentsCopied(t *testing.T) {
 	hook.off.Store(true)
 	c.AddHook(hook)
 	t.Cleanup(func() { closeOnce(hook.release) })
-	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	s := redisstore.New(c, redisstore.WithPrefix(prefix), redisstore.WithPipeliner(asyncAP(t, c)))
 	key, tok := storetest.Key(), storetest.Token()
 	if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire: %v, %v", ok, err)
@@ -446,39 +446,15 @@ func TestAbandonedArgumentsCopied(t *testing.T) {
 	})
 }
 
-// TestDefaultOptions: the store takes its client's auto-pipeliner (the one
-// client.AsyncAutoPipeline() then returns) with AutoPipelineOptions, or
-// with the client's own AutoPipelineOptions when it has some.
-func TestDefaultOptions(t *testing.T) {
-	t.Parallel()
-	for _, own := range []*redis.AutoPipelineOptions{nil, {MaxBatchSize: 50, MaxFlushDelay: 20 * time.Microsecond}} {
-		opt, err := redis.ParseURL(redisURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		opt.AutoPipelineOptions = own
-		c := redis.NewClient(opt)
-		t.Cleanup(func() { _ = c.Close() })
-		s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
-		if _, _, err := s.Get(ctxT(t), storetest.Key()); err != nil {
-			t.Fatalf("Get: %v", err)
-		}
-		ap, err := c.AsyncAutoPipeline()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := redisstore.AutoPipelineOptions()
-		if own != nil {
-			want = own
-		}
-		if got := ap.Config(); got.MaxFlushDelay != want.MaxFlushDelay || got.MaxBatchSize != want.MaxBatchSize {
-			t.Errorf("client options %+v: the store's auto-pipeliner has MaxFlushDelay %v, MaxBatchSize %d; want %v, %d",
-				own, got.MaxFlushDelay, got.MaxBatchSize, want.MaxFlushDelay, want.MaxBatchSize)
-		}
+// asyncAP returns c's asynchronous auto-pipeliner taken with
+// redisstore.AutoPipelineOptions (closed with c).
+func asyncAP(t *testing.T, c *redis.Client) *redis.AutoPipeliner {
+	t.Helper()
+	ap, err := c.AsyncAutoPipelineWithOptions(redisstore.AutoPipelineOptions())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if d := redisstore.AutoPipelineOptions().MaxFlushDelay; d <= 0 {
-		t.Errorf("AutoPipelineOptions().MaxFlushDelay = %v; want > 0 (go-redis's coalescing wait off)", d)
-	}
+	return ap
 }
 
 // closeOnce closes ch unless it is closed.

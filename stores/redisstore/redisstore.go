@@ -88,9 +88,9 @@ func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefi
 // (whichever ends first). Optional. Default is 0: the context alone bounds
 // calls (the engine gives each one [idem.WithStoreTimeout], 2s by default).
 //
-// With the default auto-pipeliner (see [WithPipeliner]) the store stops
+// With an asynchronous auto-pipeliner (see [WithPipeliner]) the store stops
 // waiting for a command when the context ends, whatever the client's
-// settings, except for Acquire's SET (bounded as below). With WithPipeliner(client), go-redis applies context deadlines
+// settings, except for Acquire's SET (bounded as below). Otherwise go-redis applies context deadlines
 // to the socket only when the client was built with ContextTimeoutEnabled:
 // true; otherwise a call blocked on the network is bounded by the client's
 // ReadTimeout and WriteTimeout (5s by default in go-redis v9.23), whatever
@@ -100,41 +100,36 @@ func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d
 
 // WithPipeliner sends the store's commands on one record (those of
 // Acquire, Complete, Release, Extend, Get, Resolve and the step journal)
-// through p instead of the auto-pipeliner [New] takes by default. The
-// commands that span servers or hold a connection (Check, Eviction, List,
-// Inspect, Evict, WithWaitReplicas' script and WAIT pipeline, the
-// recovery index) always go through the client given to New.
+// through p instead of the client given to [New]. The commands that span
+// servers or hold a connection (Check, Eviction, List, Inspect, Evict,
+// WithWaitReplicas' script and WAIT pipeline, the recovery index) always go
+// through the client given to New.
 //
-// Without WithPipeliner, a store on a *redis.Client or *redis.ClusterClient
-// queues them on the client's asynchronous auto-pipeliner,
-// client.AsyncAutoPipeline() (go-redis v9.22 and later), taken at the
-// first call: it coalesces the commands of concurrent requests into
+// An asynchronous auto-pipeliner, ap from
+// client.AsyncAutoPipelineWithOptions([AutoPipelineOptions]()) (go-redis
+// v9.22 and later), coalesces the commands of concurrent requests into
 // pipelines over one connection, so that a fresh request costs a share of
-// a write and a read system call instead of two of each, and no request
-// waits for a pooled connection; it takes it with [AutoPipelineOptions]
-// unless the client's Options.AutoPipelineOptions is set. go-redis keeps
-// one asynchronous auto-pipeliner per client, made by its first getter:
-// if the service called client.AsyncAutoPipeline() before the store's
-// first call, the store shares that one, with its options.
-// WithPipeliner(ap), with ap from
-// client.AsyncAutoPipelineWithOptions(AutoPipelineOptions()), is that
-// default; WithPipeliner(client), the client itself, sends each
-// command on its own pooled connection (no batching); another asynchronous
-// *redis.AutoPipeliner is used as the default one; any other p (a blocking
-// client.AutoPipeline() among them) gets each command with p.Process.
+// a write and a read system call instead of two of each; the store stops
+// waiting for a queued command when its context ends (every call but
+// Acquire's SET, which waits for its reply or the client's own timeouts,
+// so that it never lands after the engine answered 503), and sends []byte
+// arguments as copies. Any other p (a blocking client.AutoPipeline() among
+// them) gets each command with p.Process; a blocking auto-pipeliner does
+// not end a queued command when its context ends: set the client's
+// ReadTimeout and WriteTimeout below the engine's store timeout
+// ([idem.WithStoreTimeout], 2s by default).
+//
+// It is not the default yet: with an auto-pipeliner, a command the store
+// stopped waiting for may still be sent, later, and tests/chaos
+// (TestSlowStore, TestLandedCompletion, TestHalfBrokenConnection) show the
+// engine's answers to a slow or half-broken store change with it (README,
+// "Pipelining").
 //
 // p must reach the same Redis as that client. Every command the store
 // sends through p is safe to run twice, as an auto-pipeliner does when it
 // resends a batch after a dropped connection: see the README's
-// "Pipelining". On an asynchronous auto-pipeliner the store stops waiting
-// for a command when its context ends (the store's timeout bounds every
-// call but Acquire's SET, which waits for its reply or the client's own
-// timeouts, as with a plain client: a SET sent after the store stopped
-// waiting would leave an in-progress record no request holds); a blocking one does not end a queued command when its context
-// ends: with it, set the client's ReadTimeout and WriteTimeout below the
-// engine's store timeout ([idem.WithStoreTimeout], 2s by default). The
-// store never closes p, nor the auto-pipeliner it takes (closing the
-// client closes it). Optional.
+// "Pipelining". The store never closes p. Optional. Default is the client
+// given to New.
 func WithPipeliner(p redis.UniversalClient) Option {
 	return func(s *Store) { s.p, s.pset = p, true }
 }
@@ -176,13 +171,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	}
 	switch ap, ok := s.p.(*redis.AutoPipeliner); {
 	case !s.pset:
-		s.p = client
-		switch c := client.(type) {
-		case *redis.Client:
-			s.auto, s.autoOpts = c, autoOptions(c.Options().AutoPipelineOptions)
-		case *redis.ClusterClient:
-			s.auto, s.autoOpts = c, autoOptions(c.Options().AutoPipelineOptions)
-		}
+		s.p = client // see WithPipeliner: not batched by default yet
 	case ok && !ap.IsBlocking():
 		s.ap.Store(ap)
 	}
