@@ -16,16 +16,21 @@ func (e *Engine) BeginHTTP(r *http.Request, route, principal string) (*Execution
 	if !e.cfg.methods[r.Method] {
 		return nil, nil
 	}
+	// The header names are canonical (WithHeader canonicalizes its name):
+	// indexing r.Header is Get and Values without canonicalizing each name
+	// again on every request.
 	req := Request{
-		Method:      r.Method,
-		Route:       route,
-		Path:        r.URL.Path,
-		RawQuery:    r.URL.RawQuery,
-		ContentType: r.Header.Get("Content-Type"),
-		Keys:        r.Header.Values(e.cfg.header),
-		Principal:   principal,
-		BodyReader:  r.Body,
-		Header:      r.Header,
+		Method:     r.Method,
+		Route:      route,
+		Path:       r.URL.Path,
+		RawQuery:   r.URL.RawQuery,
+		Keys:       r.Header[e.cfg.header],
+		Principal:  principal,
+		BodyReader: r.Body,
+		Header:     r.Header,
+	}
+	if v := r.Header["Content-Type"]; len(v) > 0 {
+		req.ContentType = v[0]
 	}
 	if v := r.Header[RecoveryHeader]; len(v) > 0 {
 		req.Recovery = v[0]

@@ -265,14 +265,9 @@ func (s *Store) journalKeys(key string) ([]string, error) {
 	return []string{record, string(buf[recordEnd:respEnd]), journal}, nil
 }
 
-// eval runs sc on keys and args with EVALSHA, and with EVAL when the
-// server's script cache lacks it.
+// eval runs sc on keys and args on the per-record path: see evalScript.
 func (s *Store) eval(ctx context.Context, sc *script, keys []string, args ...any) *redis.Cmd {
-	cmd := s.p.EvalSha(ctx, sc.sha, keys, args...)
-	if isNoScript(cmd.Err()) {
-		cmd = s.p.Eval(ctx, sc.src, keys, args...)
-	}
-	return cmd
+	return s.evalScript(ctx, sc, keys, args...)
 }
 
 // journalCall runs one journal script for op and returns its reply's

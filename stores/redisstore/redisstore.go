@@ -49,9 +49,15 @@ var (
 type Store struct {
 	c redis.UniversalClient
 	// p sends the commands on one record (Acquire, Complete, Release,
-	// Extend, Get, Resolve, the step journal's): c, or the client of
+	// Extend, Get, Resolve, the step journal's) when they are not queued
+	// on an asynchronous auto-pipeliner (see send): c, or the client of
 	// [WithPipeliner].
-	p           redis.UniversalClient
+	p redis.UniversalClient
+	// pset is set by [WithPipeliner].
+	pset bool
+	// ap is the asynchronous auto-pipeliner given to [WithPipeliner] that
+	// the per-record commands are queued on, nil for none.
+	ap          *redis.AutoPipeliner
 	prefix      string
 	timeout     time.Duration
 	waitN       int
@@ -77,33 +83,51 @@ func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefi
 // (whichever ends first). Optional. Default is 0: the context alone bounds
 // calls (the engine gives each one [idem.WithStoreTimeout], 2s by default).
 //
-// go-redis applies context deadlines to the socket only when the client was
-// built with ContextTimeoutEnabled: true; otherwise a call blocked on the
-// network is bounded by the client's ReadTimeout and WriteTimeout (5s by
-// default in go-redis v9.23), whatever the context says. Set
-// ContextTimeoutEnabled, or ReadTimeout below the engine's store timeout.
+// With an asynchronous auto-pipeliner (see [WithPipeliner]) the store stops
+// waiting for a command when the context ends, whatever the client's
+// settings, except for Acquire's SET (bounded as below). Otherwise go-redis applies context deadlines
+// to the socket only when the client was built with ContextTimeoutEnabled:
+// true; otherwise a call blocked on the network is bounded by the client's
+// ReadTimeout and WriteTimeout (5s by default in go-redis v9.23), whatever
+// the context says. Set ContextTimeoutEnabled, or ReadTimeout below the
+// engine's store timeout.
 func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
 
 // WithPipeliner sends the store's commands on one record (those of
 // Acquire, Complete, Release, Extend, Get, Resolve and the step journal)
-// through p instead of the client given to [New]: typically the client's
-// auto-pipeliner, client.AutoPipeline() (go-redis v9.22 and later), which
-// coalesces the commands of concurrent requests into pipelines over a few
-// connections, so that a fresh request costs a share of a write and a read
-// system call instead of two of each, and no request waits for a pooled
-// connection. The commands that span servers or hold a connection (Check,
-// Eviction, List, Inspect, Evict, and WithWaitReplicas' script and WAIT
-// pipeline) keep going through the client given to New.
+// through p instead of the client given to [New]. The commands that span
+// servers or hold a connection (Check, Eviction, List, Inspect, Evict,
+// WithWaitReplicas' script and WAIT pipeline, the recovery index) always go
+// through the client given to New.
 //
-// p must reach the same Redis as that client (its AutoPipeline() does).
-// Every command the store sends through p is safe to run twice, as an
-// auto-pipeliner does when it resends a batch after a dropped connection:
-// see the README's "Pipelining". An auto-pipeliner does not end a queued
-// command when its context ends: set the client's ReadTimeout and
-// WriteTimeout below the engine's store timeout ([idem.WithStoreTimeout],
-// 2s by default). The store never closes p. Optional. Default is the
-// client given to New.
-func WithPipeliner(p redis.UniversalClient) Option { return func(s *Store) { s.p = p } }
+// An asynchronous auto-pipeliner, ap from
+// client.AsyncAutoPipelineWithOptions([AutoPipelineOptions]()) (go-redis
+// v9.22 and later), coalesces the commands of concurrent requests into
+// pipelines over one connection, so that a fresh request costs a share of
+// a write and a read system call instead of two of each; the store stops
+// waiting for a queued command when its context ends (every call but
+// Acquire's SET, which waits for its reply or the client's own timeouts,
+// so that it never lands after the engine answered 503), and sends []byte
+// arguments as copies. Any other p (a blocking client.AutoPipeline() among
+// them) gets each command with p.Process; a blocking auto-pipeliner does
+// not end a queued command when its context ends: set the client's
+// ReadTimeout and WriteTimeout below the engine's store timeout
+// ([idem.WithStoreTimeout], 2s by default).
+//
+// It is not the default: with an auto-pipeliner, a command the store
+// stopped waiting for may still be sent, later, and tests/chaos
+// (TestSlowStore, TestLandedCompletion, TestHalfBrokenConnection) show the
+// engine's answers to a slow or half-broken store change with it (README,
+// "Pipelining").
+//
+// p must reach the same Redis as that client. Every command the store
+// sends through p is safe to run twice, as an auto-pipeliner does when it
+// resends a batch after a dropped connection: see the README's
+// "Pipelining". The store never closes p. Optional. Default is the client
+// given to New.
+func WithPipeliner(p redis.UniversalClient) Option {
+	return func(s *Store) { s.p, s.pset = p, true }
+}
 
 // WithWaitReplicas makes Complete wait until n replicas acknowledged the
 // completed record, with Redis WAIT n timeout, before it returns. WAIT is
@@ -140,8 +164,11 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	for _, o := range opts {
 		o(s)
 	}
-	if s.p == nil {
-		s.p = client
+	switch ap, ok := s.p.(*redis.AutoPipeliner); {
+	case !s.pset:
+		s.p = client // see WithPipeliner: not batched by default yet
+	case ok && !ap.IsBlocking():
+		s.ap = ap
 	}
 	s.tagged = hasHashTag(s.prefix)
 	_, cluster := client.(*redis.ClusterClient)
@@ -519,7 +546,7 @@ func (s *Store) AcquireKeep(ctx context.Context, key, token, fingerprint string,
 // decision stands). It costs a round trip on this path only, so that
 // Acquire's SET (the path of every fresh request) stays one command.
 func (s *Store) leaseLeft(ctx context.Context, key string) time.Duration {
-	left, err := s.p.PTTL(ctx, key).Result()
+	left, err := s.pttl(ctx, key)
 	if err != nil || left <= 0 { // -1ns: no TTL, -2ns: no key
 		return 0
 	}
@@ -541,10 +568,7 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 	if !withResp {
 		keys = keys[:1]
 	}
-	v, err := s.p.EvalSha(ctx, peekScript.sha, keys).Slice()
-	if isNoScript(err) {
-		v, err = s.p.Eval(ctx, peekScript.src, keys).Slice()
-	}
+	v, err := s.evalScript(ctx, peekScript, keys).Slice()
 	if err != nil {
 		return idem.Record{}, 0, false, err
 	}
@@ -585,7 +609,7 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 // reads as acquired.
 func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists bool, err error) {
 	raw := set.rawCommand(ctx)
-	_ = s.p.Process(ctx, raw)
+	s.sendAcquire(ctx, raw)
 	b, err := raw.Result()
 	if err != nil {
 		return "", false, err
@@ -597,7 +621,7 @@ func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists b
 		return "", false, fmt.Errorf("%w: the key holds another type than a string (%s)", ErrCorrupt, bytes.TrimSpace(b[1:]))
 	}
 	cmd := set.command(ctx)
-	_ = s.p.Process(ctx, cmd)
+	s.sendAcquire(ctx, cmd)
 	old, err = cmd.Result()
 	switch {
 	case err == nil:
@@ -720,10 +744,14 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 		return err
 	}
 	cmd := run(ctx, false)
-	_ = s.p.Process(ctx, cmd)
+	if err := s.send(ctx, cmd); err != nil {
+		return fmt.Errorf("redisstore: complete: %w", err)
+	}
 	if isNoScript(cmd.Err()) {
 		cmd = run(ctx, true)
-		_ = s.p.Process(ctx, cmd)
+		if err := s.send(ctx, cmd); err != nil {
+			return fmt.Errorf("redisstore: complete: %w", err)
+		}
 	}
 	ok, err := cmd.Result()
 	switch {
@@ -740,10 +768,14 @@ func (s *Store) completeJournal(ctx context.Context, key, token string, response
 // server's script cache lacks the script (restart, failover, SCRIPT FLUSH).
 func (s *Store) run(ctx context.Context, sc *script, ev *evalCmd) (int64, error) {
 	cmd := ev.command(ctx, sc, false)
-	_ = s.p.Process(ctx, cmd)
+	if err := s.send(ctx, cmd); err != nil {
+		return 0, err
+	}
 	if isNoScript(cmd.Err()) {
 		cmd = ev.command(ctx, sc, true)
-		_ = s.p.Process(ctx, cmd)
+		if err := s.send(ctx, cmd); err != nil {
+			return 0, err
+		}
 	}
 	return cmd.Result()
 }
@@ -927,7 +959,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	v, err := s.p.Get(ctx, s.prefix+key).Result()
+	v, err := s.get(ctx, s.prefix+key)
 	switch {
 	case errors.Is(err, redis.Nil):
 		return idem.Record{}, false, nil

@@ -43,15 +43,16 @@ func (s service) String() string { return "fw=" + s.fw + "/lib=" + s.lib + "/sto
 // build on the stores they have (Fiber's built-in middleware with its
 // in-memory storage and with gofiber/storage's Redis; on Gin the floor of
 // internal/floor). Store redis is a go-redis client with its default
-// options (a pool of 10 connections per GOMAXPROCS: 10 here); redis-ap is
-// the same client's AutoPipeline(), as stores/redisstore's README
-// recommends under concurrency.
+// options and redisstore.WithPipeliner of its asynchronous auto-pipeliner
+// (redisstore.AutoPipelineOptions); redis-plain is the same client with
+// no option but the prefix (the store's default), each command on its own
+// pooled connection (a pool of 10 connections per GOMAXPROCS: 10 here).
 var services = []service{
 	{"gin", "none", "memory"},
 	{"gin", "floor", "memory"},
 	{"gin", "idem", "memory"},
 	{"gin", "idem", "redis"},
-	{"gin", "idem", "redis-ap"},
+	{"gin", "idem", "redis-plain"},
 	{"gin", "idem", "postgres"},
 	{"gin", "idem", "mysql"},
 	{"fiber", "none", "memory"},
@@ -59,7 +60,7 @@ var services = []service{
 	{"fiber", "builtin", "redis"},
 	{"fiber", "idem", "memory"},
 	{"fiber", "idem", "redis"},
-	{"fiber", "idem", "redis-ap"},
+	{"fiber", "idem", "redis-plain"},
 	{"fiber", "idem", "postgres"},
 	{"fiber", "idem", "mysql"},
 }
@@ -84,7 +85,8 @@ type backend struct {
 // (IDEM_REDIS_URL, a fresh key prefix for idem) or PostgreSQL
 // (IDEM_POSTGRES_URL, a fresh table in schema idem_bench, dropped on close)
 // or MySQL (IDEM_MYSQL_DSN, a fresh table and its procedure, dropped on
-// close); redis-ap is Redis through the client's AutoPipeline().
+// close); redis is Redis through its asynchronous auto-pipeliner,
+// redis-plain the store's default (no auto-pipeliner).
 func openBackend(ctx context.Context, s service) (backend, error) {
 	tag := strings.ToLower(rand.Text()[:8])
 	switch s.store {
@@ -94,7 +96,7 @@ func openBackend(ctx context.Context, s service) (backend, error) {
 		}
 		m := memstore.New()
 		return backend{store: m, close: func() { m.Close() }}, nil
-	case "redis", "redis-ap":
+	case "redis", "redis-plain":
 		opts, err := redis.ParseURL(os.Getenv("IDEM_REDIS_URL"))
 		if err != nil {
 			return backend{}, fmt.Errorf("IDEM_REDIS_URL: %w", err)
@@ -109,8 +111,8 @@ func openBackend(ctx context.Context, s service) (backend, error) {
 		}
 		prefix := "idemload:" + tag + ":"
 		sopts := []redisstore.Option{redisstore.WithPrefix(prefix)}
-		if s.store == "redis-ap" {
-			ap, err := c.AutoPipeline() // closed with c
+		if s.store == "redis" {
+			ap, err := c.AsyncAutoPipelineWithOptions(redisstore.AutoPipelineOptions()) // closed with c
 			if err != nil {
 				c.Close()
 				return backend{}, fmt.Errorf("redis: %w", err)

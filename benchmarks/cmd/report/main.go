@@ -169,6 +169,27 @@ func (r *results) get(name, unit string) (float64, bool) {
 
 func (r *results) ns(name string) (float64, bool) { return r.get(name, "ns/op") }
 
+// span returns the smallest and largest sample of name in unit (the
+// per-round range of a median), ok false when there is none.
+func (r *results) span(name, unit string) (lo, hi float64, ok bool) {
+	s := r.by[name][unit]
+	if len(s) == 0 {
+		return 0, 0, false
+	}
+	return slices.Min(s), slices.Max(s), true
+}
+
+// sum returns the sum of the samples of name in unit (every round's), ok
+// false when there is none.
+func (r *results) sum(name, unit string) (float64, bool) {
+	s := r.by[name][unit]
+	t := 0.0
+	for _, v := range s {
+		t += v
+	}
+	return t, len(s) > 0
+}
+
 // dur formats nanoseconds for a table.
 func dur(ns float64) string {
 	switch {
