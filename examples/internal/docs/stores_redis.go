@@ -12,7 +12,6 @@ import (
 
 import (
 	"log/slog"
-	"time"
 )
 
 func redisstoreSetup() {
@@ -43,9 +42,8 @@ func redisstoreCheck() {
 func redisstorePipeliner() {
 	_ = func() error {
 		// doc: stores/redisstore/README.md
-		client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379",
-			ReadTimeout: time.Second, WriteTimeout: time.Second}) // below the engine's store timeout (2s)
-		ap, err := client.AutoPipeline() // go-redis v9.22+; closed with client
+		client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+		ap, err := client.AsyncAutoPipelineWithOptions(redisstore.AutoPipelineOptions()) // closed with client
 		if err != nil {
 			return err
 		}
