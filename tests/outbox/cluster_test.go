@@ -105,11 +105,15 @@ func (p *producer) committed() []string {
 // out of their enqueue order, and returns how many messages it holds.
 func checkStreamOrder(t testing.TB, js jetstream.JetStream, stream string) int {
 	t.Helper()
-	ctx := ctxT(t, 60*time.Second)
-	oc, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Creating the consumer right after a leader change can wait for the
+	// cluster until its context ends (seen once in make test): each
+	// attempt gets 10s, the whole 2 minutes.
+	var oc jetstream.Consumer
+	waitFor(t, "an ordered consumer of the stream", 2*time.Minute, func() bool {
+		var err error
+		oc, err = js.OrderedConsumer(ctxT(t, 10*time.Second), stream, jetstream.OrderedConsumerConfig{})
+		return err == nil
+	})
 	last := map[string]int{}
 	n := 0
 	for {
