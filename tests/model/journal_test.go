@@ -350,6 +350,10 @@ func takeover(r jrec, tok, fp string, keepU, resume bool) jrec {
 		if len(r.steps) == 0 && r.payload == nil && (r.retained || r.retainMaybe) {
 			n.retained, n.retainMaybe = false, true
 		}
+		// A journal ResolveStep emptied stays the store's choice for
+		// another fingerprint after the same one resumes it (Redis keeps
+		// the record's journal mark and refuses it).
+		n.emptied = r.emptied && len(r.steps) == 0 && r.payload == nil
 	}
 	return n
 }
