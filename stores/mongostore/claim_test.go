@@ -211,6 +211,48 @@ func TestReleaseCutOff(t *testing.T) {
 	if got := recordToken(t, coll, key); got != tok {
 		t.Fatalf("record token %q after the takeover; want %q", got, tok)
 	}
+
+	// A record kept past its lease for its journal: the claim lasts the
+	// owner's lease, not the retention the journal is kept for, so the
+	// journal is resumed once that lease lapsed (the claim used to last
+	// the retention, and the key stayed blocked for it).
+	key, owner = storetest.Key(), storetest.Token()
+	if _, ok, err := s.Acquire(ctxT(t), key, owner, "fp-a", time.Second); err != nil || !ok {
+		t.Fatalf("Acquire = %v, %v", ok, err)
+	}
+	if _, err := s.StartStep(ctxT(t), key, owner, "charge", time.Hour); err != nil {
+		t.Fatalf("StartStep: %v", err)
+	}
+	_, gen = recordOwner(t, coll, key)
+	releaseCutOff(s, key, owner)
+	if err := coll.FindOne(ctxT(t), bson.D{{Key: "_id", Value: key}}).Decode(&rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := coll.FindOne(ctxT(t), bson.D{{Key: "_id", Value: key + "~" + gen}}).Decode(&cl); err != nil {
+		t.Fatalf("claim of the cut-off Release: %v", err)
+	}
+	if cl.Lease >= rec.ExpiresAt {
+		t.Fatalf("claim lease %v; want the owner's lease end, before the journal's retention end %v", cl.Lease.Time(), rec.ExpiresAt.Time())
+	}
+	tok = storetest.Token()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		rec, ok, err := s.Acquire(ctxT(t), key, tok, "fp-a", time.Minute)
+		if ok {
+			if rec.Token != owner {
+				t.Fatalf("takeover of the journaled record reports holder %q; want %q", rec.Token, owner)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("journaled key still not taken over 2 minutes after the owner's 1s lease (last answer %v): the cut-off Release's claim outlives the lease", err)
+		}
+		if err != nil && !errors.Is(err, mongostore.ErrContention) {
+			t.Fatalf("Acquire: %v", err)
+		}
+	}
+	if st, err := s.Steps(ctxT(t), key); err != nil || len(st) != 1 || st[0].Name != "charge" || st[0].Token != owner {
+		t.Fatalf("Steps after the takeover = %+v, %v; want the owner's charge resumed", st, err)
+	}
 }
 
 // TestReleaseFencedByClaim: once a takeover claimed the owner's version,
