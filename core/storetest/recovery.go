@@ -31,7 +31,9 @@ import (
 // once, its attempts counted from zero again), and [idem.ErrRecordChanged] for every
 // other record; a step resolved as not done (the journal's only entry, or
 // one amid others) started again by the next holder as a fresh entry of
-// its token that it finishes, Steps in start order throughout; cancelled
+// its token that it finishes, Steps in start order throughout (also after
+// two steps resolved as not done, when a new entry numbered by the count
+// of entries would sort before a kept one); cancelled
 // contexts; a crashed record behind a history of completed recoverable
 // records ([WithHistory], 10,000 by default) returned by the first Lapsed
 // after its lapse, and one behind records that expired while due.
@@ -59,6 +61,7 @@ func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store, opts ...R
 		{"ResolveStepLapsed", testResolveStepLapsed},
 		{"ResolveStepRefused", testResolveStepRefused},
 		{"ResolveStepRestart", testResolveStepRestart},
+		{"ResolveStepRemovesTwo", testResolveStepRemovesTwo},
 		{"RecoveryCancelledContext", testRecoveryCancelled},
 	}
 	for _, tt := range tests {
@@ -789,6 +792,38 @@ func resolveLapsed(t *testing.T, res idem.StepResolver, key, name string, result
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// testResolveStepRemovesTwo: two of four entries resolved as not done,
+// then the next holder's new step is the journal's last. A store that
+// numbers a new entry by the count of entries and does not move later
+// entries down on a removal gives it the index of a removed one, below
+// the kept last entry's: Steps' order tells, whatever order the store
+// breaks ties in.
+func testResolveStepRemovesTwo(t *testing.T, s idem.Store) {
+	res := stepResolver(t, s)
+	j := journal(t, s)
+	key, tok, fp := Key(), Token(), fingerprint("a")
+	mustAcquire(t, s, key, tok, fp, longLease)
+	for _, name := range []string{"quote", "charge", "email", "ledger"} {
+		startStep(t, j, key, tok, name)
+		if name == "quote" || name == "ledger" {
+			if err := j.FinishStep(ctx(t), key, tok, name, []byte(name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	shorten(t, s, key, tok)
+	resolveLapsed(t, res, key, "charge", nil)
+	resolveLapsed(t, res, key, "email", nil)
+	wantSteps(t, j, key, "after two steps resolved as not done", "quote", "ledger")
+	next := Token()
+	if rec, ok, err := s.Acquire(ctx(t), key, next, fp, longLease); err != nil || !ok || rec.Token != tok {
+		t.Fatalf("Acquire after ResolveStep = %+v, %v, %v; want taken over from %s", rec, ok, err, tok)
+	}
+	startStep(t, j, key, next, "charge")
+	wantSteps(t, j, key, "after the restart", "quote", "ledger", "charge")
+	mustComplete(t, s, key, next, sampleResponse(), retention)
 }
 
 // wantSteps fails unless key's journal holds exactly the entries named,

@@ -943,13 +943,13 @@ func (mc *machine) Check(t *rapid.T) {
 // sequences (unless -rapid.checks or RAPID_CHECKS says otherwise).
 func run(t *testing.T, checks int, newTarget func(t *rapid.T) *target) {
 	setChecks(checks)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
 	start := time.Now()
 	n := 0
 	stats := map[string]int{}
 	rapid.Check(t, func(rt *rapid.T) {
 		n++
+		ctx, cancel := sequenceContext()
+		defer cancel()
 		tg := newTarget(rt)
 		if tg.reset != nil {
 			tg.reset()
@@ -964,6 +964,13 @@ func run(t *testing.T, checks int, newTarget func(t *rapid.T) *target) {
 	for _, k := range slices.Sorted(maps.Keys(stats)) {
 		t.Logf("  %-50s %6d", k, stats[k])
 	}
+}
+
+// sequenceContext bounds one sequence's store calls: minutes for tens of
+// calls, so that only a store that stopped answering ends it, however many
+// sequences a run has (-rapid.checks) and however loaded the machine.
+func sequenceContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 5*time.Minute)
 }
 
 func TestModelMemstore(t *testing.T) {
