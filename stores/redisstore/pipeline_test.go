@@ -185,4 +185,3 @@ func TestResentBatch(t *testing.T) {
 		t.Errorf("%d answers 201; want %d", got, keys*copies)
 	}
 }
-
