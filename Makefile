@@ -30,7 +30,8 @@ bench-peers:
 # Load over real sockets (about 6 minutes, after make bench): payments services on
 # Gin and Fiber, idem vs each peer this module builds, per store, vegeta at LOAD_LEVELS workers (8,64,256)
 # for LOAD_DURATION each (2s), LOAD_COUNT rounds (3, medians; the services' order
-# rotated each round); generator and servers pinned to one CPU each.
+# rotated each round; LOAD_ONLY: comma-separated parts of the rows to run, e.g.
+# lib=none,lib=idem/store=redis); generator and servers pinned to one CPU each.
 bench-load:
 	./scripts/bench.sh load
 

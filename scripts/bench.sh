@@ -117,7 +117,7 @@ if [ "${1:-}" = load ]; then
   mkdir -p "$(dirname "$BIN")"
   go build -o "$BIN" ./cmd/load
   # The generator re-executes itself on CPU 1 and starts each server on CPU 0 (taskset).
-  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64,256}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}"
+  "$BIN" -out "$LOAD" -levels "${LOAD_LEVELS:-8,64,256}" -duration "${LOAD_DURATION:-2s}" -count "${LOAD_COUNT:-3}" -only "${LOAD_ONLY:-}"
   report
   exit 0
 fi

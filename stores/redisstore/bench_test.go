@@ -2,6 +2,9 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,6 +141,47 @@ func BenchmarkAcquireCompleteKept(b *testing.B) {
 		}
 		if err := s.Complete(ctx, keys[i], "tok", benchResponse, time.Minute); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkConcurrentFresh: first executions (Acquire, Complete) of
+// distinct keys from 1 and from 64 goroutines sharing one store, batched
+// (the default) and unbatched (WithoutBatching): ns/op is per execution,
+// allocations include the batch's share.
+func BenchmarkConcurrentFresh(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		opts []redisstore.Option
+	}{{"batched", nil}, {"plain", []redisstore.Option{redisstore.WithoutBatching()}}} {
+		for _, workers := range []int{1, 64} {
+			b.Run(fmt.Sprintf("%s/%d", mode.name, workers), func(b *testing.B) {
+				c := newClient(b)
+				s := redisstore.New(c, append([]redisstore.Option{redisstore.WithPrefix(newPrefix(b, c))}, mode.opts...)...)
+				ctx := context.Background()
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range workers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for next.Add(1) <= int64(b.N) {
+							key := storetest.Key()
+							if _, ok, err := s.Acquire(ctx, key, "tok", "fp", time.Minute); err != nil || !ok {
+								b.Error(ok, err)
+								return
+							}
+							if err := s.Complete(ctx, key, "tok", benchResponse, time.Minute); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+			})
 		}
 	}
 }

@@ -1,78 +1,33 @@
 package redisstore
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// AutoPipelineOptions returns the options to take a client's asynchronous
-// auto-pipeliner with for [WithPipeliner]: go-redis's DefaultAutoPipelineOptions with
-// a MaxFlushDelay of 1ns. That turns off go-redis's default coalescing
-// wait, which holds a command queued behind a batch in flight for up to
-// three "silence gaps" of 200µs to 2ms each, waiting for more callers:
-// the commands of an HTTP service arrive between handler runs, not in
-// waves, and the wait cost a service at 8 concurrent requests most of its
-// requests/s (stores/redisstore README, Pipelining). Batches still form:
-// the commands that arrive while a batch is in flight go together in the
-// next one. Use it as WithPipeliner(ap), with ap from
-// client.AsyncAutoPipelineWithOptions(AutoPipelineOptions()).
-func AutoPipelineOptions() *redis.AutoPipelineOptions {
-	o := redis.DefaultAutoPipelineOptions()
-	o.MaxFlushDelay = time.Nanosecond
-	return o
-}
-
-// pipeliner returns the asynchronous auto-pipeliner given to
-// [WithPipeliner] that the store's commands on one record go through, or
-// nil when they go to s.p with Process.
-func (s *Store) pipeliner() *redis.AutoPipeliner { return s.ap }
-
-// send runs cmd on the per-record path: queued on the auto-pipeliner
-// (see pipeliner), or with s.p's Process. It returns a non-nil error only
-// when ctx ended before cmd's reply came: the command was then abandoned
-// (it may still run on the server, as a command whose reply a timed-out
-// client stops reading does) and cmd must not be read. Otherwise cmd
-// holds its reply or error, as after Process.
-//
-// An auto-pipeliner does not end a queued command when its context ends;
-// the store stops waiting for it instead (AutoFuture.WaitContext), so the
-// store's timeout and the caller's context bound every call, whatever the
-// client's ContextTimeoutEnabled, ReadTimeout and WriteTimeout.
+// send runs cmd on the per-record path: batched with the commands of
+// concurrent calls (see batcher), or, under [WithoutBatching], with the
+// client's Process. It returns a non-nil error only when ctx ended before
+// cmd's reply came (see batcher.send); cmd must not be read then.
+// Otherwise cmd holds its reply or error, as after Process.
 func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
-	ap := s.pipeliner()
-	if ap == nil {
-		_ = s.p.Process(ctx, cmd)
+	if s.b == nil {
+		_ = s.c.Process(ctx, cmd)
 		return nil
 	}
-	// A command whose reply is not awaited may go out after the call
-	// returned, when the caller may have reused the memory of its
-	// arguments: a []byte argument (a caller's response or step result;
-	// the store's own buffers are strings it never reuses) goes as a copy.
-	args := cmd.Args()
-	for i, a := range args {
-		if b, ok := a.([]byte); ok {
-			args[i] = bytes.Clone(b)
-		}
-	}
-	err := ap.Submit(ctx, cmd).WaitContext(ctx)
-	if err != nil && ctx.Err() != nil {
-		return fmt.Errorf("%w (the command was sent or queued; its reply was not awaited)", ctx.Err())
-	}
-	return nil
+	return s.b.send(ctx, cmd)
 }
 
 // evalScript runs sc on keys and args on the per-record path (see send)
 // with EVALSHA, and once more with EVAL when the server's script cache
 // lacks it. Its command's error is ctx's when ctx ended first.
 func (s *Store) evalScript(ctx context.Context, sc *script, keys []string, args ...any) *redis.Cmd {
-	if s.pipeliner() == nil {
-		cmd := s.p.EvalSha(ctx, sc.sha, keys, args...)
+	if s.b == nil {
+		cmd := s.c.EvalSha(ctx, sc.sha, keys, args...)
 		if isNoScript(cmd.Err()) {
-			cmd = s.p.Eval(ctx, sc.src, keys, args...)
+			cmd = s.c.Eval(ctx, sc.src, keys, args...)
 		}
 		return cmd
 	}
@@ -119,19 +74,4 @@ func (s *Store) get(ctx context.Context, key string) (string, error) {
 		return "", err
 	}
 	return cmd.Result()
-}
-
-// sendAcquire runs Acquire's SET on the per-record path and, unlike send,
-// waits for its reply even past ctx's end (bounded by the client's own
-// dial, read and write timeouts, as a plain client's call is): a SET that
-// went out after the store stopped waiting would leave an in-progress
-// record under a token no request holds, answered 409 until its lease
-// lapses, to the retries of a request the engine answered 503.
-func (s *Store) sendAcquire(ctx context.Context, cmd redis.Cmder) {
-	ap := s.pipeliner()
-	if ap == nil {
-		_ = s.p.Process(ctx, cmd)
-		return
-	}
-	_ = ap.Submit(ctx, cmd).Wait()
 }

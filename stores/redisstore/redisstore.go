@@ -48,16 +48,10 @@ var (
 // client and never closes it.
 type Store struct {
 	c redis.UniversalClient
-	// p sends the commands on one record (Acquire, Complete, Release,
-	// Extend, Get, Resolve, the step journal's) when they are not queued
-	// on an asynchronous auto-pipeliner (see send): c, or the client of
-	// [WithPipeliner].
-	p redis.UniversalClient
-	// pset is set by [WithPipeliner].
-	pset bool
-	// ap is the asynchronous auto-pipeliner given to [WithPipeliner] that
-	// the per-record commands are queued on, nil for none.
-	ap          *redis.AutoPipeliner
+	// b batches the commands on one record (Acquire, Complete, Release,
+	// Extend, Get, Resolve, the step journal's); nil under
+	// [WithoutBatching].
+	b           *batcher
 	prefix      string
 	timeout     time.Duration
 	waitN       int
@@ -83,51 +77,20 @@ func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefi
 // (whichever ends first). Optional. Default is 0: the context alone bounds
 // calls (the engine gives each one [idem.WithStoreTimeout], 2s by default).
 //
-// With an asynchronous auto-pipeliner (see [WithPipeliner]) the store stops
-// waiting for a command when the context ends, whatever the client's
-// settings, except for Acquire's SET (bounded as below). Otherwise go-redis applies context deadlines
-// to the socket only when the client was built with ContextTimeoutEnabled:
-// true; otherwise a call blocked on the network is bounded by the client's
+// A command queued for a batch (see [New]) whose context ends before its
+// batch is sent is dropped, never sent. A command sent waits for its reply
+// as the client's Process does: go-redis applies context deadlines to the
+// socket only when the client was built with ContextTimeoutEnabled: true;
+// otherwise a call blocked on the network is bounded by the client's
 // ReadTimeout and WriteTimeout (5s by default in go-redis v9.23), whatever
 // the context says. Set ContextTimeoutEnabled, or ReadTimeout below the
 // engine's store timeout.
 func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
 
-// WithPipeliner sends the store's commands on one record (those of
-// Acquire, Complete, Release, Extend, Get, Resolve and the step journal)
-// through p instead of the client given to [New]. The commands that span
-// servers or hold a connection (Check, Eviction, List, Inspect, Evict,
-// WithWaitReplicas' script and WAIT pipeline, the recovery index) always go
-// through the client given to New.
-//
-// An asynchronous auto-pipeliner, ap from
-// client.AsyncAutoPipelineWithOptions([AutoPipelineOptions]()) (go-redis
-// v9.22 and later), coalesces the commands of concurrent requests into
-// pipelines over one connection, so that a fresh request costs a share of
-// a write and a read system call instead of two of each; the store stops
-// waiting for a queued command when its context ends (every call but
-// Acquire's SET, which waits for its reply or the client's own timeouts,
-// so that it never lands after the engine answered 503), and sends []byte
-// arguments as copies. Any other p (a blocking client.AutoPipeline() among
-// them) gets each command with p.Process; a blocking auto-pipeliner does
-// not end a queued command when its context ends: set the client's
-// ReadTimeout and WriteTimeout below the engine's store timeout
-// ([idem.WithStoreTimeout], 2s by default).
-//
-// It is not the default: with an auto-pipeliner, a command the store
-// stopped waiting for may still be sent, later, and tests/chaos
-// (TestSlowStore, TestLandedCompletion, TestHalfBrokenConnection) show the
-// engine's answers to a slow or half-broken store change with it (README,
-// "Pipelining").
-//
-// p must reach the same Redis as that client. Every command the store
-// sends through p is safe to run twice, as an auto-pipeliner does when it
-// resends a batch after a dropped connection: see the README's
-// "Pipelining". The store never closes p. Optional. Default is the client
-// given to New.
-func WithPipeliner(p redis.UniversalClient) Option {
-	return func(s *Store) { s.p, s.pset = p, true }
-}
+// WithoutBatching sends each command on one record with the client's
+// Process, on a pooled connection of its own, instead of batching the
+// commands of concurrent calls (see [New]). Optional. Default is batching.
+func WithoutBatching() Option { return func(s *Store) { s.b = nil } }
 
 // WithWaitReplicas makes Complete wait until n replicas acknowledged the
 // completed record, with Redis WAIT n timeout, before it returns. WAIT is
@@ -157,18 +120,28 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 }
 
 // New returns a Store using client: a *redis.Client (standalone or Sentinel
-// failover) or a *redis.ClusterClient. It does no I/O; the client stays the
-// caller's to configure and close.
+// failover) or a *redis.ClusterClient. It does no I/O and starts no
+// goroutine; the client stays the caller's to configure and close.
+//
+// The commands on one record (those of Acquire, Complete, Release, Extend,
+// Get, Resolve and the step journal) are batched: a call that finds fewer
+// than two commands of the store in flight sends its command at once,
+// with the client's Process; a call that finds two queues its command,
+// and when a flight ends, one queued caller sends every queued command in
+// one pipeline (a Cluster client splits it by node). Concurrent requests
+// then share the write and read system calls of a round trip. A queued
+// command whose context ends before its pipeline is sent is dropped (its
+// call returns the context's error) and never sent; each call waits for
+// its own reply or its own context. Every command so sent is safe to run
+// twice, as go-redis does when it resends a pipeline after a dropped
+// connection: see the README's "Batching". The commands that span servers
+// or hold a connection (Check, Eviction, List, Inspect, Evict,
+// WithWaitReplicas' script and WAIT pipeline, the recovery index) go
+// through the client unbatched. [WithoutBatching] turns batching off.
 func New(client redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{c: client, prefix: DefaultPrefix}
+	s := &Store{c: client, prefix: DefaultPrefix, b: &batcher{c: client}}
 	for _, o := range opts {
 		o(s)
-	}
-	switch ap, ok := s.p.(*redis.AutoPipeliner); {
-	case !s.pset:
-		s.p = client // see WithPipeliner: not batched by default yet
-	case ok && !ap.IsBlocking():
-		s.ap = ap
 	}
 	s.tagged = hasHashTag(s.prefix)
 	_, cluster := client.(*redis.ClusterClient)
@@ -609,7 +582,9 @@ func (s *Store) peek(ctx context.Context, key string, withResp bool) (rec idem.R
 // reads as acquired.
 func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists bool, err error) {
 	raw := set.rawCommand(ctx)
-	s.sendAcquire(ctx, raw)
+	if err := s.send(ctx, raw); err != nil {
+		return "", false, err
+	}
 	b, err := raw.Result()
 	if err != nil {
 		return "", false, err
@@ -621,7 +596,9 @@ func (s *Store) setNXGet(ctx context.Context, set *setCmd) (old string, exists b
 		return "", false, fmt.Errorf("%w: the key holds another type than a string (%s)", ErrCorrupt, bytes.TrimSpace(b[1:]))
 	}
 	cmd := set.command(ctx)
-	s.sendAcquire(ctx, cmd)
+	if err := s.send(ctx, cmd); err != nil {
+		return "", false, err
+	}
 	old, err = cmd.Result()
 	switch {
 	case err == nil:

@@ -750,7 +750,7 @@ func TestWithTimeout(t *testing.T) {
 		redisstore.WithTimeout(100*time.Millisecond), redisstore.WithWaitReplicas(5, time.Second))
 	key, tok := storetest.Key(), storetest.Token()
 	// Acquired without the 100ms bound: on a loaded machine the first
-	// command (which dials the auto-pipeliner's connection) may take longer.
+	// command (which may dial a connection) may take longer.
 	if _, ok, err := redisstore.New(c, redisstore.WithPrefix(prefix)).Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
@@ -826,9 +826,8 @@ func TestAcquireErrorReply(t *testing.T) {
 	if ok || err == nil || !strings.Contains(err.Error(), "READONLY") || errors.Is(err, idem.ErrCorrupt) {
 		t.Fatalf("Acquire on a replica = %v, %v; want a READONLY error", ok, err)
 	}
-	// The store's commands go through the client's auto-pipeliner, whose
-	// connections (a pool of their own) are dialed at its first command:
-	// their handshake (HELLO, CLIENT SETINFO) is no command of the store.
+	// A connection dialed for the store's first command sends its
+	// handshake (HELLO, CLIENT SETINFO), no command of the store.
 	if got := storeCommands(hook.names()); len(got) != 2 || got[0] != "set" || got[1] != "set" {
 		t.Fatalf("Acquire on a replica sent %v; want SET (raw), then SET (parsed)", hook.names())
 	}

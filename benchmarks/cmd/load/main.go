@@ -60,7 +60,7 @@ func main() {
 		levels    = flag.String("levels", "8,64,256", "comma-separated concurrency levels (workers, one request outstanding each)")
 		duration  = flag.Duration("duration", 2*time.Second, "attack time per service and level")
 		count     = flag.Int("count", 3, "rounds over every service; the report takes the median of the rounds")
-		only      = flag.String("only", "", "run only the services whose name (fw=…/lib=…/store=…) contains this")
+		only      = flag.String("only", "", "run only the services whose name (fw=…/lib=…/store=…) contains one of these comma-separated strings")
 		pin       = flag.Bool("pin", true, "pin the generator to CPU 1 and each server to CPU 0 (taskset), GOMAXPROCS=1 each")
 		cpuprof   = flag.String("cpuprofile", "", "-serve: write the server's CPU profile here")
 		pprofAddr = flag.String("pprof", "", "-serve: serve net/http/pprof at this address (e.g. 127.0.0.1:6060), with block and mutex profiling on")
@@ -185,7 +185,7 @@ func drive(out string, levels []int, d time.Duration, count int, only string, pi
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), pinning, strings.Trim(fmt.Sprint(levels), "[]"), d, count, mixText, sqlConns, loadavg())
 	var run []service
 	for _, s := range services {
-		if only == "" || strings.Contains(s.String(), only) {
+		if only == "" || slices.ContainsFunc(strings.Split(only, ","), func(o string) bool { return strings.Contains(s.String(), o) }) {
 			run = append(run, s)
 		}
 	}

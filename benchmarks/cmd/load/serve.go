@@ -43,10 +43,10 @@ func (s service) String() string { return "fw=" + s.fw + "/lib=" + s.lib + "/sto
 // build on the stores they have (Fiber's built-in middleware with its
 // in-memory storage and with gofiber/storage's Redis; on Gin the floor of
 // internal/floor). Store redis is a go-redis client with its default
-// options and redisstore.WithPipeliner of its asynchronous auto-pipeliner
-// (redisstore.AutoPipelineOptions); redis-plain is the same client with
-// no option but the prefix (the store's default), each command on its own
-// pooled connection (a pool of 10 connections per GOMAXPROCS: 10 here).
+// options and the store's defaults (the commands of concurrent requests
+// batched); redis-plain is the same client with redisstore.WithoutBatching,
+// each command on its own pooled connection (a pool of 10 connections per
+// GOMAXPROCS: 10 here).
 var services = []service{
 	{"gin", "none", "memory"},
 	{"gin", "floor", "memory"},
@@ -85,8 +85,8 @@ type backend struct {
 // (IDEM_REDIS_URL, a fresh key prefix for idem) or PostgreSQL
 // (IDEM_POSTGRES_URL, a fresh table in schema idem_bench, dropped on close)
 // or MySQL (IDEM_MYSQL_DSN, a fresh table and its procedure, dropped on
-// close); redis is Redis through its asynchronous auto-pipeliner,
-// redis-plain the store's default (no auto-pipeliner).
+// close); redis is the store's default (batched), redis-plain the store
+// with WithoutBatching.
 func openBackend(ctx context.Context, s service) (backend, error) {
 	tag := strings.ToLower(rand.Text()[:8])
 	switch s.store {
@@ -111,13 +111,8 @@ func openBackend(ctx context.Context, s service) (backend, error) {
 		}
 		prefix := "idemload:" + tag + ":"
 		sopts := []redisstore.Option{redisstore.WithPrefix(prefix)}
-		if s.store == "redis" {
-			ap, err := c.AsyncAutoPipelineWithOptions(redisstore.AutoPipelineOptions()) // closed with c
-			if err != nil {
-				c.Close()
-				return backend{}, fmt.Errorf("redis: %w", err)
-			}
-			sopts = append(sopts, redisstore.WithPipeliner(ap))
+		if s.store == "redis-plain" {
+			sopts = append(sopts, redisstore.WithoutBatching())
 		}
 		return backend{store: redisstore.New(c, sopts...), close: func() {
 			// Not ctx: serveMain's is cancelled by the SIGTERM that ends

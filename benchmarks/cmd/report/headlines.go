@@ -276,7 +276,7 @@ func writeHeadlines(w io.Writer, r *results) {
 			}
 		}
 		if len(redis) > 0 {
-			line("Requests/s under load at 64 workers, idem on Redis ÷ the same service without idempotency (redis: WithPipeliner of the client's auto-pipeliner; redis-plain: the store's default)",
+			line("Requests/s under load at 64 workers, idem on Redis ÷ the same service without idempotency (redis: the store's defaults, batched; redis-plain: WithoutBatching)",
 				strings.Join(redis, ", "), hLoad)
 		}
 	}

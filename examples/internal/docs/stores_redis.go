@@ -39,15 +39,11 @@ func redisstoreCheck() {
 	_ = idem.New
 }
 
-func redisstorePipeliner() {
+func redisstoreWithoutBatching() {
 	_ = func() error {
 		// doc: stores/redisstore/README.md
-		client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-		ap, err := client.AsyncAutoPipelineWithOptions(redisstore.AutoPipelineOptions()) // closed with client
-		if err != nil {
-			return err
-		}
-		store := redisstore.New(client, redisstore.WithPrefix("payments:idem:"), redisstore.WithPipeliner(ap))
+		client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: 64}) // a connection per concurrent request
+		store := redisstore.New(client, redisstore.WithPrefix("payments:idem:"), redisstore.WithoutBatching())
 		// doc end
 		_ = store
 		return nil
