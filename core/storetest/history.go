@@ -169,7 +169,7 @@ func writeHistoryRecord(ctx context.Context, s idem.Store, r idem.Recoverable, k
 	if _, ok, err := s.Acquire(ctx, key, tok, fingerprint("history"), longLease); err != nil || !ok {
 		return fmt.Errorf("history: Acquire of a fresh key: %v, %w", ok, err)
 	}
-	if err := r.SetRecovery(ctx, key, tok, payloadOf("history"), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx, key, tok, payloadOf("history"), time.Hour, longLease); err != nil {
 		return fmt.Errorf("history: SetRecovery: %w", err)
 	}
 	if err := s.Complete(ctx, key, tok, sampleResponse(), retention); err != nil {
@@ -195,7 +195,7 @@ func PassesUntilLapsed(ctx context.Context, s idem.Store, limit, maxPasses int, 
 	if _, ok, err := s.Acquire(ctx, key, tok, fp, longLease); err != nil || !ok {
 		return 0, 0, 0, fmt.Errorf("Acquire: %v, %w", ok, err)
 	}
-	if err := r.SetRecovery(ctx, key, tok, payloadOf(key), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx, key, tok, payloadOf(key), time.Hour, longLease); err != nil {
 		return 0, 0, 0, err
 	}
 	if err := ext.Extend(ctx, key, tok, lease); err != nil {

@@ -38,6 +38,7 @@ var (
 // further.
 const (
 	fieldRecovery = "recovery"
+	fieldRLease   = "rlease"
 	fieldAttempts = "attempts"
 	fieldBackoff  = "backoff"
 	fieldDueAt    = "dueAt"
@@ -83,12 +84,12 @@ func pinned(d *record) bson.D {
 // pinned to the version read that stores the payload, the retain (the
 // larger), until and expiresAt (until + retain), and dueAt. Twice: the
 // same values written again.
-func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	switch {
-	case retain <= 0:
+	case retain <= 0 || lease <= 0:
 		return idem.ErrInvalidDuration
 	case len(payload) > idem.MaxRecoveryBytes:
 		return fmt.Errorf("mongostore: set recovery: %w: a %d-byte payload, at most idem.MaxRecoveryBytes", idem.ErrTooLarge, len(payload))
@@ -115,6 +116,7 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	until := d.until()
 	set := bson.D{
 		{Key: fieldRecovery, Value: payload}, // marshalled into the command: a copy
+		{Key: fieldRLease, Value: millis(lease)},
 		{Key: fieldRetain, Value: k.r},
 		{Key: fieldUntil, Value: until},
 		{Key: fieldExpiresAt, Value: date(until.Time().Add(time.Duration(k.lapse()) * time.Millisecond))},
@@ -254,6 +256,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 	}
 	if at, ok := d.dueAt(date(now), len(d.Recovery) > 0); !ok || at > date(now) || d.until() > date(now) {
 		return idem.RecoveryClaim{}, false, nil
+	}
+	if d.RLease > 0 { // the lease kept with the payload (none: stored by an earlier version)
+		lease = time.Duration(d.RLease) * time.Millisecond
 	}
 	gen, end := newGen(), now.Add(lease)
 	// A claim already taken names its successor: while the lease it

@@ -48,6 +48,7 @@ var keepColumns = [...][2]string{
 	{"attempts", "INT NULL"},
 	{"backoff", "BIGINT NULL"},
 	{"due_at", "DATETIME(6) NULL"},
+	{"recovery_lease", "BIGINT NULL"},
 }
 
 // dueColumn is the column of keepColumns that comes with its index.

@@ -228,9 +228,9 @@ func (s *store) Steps(ctx context.Context, key string) (steps []idem.StepEntry, 
 	return steps, err
 }
 
-func (s *store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+func (s *store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
 	return s.call(ctx, "set-recovery", key, token, true, func(ctx context.Context) error {
-		err := s.w.mem.SetRecovery(ctx, key, token, payload, retain)
+		err := s.w.mem.SetRecovery(ctx, key, token, payload, retain, lease)
 		if err == nil {
 			s.w.wrote(key, token, "set-recovery", false)
 		}
