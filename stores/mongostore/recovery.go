@@ -81,7 +81,8 @@ func pinned(d *record) bson.D {
 
 // SetRecovery implements [idem.Recoverable.SetRecovery] in two round
 // trips, as StartStep's first step: a find of the record, then an update
-// pinned to the version read that stores the payload, the retain (the
+// pinned to the version read that stores the payload, the lease a claim
+// takes (rlease), the retain (the
 // larger), until and expiresAt (until + retain), and dueAt. Twice: the
 // same values written again.
 func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
@@ -228,7 +229,8 @@ func (s *Store) lapsedRound(ctx context.Context, skip, count int, due *[]idem.La
 // record over: a find of the record; when it is due, the insert of a claim
 // ending the version read (the unique _id admits one, so of racing claims
 // and client takeovers exactly one wins, on FerretDB too), then the
-// rewrite of that version for token (journal, payload and retain kept,
+// rewrite of that version for token, for the lease rlease kept with the
+// payload (lease for a payload stored without) (journal, payload and retain kept,
 // one more attempt, backoff and dueAt stored): three round trips. A claim
 // already there whose lease passed (its winner died, or its call timed out,
 // before the rewrite) is followed as Acquire follows it: a claim on the

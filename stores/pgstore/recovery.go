@@ -136,7 +136,7 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 }
 
 // Claim implements [idem.Recoverable]: one conditional UPDATE of the due
-// row. At REPEATABLE READ or SERIALIZABLE a racing transition makes it
+// row, for the lease its recovery_lease holds. At REPEATABLE READ or SERIALIZABLE a racing transition makes it
 // fail with SQLSTATE 40001 having changed nothing: the record changed
 // since it was due, and Claim reports it not claimed.
 func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {

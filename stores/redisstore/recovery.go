@@ -412,7 +412,8 @@ func (s *Store) lapsedRound(ctx context.Context, offset, count int, due *[]idem.
 }
 
 // Claim implements [idem.Recoverable.Claim] with one script run on the
-// record, its journal and its recovery index entry (see index.go).
+// record, its journal and its recovery index entry (see index.go), which
+// takes the lease kept in the record's recovery state.
 func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecoveryClaim{}, false, err

@@ -233,6 +233,7 @@ func (s *store) SetRecovery(ctx context.Context, key, token string, payload []by
 		err := s.w.mem.SetRecovery(ctx, key, token, payload, retain, lease)
 		if err == nil {
 			s.w.wrote(key, token, "set-recovery", false)
+			s.w.sh(key).claimLease = lease
 		}
 		return err
 	})
@@ -252,6 +253,9 @@ func (s *store) Claim(ctx context.Context, key, token string, lease, backoff tim
 		var err error
 		c, claimed, err = s.w.mem.Claim(ctx, key, token, lease, backoff)
 		if err == nil && claimed {
+			if l := s.w.sh(key).claimLease; l > 0 {
+				lease = l // the claim took the lease kept with the payload
+			}
 			s.w.acquired(key, token, lease, false, "claim")
 			s.w.countLocked("claim")
 		}
