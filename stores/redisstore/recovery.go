@@ -18,7 +18,7 @@ var (
 
 // A record's recovery state ([idem.Recoverable]) is the field "#" of its
 // journal hash (see journal.go; no step name holds '#'): 'L' lp(lease ms)
-// lp(attempts) lp(backoff ms) payload, the lease the one a Claim takes
+// lp(attempts) lp(backoff ms) payload, the lease being the one a Claim takes
 // (a state without the 'L' and its lease, lp(attempts) lp(backoff ms)
 // payload, was written by an earlier version: a Claim of it takes the
 // lease it is given). It lives and dies with the journal, so with its
