@@ -79,6 +79,13 @@ var (
 var mongoLabel sync.Once
 
 func openMongo(tb testing.TB) (idem.Store, *atomic.Int64) {
+	s, _, trips := newMongoStore(tb)
+	return s, trips
+}
+
+// newMongoStore returns a mongostore on a fresh collection of
+// IDEM_MONGO_URI (dropped at cleanup), the collection, and its round trips.
+func newMongoStore(tb testing.TB) (*mongostore.Store, *mongo.Collection, *atomic.Int64) {
 	tb.Helper()
 	uri := requireEnv(tb, "IDEM_MONGO_URI")
 	trips := new(atomic.Int64)
@@ -108,7 +115,7 @@ func openMongo(tb testing.TB) (idem.Store, *atomic.Int64) {
 	})
 	s := mongostore.New(coll)
 	tb.Cleanup(func() { s.Close() })
-	return s, trips
+	return s, coll, trips
 }
 
 // reportTrips reports round trips per op counted since start.

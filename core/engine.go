@@ -68,7 +68,7 @@ type Engine struct {
 	keeper      Keeper        // set when the engine keeps records (WithUncertainAfterCrash, WithTombstones)
 	journal     Journal       // the store's step journal (Step), nil when it has none
 	recoverable Recoverable   // the store's recovery (WithRecovery, RouteRecovery, Operation.Recover), nil when it has none
-	maxLease    time.Duration // the longest lease of any route: a recoverer's claims take it
+	maxLease    time.Duration // the longest lease of any route: a recoverer's claim of a record stored without its own takes it
 	pending     pending       // recovery runs of this process's recoverers, by nonce
 	local       bool          // the store does no I/O: no timeout contexts
 	cfg         config

@@ -302,10 +302,10 @@ func (e *Engine) setRecovery(ctx context.Context, x *Execution, payload []byte) 
 	start := e.clock()
 	var err error
 	if e.local {
-		err = e.recoverable.SetRecovery(ctx, x.ev.Key, x.token, payload, x.pol.retention)
+		err = e.recoverable.SetRecovery(ctx, x.ev.Key, x.token, payload, x.pol.retention, x.pol.lease)
 	} else {
 		c, cancel := e.storeCall(ctx)
-		err = e.recoverable.SetRecovery(c, x.ev.Key, x.token, payload, x.pol.retention)
+		err = e.recoverable.SetRecovery(c, x.ev.Key, x.token, payload, x.pol.retention, x.pol.lease)
 		cancel()
 	}
 	if err == nil {

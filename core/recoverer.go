@@ -436,13 +436,6 @@ func (r *Recoverer) recoverOne(ctx context.Context, d LapsedRecord) (o recoveryO
 			ev.Method, ev.Route = doMethod, req.Route
 		}
 	}
-	if pol.lease < e.maxLease && e.extender != nil && !e.local {
-		// The claim took the longest lease of any route (the route was
-		// unknown before the payload was read): hold the record's own.
-		c, cancel := e.storeCall(ctx)
-		_ = e.extender.Extend(c, d.Key, token, pol.lease)
-		cancel()
-	}
 	started := ev
 	started.Kind = EventRecoveryStarted
 	e.emit(ctx, started)

@@ -71,9 +71,12 @@ type Recoverable interface {
 	// by retain (> 0, else [ErrInvalidDuration]; the largest retain given
 	// to it or to [Journal.StartStep] wins) and be reported by Lapsed once
 	// its lease lapsed (a record acquired under [Keep.Uncertain] turns
-	// uncertain instead, and is not). An empty payload is an error.
-	// [ErrNotOwner] when token does not hold a live lease.
-	SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error
+	// uncertain instead, and is not). It keeps lease (> 0, else
+	// [ErrInvalidDuration]; the engine gives the lease of the record's
+	// route) with the payload: the lease a Claim of the record takes. An
+	// empty payload is an error. [ErrNotOwner] when token does not hold a
+	// live lease.
+	SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error
 
 	// Lapsed returns up to limit (> 0) records that are due: in progress,
 	// with a recovery payload, whose lease lapsed at least the backoff the
@@ -91,8 +94,11 @@ type Recoverable interface {
 	Lapsed(ctx context.Context, limit int) ([]LapsedRecord, error)
 
 	// Claim takes over the due record for key (see Lapsed), for token
-	// holding a lease of the given duration, exactly as [Store.Acquire]
-	// takes a lapsed lease over (its journal and payload kept), counts one
+	// holding the lease its last SetRecovery kept with the payload (the
+	// lease given here only for a record whose payload a store version
+	// before that lease was kept stored without one), exactly as
+	// [Store.Acquire] takes a lapsed lease over (its journal and payload
+	// kept), in its one atomic operation, counts one
 	// more attempt, and remembers backoff (>= 0): if this claim's lease
 	// lapses in turn, the record is due backoff after that lapse. It
 	// returns the record's payload, fingerprint and attempts with the

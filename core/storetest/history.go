@@ -129,23 +129,13 @@ func WriteHistory(ctx context.Context, s idem.Store, n int) error {
 	fail := func(err error) {
 		errOnce.Do(func() { werr = err; cancel() })
 	}
-	fp, payload, response := fingerprint("history"), payloadOf("history"), sampleResponse()
 	for range historyWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for next.Add(1) <= int64(n) && c.Err() == nil {
-				key, tok := Key(), Token()
-				if _, ok, err := s.Acquire(c, key, tok, fp, longLease); err != nil || !ok {
-					fail(fmt.Errorf("history: Acquire of a fresh key: %v, %w", ok, err))
-					return
-				}
-				if err := r.SetRecovery(c, key, tok, payload, time.Hour); err != nil {
-					fail(fmt.Errorf("history: SetRecovery: %w", err))
-					return
-				}
-				if err := s.Complete(c, key, tok, response, retention); err != nil {
-					fail(fmt.Errorf("history: Complete: %w", err))
+				if err := writeHistoryRecord(c, s, r, Key()); err != nil {
+					fail(err)
 					return
 				}
 			}
@@ -156,6 +146,36 @@ func WriteHistory(ctx context.Context, s idem.Store, n int) error {
 		werr = ctx.Err()
 	}
 	return werr
+}
+
+// WriteHistoryRecord writes one completed recoverable record to s (an
+// [idem.Recoverable]) through the Store API, exactly as [WriteHistory]
+// writes each (the same fingerprint, recovery payload, response and
+// retention: 1h), under a fresh key, which it returns: the template a
+// store's bulk copy of a history clones (tools/history).
+func WriteHistoryRecord(ctx context.Context, s idem.Store) (key string, err error) {
+	r, ok := s.(idem.Recoverable)
+	if !ok {
+		return "", fmt.Errorf("%T does not implement idem.Recoverable", s)
+	}
+	key = Key()
+	return key, writeHistoryRecord(ctx, s, r, key)
+}
+
+// writeHistoryRecord acquires key under a fresh token, gives it a
+// recovery payload and completes it.
+func writeHistoryRecord(ctx context.Context, s idem.Store, r idem.Recoverable, key string) error {
+	tok := Token()
+	if _, ok, err := s.Acquire(ctx, key, tok, fingerprint("history"), longLease); err != nil || !ok {
+		return fmt.Errorf("history: Acquire of a fresh key: %v, %w", ok, err)
+	}
+	if err := r.SetRecovery(ctx, key, tok, payloadOf("history"), time.Hour, longLease); err != nil {
+		return fmt.Errorf("history: SetRecovery: %w", err)
+	}
+	if err := s.Complete(ctx, key, tok, sampleResponse(), retention); err != nil {
+		return fmt.Errorf("history: Complete: %w", err)
+	}
+	return nil
 }
 
 // PassesUntilLapsed measures what a recoverer meets behind a store's
@@ -172,14 +192,17 @@ func PassesUntilLapsed(ctx context.Context, s idem.Store, limit, maxPasses int, 
 		return 0, 0, 0, fmt.Errorf("%T does not implement idem.Recoverable and idem.Extender", s)
 	}
 	key, tok, fp := Key(), Token(), fingerprint("history")
-	if _, ok, err := s.Acquire(ctx, key, tok, fp, longLease); err != nil || !ok {
+	// An hour's lease until it is shortened: a store whose writes slow down
+	// with its history (the FerretDB test server) stores the payload long
+	// after the Acquire.
+	if _, ok, err := s.Acquire(ctx, key, tok, fp, time.Hour); err != nil || !ok {
 		return 0, 0, 0, fmt.Errorf("Acquire: %v, %w", ok, err)
 	}
-	if err := r.SetRecovery(ctx, key, tok, payloadOf(key), time.Hour); err != nil {
-		return 0, 0, 0, err
+	if err := r.SetRecovery(ctx, key, tok, payloadOf(key), time.Hour, longLease); err != nil {
+		return 0, 0, 0, fmt.Errorf("SetRecovery: %w", err)
 	}
 	if err := ext.Extend(ctx, key, tok, lease); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, fmt.Errorf("Extend: %w", err)
 	}
 	time.Sleep(lease + 100*time.Millisecond)
 	start := time.Now()

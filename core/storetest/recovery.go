@@ -21,7 +21,8 @@ import (
 // taking a due record over as a client's Acquire would (the new token owns
 // it, the old one is fenced off, the journal and payload kept, attempts
 // counted, the previous token reported, the backoff honoured after the
-// claim's own lease lapses); an Acquire with another fingerprint answered a
+// claim's own lease lapses, the lease the one SetRecovery kept with the
+// payload, not Claim's); an Acquire with another fingerprint answered a
 // lapsed record with a payload unchanged; Claim refusing every record that
 // is not due and leaving it unchanged, with exactly one winner among racing
 // claims; Lapsed's hint property (a due record behind more than limit
@@ -53,6 +54,7 @@ func RunRecovery(t *testing.T, newStore func(t *testing.T) idem.Store, opts ...R
 		{"NotListedAfterEnd", testRecoveryEnded},
 		{"ClaimTakeover", testClaimTakeover},
 		{"ClaimBackoff", testClaimBackoff},
+		{"ClaimTakesPayloadLease", testClaimLease},
 		{"ClaimNotDue", testClaimNotDue},
 		{"RacingClaims", testRacingClaims},
 		{"AcquireKeepsPayload", testAcquireKeepsPayload},
@@ -103,7 +105,7 @@ func payloadOf(key string) []byte { return []byte("POST /v1/payments\x00\xff" + 
 func setRecovery(t *testing.T, s idem.Store, key, tok, fp string, retain time.Duration) {
 	t.Helper()
 	mustAcquire(t, s, key, tok, fp, longLease)
-	if err := recoverable(t, s).SetRecovery(ctx(t), key, tok, payloadOf(key), retain); err != nil {
+	if err := recoverable(t, s).SetRecovery(ctx(t), key, tok, payloadOf(key), retain, longLease); err != nil {
 		t.Fatalf("SetRecovery by the holder: %v", err)
 	}
 }
@@ -114,6 +116,51 @@ func withRecovery(t *testing.T, s idem.Store, key, tok, fp string, retain time.D
 	t.Helper()
 	setRecovery(t, s, key, tok, fp, retain)
 	shorten(t, s, key, tok)
+}
+
+// testClaimLease: a Claim takes the lease SetRecovery kept with the
+// payload, whatever lease Claim is given: a record stored with shortLease
+// and claimed with longLease is due again once shortLease passed (polled
+// up to recoveryWait, far below longLease), and one stored with an hour and
+// claimed with shortLease is still held after shortLease passed.
+func testClaimLease(t *testing.T, s idem.Store) {
+	r := recoverable(t, s)
+	short, long := Key(), Key()
+	for _, k := range []struct {
+		key   string
+		lease time.Duration
+	}{{short, shortLease}, {long, time.Hour}} {
+		tok := Token()
+		mustAcquire(t, s, k.key, tok, fingerprint("lease"), longLease)
+		if err := r.SetRecovery(ctx(t), k.key, tok, payloadOf(k.key), time.Hour, k.lease); err != nil {
+			t.Fatalf("SetRecovery: %v", err)
+		}
+		shorten(t, s, k.key, tok)
+	}
+	waitLapse()
+	if _, ok, err := r.Claim(ctx(t), short, Token(), longLease, 0); err != nil || !ok {
+		t.Fatalf("Claim of the record stored with a %v lease = %v, %v; want claimed", shortLease, ok, err)
+	}
+	if _, ok, err := r.Claim(ctx(t), long, Token(), shortLease, 0); err != nil || !ok {
+		t.Fatalf("Claim of the record stored with an hour's lease = %v, %v; want claimed", ok, err)
+	}
+	waitLapse()
+	if _, ok, err := r.Claim(ctx(t), long, Token(), longLease, 0); err != nil || ok {
+		t.Fatalf("Claim %v after a claim of the record stored with an hour's lease = %v, %v; want not claimed: the claim holds an hour, not the %v Claim was given", shortLease, ok, err, shortLease)
+	}
+	for deadline := time.Now().Add(recoveryWait); ; {
+		_, ok, err := r.Claim(ctx(t), short, Token(), longLease, 0)
+		if err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the record stored with a %v lease, claimed, was not due again within %v: its claim took Claim's %v, not the payload's lease", shortLease, recoveryWait, longLease)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // lapsed returns the keys (and attempts) Lapsed reports with a limit
@@ -178,32 +225,32 @@ func mustNotClaim(t *testing.T, r idem.Recoverable, key, what string) {
 func testRecoveryFencing(t *testing.T, s idem.Store) {
 	r := recoverable(t, s)
 	key, tok, fp := Key(), Token(), fingerprint("a")
-	if err := r.SetRecovery(ctx(t), key, tok, []byte("p"), time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+	if err := r.SetRecovery(ctx(t), key, tok, []byte("p"), time.Hour, longLease); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("SetRecovery on an absent record: %v, want ErrNotOwner", err)
 	}
 	mustAcquire(t, s, key, tok, fp, longLease)
-	if err := r.SetRecovery(ctx(t), key, Token(), []byte("p"), time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+	if err := r.SetRecovery(ctx(t), key, Token(), []byte("p"), time.Hour, longLease); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("SetRecovery by another token: %v, want ErrNotOwner", err)
 	}
-	if err := r.SetRecovery(ctx(t), key, tok, []byte("p"), 0); !errors.Is(err, idem.ErrInvalidDuration) {
+	if err := r.SetRecovery(ctx(t), key, tok, []byte("p"), 0, longLease); !errors.Is(err, idem.ErrInvalidDuration) {
 		t.Fatalf("SetRecovery with retain 0: %v, want ErrInvalidDuration", err)
 	}
 	big := bytes.Repeat([]byte{0xcd}, idem.MaxRecoveryBytes)
-	if err := r.SetRecovery(ctx(t), key, tok, append(big, 1), time.Hour); !errors.Is(err, idem.ErrTooLarge) {
+	if err := r.SetRecovery(ctx(t), key, tok, append(big, 1), time.Hour, longLease); !errors.Is(err, idem.ErrTooLarge) {
 		t.Fatalf("SetRecovery above MaxRecoveryBytes: %v, want ErrTooLarge", err)
 	}
-	if err := r.SetRecovery(ctx(t), key, tok, big, time.Hour); err != nil {
+	if err := r.SetRecovery(ctx(t), key, tok, big, time.Hour, longLease); err != nil {
 		t.Fatalf("SetRecovery of MaxRecoveryBytes: %v", err)
 	}
 	want := payloadOf(key)
 	p := bytes.Clone(want)
-	if err := r.SetRecovery(ctx(t), key, tok, p, time.Hour); err != nil { // replaces the earlier one
+	if err := r.SetRecovery(ctx(t), key, tok, p, time.Hour, longLease); err != nil { // replaces the earlier one
 		t.Fatalf("SetRecovery again: %v", err)
 	}
 	p[0] = 'X' // the store kept a copy
 	shorten(t, s, key, tok)
 	waitLapse()
-	if err := r.SetRecovery(ctx(t), key, tok, []byte("p"), time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+	if err := r.SetRecovery(ctx(t), key, tok, []byte("p"), time.Hour, longLease); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("SetRecovery after the lease lapsed: %v, want ErrNotOwner", err)
 	}
 	c := waitClaim(t, r, key, Token(), 0)
@@ -214,7 +261,7 @@ func testRecoveryFencing(t *testing.T, s idem.Store) {
 	key2, tok2 := Key(), Token()
 	mustAcquire(t, s, key2, tok2, fp, longLease)
 	mustComplete(t, s, key2, tok2, sampleResponse(), retention)
-	if err := r.SetRecovery(ctx(t), key2, tok2, []byte("p"), time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+	if err := r.SetRecovery(ctx(t), key2, tok2, []byte("p"), time.Hour, longLease); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("SetRecovery on a completed record: %v, want ErrNotOwner", err)
 	}
 }
@@ -228,7 +275,7 @@ func testRecoveryLifecycle(t *testing.T, s idem.Store) {
 	setRecovery(t, s, short, tok, fp, 3*shortLease)
 	mustAcquire(t, s, kept, tok, fp, longLease)
 	startStep(t, j, kept, tok, "charge")
-	if err := r.SetRecovery(ctx(t), kept, tok, payloadOf(kept), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx(t), kept, tok, payloadOf(kept), time.Hour, longLease); err != nil {
 		t.Fatal(err)
 	}
 	if got := lapsed(t, r); len(got) != 0 {
@@ -322,7 +369,7 @@ func testClaimTakeover(t *testing.T, s idem.Store) {
 	if err := j.FinishStep(ctx(t), key, first, "charge", []byte("ch_1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.SetRecovery(ctx(t), key, first, payloadOf(key), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx(t), key, first, payloadOf(key), time.Hour, longLease); err != nil {
 		t.Fatal(err)
 	}
 	shorten(t, s, key, first)
@@ -353,14 +400,14 @@ func testClaimTakeover(t *testing.T, s idem.Store) {
 	if _, err := j.StartStep(ctx(t), key, first, "email", time.Hour); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("StartStep by the previous holder: %v, want ErrNotOwner", err)
 	}
-	if err := r.SetRecovery(ctx(t), key, first, []byte("p"), time.Hour); !errors.Is(err, idem.ErrNotOwner) {
+	if err := r.SetRecovery(ctx(t), key, first, []byte("p"), time.Hour, longLease); !errors.Is(err, idem.ErrNotOwner) {
 		t.Fatalf("SetRecovery by the previous holder: %v, want ErrNotOwner", err)
 	}
 	if e := startStep(t, j, key, second, "charge"); !e.Done || string(e.Result) != "ch_1" || e.Token != first {
 		t.Fatalf("the claimer's StartStep of a journaled step = %+v; want it done with ch_1", e)
 	}
 	// The claimer's SetRecovery (a new payload) and Complete are its own.
-	if err := r.SetRecovery(ctx(t), key, second, []byte("again"), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx(t), key, second, []byte("again"), time.Hour, longLease); err != nil {
 		t.Fatalf("SetRecovery by the claimer: %v", err)
 	}
 	mustComplete(t, s, key, second, sampleResponse(), retention)
@@ -425,7 +472,7 @@ func testClaimNotDue(t *testing.T, s idem.Store) {
 	mustNotClaim(t, r, Key(), "an absent record")
 	live, tok := Key(), Token()
 	mustAcquire(t, s, live, tok, fp, longLease)
-	if err := r.SetRecovery(ctx(t), live, tok, payloadOf(live), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx(t), live, tok, payloadOf(live), time.Hour, longLease); err != nil {
 		t.Fatal(err)
 	}
 	mustNotClaim(t, r, live, "a record with a live lease")
@@ -440,7 +487,7 @@ func testClaimNotDue(t *testing.T, s idem.Store) {
 	if _, ok, err := k.AcquireKeep(ctx(t), uncertain, tok, fp, longLease, idem.Keep{Uncertain: time.Hour}); err != nil || !ok {
 		t.Fatalf("AcquireKeep: %v, %v", ok, err)
 	}
-	if err := r.SetRecovery(ctx(t), uncertain, tok, payloadOf(uncertain), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx(t), uncertain, tok, payloadOf(uncertain), time.Hour, longLease); err != nil {
 		t.Fatal(err)
 	}
 	shorten(t, s, uncertain, tok)
@@ -615,7 +662,7 @@ func uncertainStep(t *testing.T, s idem.Store, key, tok, fp string) {
 	t.Helper()
 	j := journal(t, s)
 	mustAcquire(t, s, key, tok, fp, longLease)
-	if err := recoverable(t, s).SetRecovery(ctx(t), key, tok, payloadOf(key), time.Hour); err != nil {
+	if err := recoverable(t, s).SetRecovery(ctx(t), key, tok, payloadOf(key), time.Hour, longLease); err != nil {
 		t.Fatal(err)
 	}
 	startStep(t, j, key, tok, "charge")
@@ -677,7 +724,7 @@ func testResolveStepLapsed(t *testing.T, s idem.Store) {
 	key, tok, fp := Key(), Token(), fingerprint("a")
 	mustAcquire(t, s, key, tok, fp, longLease)
 	startStep(t, j, key, tok, "email")
-	if err := r.SetRecovery(ctx(t), key, tok, payloadOf(key), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx(t), key, tok, payloadOf(key), time.Hour, longLease); err != nil {
 		t.Fatal(err)
 	}
 	if err := res.ResolveStep(ctx(t), key, "email", []byte("sent")); !errors.Is(err, idem.ErrRecordChanged) {
@@ -748,16 +795,16 @@ func testRecoveryCancelled(t *testing.T, s idem.Store) {
 	key, tok, fp := Key(), Token(), fingerprint("a")
 	mustAcquire(t, s, key, tok, fp, longLease)
 	startStep(t, j, key, tok, "email")
-	if err := r.SetRecovery(cancelled, key, tok, payloadOf(key), time.Hour); err == nil {
+	if err := r.SetRecovery(cancelled, key, tok, payloadOf(key), time.Hour, longLease); err == nil {
 		t.Fatal("SetRecovery with a cancelled context succeeded")
 	}
 	if _, err := r.Lapsed(cancelled, 10); err == nil {
 		t.Fatal("Lapsed with a cancelled context succeeded")
 	}
-	if err := r.SetRecovery(ctx(t), key, tok, []byte("kept"), time.Hour); err != nil {
+	if err := r.SetRecovery(ctx(t), key, tok, []byte("kept"), time.Hour, longLease); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.SetRecovery(cancelled, key, tok, []byte("lost"), time.Hour); err == nil {
+	if err := r.SetRecovery(cancelled, key, tok, []byte("lost"), time.Hour, longLease); err == nil {
 		t.Fatal("SetRecovery with a cancelled context succeeded")
 	}
 	shorten(t, s, key, tok)

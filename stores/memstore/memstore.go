@@ -96,6 +96,7 @@ type entry struct {
 	steps   []idem.StepEntry // the step journal; replaced, never edited in place
 
 	payload  []byte        // the recovery payload (idem.Recoverable.SetRecovery), a copy; nil: none
+	rlease   time.Duration // the lease a recovery claim takes, kept with the payload
 	attempts int           // recovery claims (idem.Recoverable.Claim)
 	backoff  time.Duration // how long after its lease lapsed the record is due for recovery again
 }
@@ -264,7 +265,7 @@ func (s *Store) acquire(ctx context.Context, key, token, fingerprint string, lea
 	n := entry{state: idem.StateInProgress, token: token, fp: fingerprint, until: now.Add(lease), keep: keep}
 	if held && e.fp == fingerprint { // resume: the journal, its retain and the recovery payload go on
 		n.steps, n.retain = e.steps, e.retain
-		n.payload, n.attempts, n.backoff = e.payload, e.attempts, e.backoff
+		n.payload, n.rlease, n.attempts, n.backoff = e.payload, e.rlease, e.attempts, e.backoff
 	}
 	n.expires = n.until.Add(n.lapse())
 	*e = n

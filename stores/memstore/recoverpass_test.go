@@ -3,8 +3,8 @@ package memstore_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -160,12 +160,15 @@ func TestRecoverClaimWarning(t *testing.T) {
 	}
 }
 
-// leaseStore records the leases of Claim and Extend calls once recording
-// is on (before, Extend fails: the crashed holder's renewals are lost).
+// leaseStore records the leases of SetRecovery, Claim and Extend calls
+// once recording is on (before, Extend fails: the crashed holder's
+// renewals are lost), and, for a claim, the lease the claimed record holds
+// by the store (read through mem).
 type leaseStore struct {
 	idem.Store
 	idem.Journal
 	idem.Recoverable
+	mem    *memstore.Store
 	on     atomic.Bool
 	mu     sync.Mutex
 	leases []string
@@ -180,9 +183,15 @@ func (l *leaseStore) note(s string) {
 func (l *leaseStore) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
 	c, ok, err := l.Recoverable.Claim(ctx, key, token, lease, backoff)
 	if ok {
-		l.note("claim " + lease.String())
+		info, _, _ := l.mem.Inspect(ctx, key)
+		l.note(fmt.Sprintf("claim holding %v", info.TTL.Round(time.Minute)))
 	}
 	return c, ok, err
+}
+
+func (l *leaseStore) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
+	l.note("setrecovery " + lease.String())
+	return l.Recoverable.SetRecovery(ctx, key, token, payload, retain, lease)
 }
 
 func (l *leaseStore) Extend(ctx context.Context, key, token string, lease time.Duration) error {
@@ -195,12 +204,16 @@ func (l *leaseStore) Extend(ctx context.Context, key, token string, lease time.D
 
 // TestRecoverRouteLease: a recovery claim holds the lease of the record's
 // own route (here the engine's 1s, where another route takes 1 minute),
-// not the longest of any route, from the claim on, before the run starts.
+// not the longest of any route, from the claim itself on (the lease
+// SetRecovery kept with the payload: no Extend follows the claim), before
+// the run starts. The claimed record's lease left (Inspect's TTL), read right after the
+// claim and rounded to the minute, is 0 (at most 1s), never the 1 minute
+// of the longest route.
 func TestRecoverRouteLease(t *testing.T) {
 	s := memstore.New()
 	t.Cleanup(func() { s.Close() })
 	crashable := adaptertest.CrashableRecoverable(s)
-	ls := &leaseStore{Store: crashable, Journal: crashable.(idem.Journal), Recoverable: crashable.(idem.Recoverable)}
+	ls := &leaseStore{Store: crashable, Journal: crashable.(idem.Journal), Recoverable: crashable.(idem.Recoverable), mem: s}
 	ls.Store = extendable{crashable, s}
 	var passes []idem.RecoveryReport
 	e, _ := passEngine(t, ls, &passes, idem.WithRoute("POST", "/slow", idem.RouteLease(time.Minute)))
@@ -219,8 +232,8 @@ func TestRecoverRouteLease(t *testing.T) {
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if len(ls.leases) < 3 || ls.leases[0] != "claim 1m0s" || ls.leases[1] != "extend 1s" || !slices.Contains(ls.leases[2:], "run") {
-		t.Fatalf("leases %v; want the claim (the longest lease: the route is unknown until its payload is read), then its own route's 1s, then the run", ls.leases)
+	if len(ls.leases) < 3 || ls.leases[0] != "setrecovery 1s" || ls.leases[1] != "claim holding 0s" || ls.leases[2] != "run" {
+		t.Fatalf("leases %v; want the payload stored with the route's 1s lease, the claim holding it (less than half a minute left), then the run, no Extend between", ls.leases)
 	}
 }
 

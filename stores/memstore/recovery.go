@@ -9,11 +9,11 @@ import (
 )
 
 // SetRecovery implements [idem.Recoverable.SetRecovery].
-func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if retain <= 0 {
+	if retain <= 0 || lease <= 0 {
 		return idem.ErrInvalidDuration
 	}
 	if len(payload) == 0 || len(payload) > idem.MaxRecoveryBytes {
@@ -27,7 +27,7 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	if e == nil {
 		return idem.ErrNotOwner
 	}
-	e.payload = stored
+	e.payload, e.rlease = stored, lease
 	if sh.recov == nil {
 		sh.recov = make(map[string]struct{})
 	}
@@ -102,6 +102,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 	c := idem.RecoveryClaim{Payload: slices.Clone(e.payload), Fingerprint: e.fp, Attempts: e.attempts + 1,
 		PreviousToken: e.token, Lapsed: max(now.Sub(e.until), 1)}
 	e.token, e.attempts, e.backoff = token, c.Attempts, backoff
+	if e.rlease > 0 {
+		lease = e.rlease
+	}
 	e.until = now.Add(lease)
 	e.expires = e.until.Add(e.lapse())
 	return c, true, nil

@@ -479,13 +479,17 @@ func TestRecoveryClaimCutOff(t *testing.T) {
 	s := mongostore.New(coll)
 	ctx := ctxT(t)
 	payload := []byte("payload")
+	// A claim takes the lease kept with the payload: 2s, so that the
+	// cut-off claim's lease passes below, and the claim after it is
+	// extended at once.
+	const claimLease = 2 * time.Second
 	due := func(t *testing.T) (key, owner, gen string) {
 		t.Helper()
 		key, owner = storetest.Key(), storetest.Token()
 		if _, ok, err := s.Acquire(ctx, key, owner, "fp-a", time.Minute); err != nil || !ok {
 			t.Fatalf("Acquire = %v, %v", ok, err)
 		}
-		if err := s.SetRecovery(ctx, key, owner, payload, time.Hour); err != nil {
+		if err := s.SetRecovery(ctx, key, owner, payload, time.Hour, claimLease); err != nil {
 			t.Fatalf("SetRecovery: %v", err)
 		}
 		if err := s.Extend(ctx, key, owner, time.Millisecond); err != nil { // the holder stops: its lease lapses now
@@ -505,13 +509,18 @@ func TestRecoveryClaimCutOff(t *testing.T) {
 		if ok && (string(c.Payload) != string(payload) || c.Fingerprint != "fp-a") {
 			t.Fatalf("Claim = %+v; want the record's payload and fingerprint", c)
 		}
+		if ok {
+			if err := s.Extend(ctx, key, tok, time.Minute); err != nil {
+				t.Fatalf("Extend of the claim's lease: %v", err)
+			}
+		}
 		return tok, ok
 	}
 
 	key, owner, _ := due(t)
 	cctx, cancel := context.WithCancel(ctx)
 	cut.Store(&cancel)
-	_, ok, err := s.Claim(cctx, key, storetest.Token(), 300*time.Millisecond, 0)
+	_, ok, err := s.Claim(cctx, key, storetest.Token(), time.Minute, 0)
 	cut.Store(nil)
 	cancel()
 	if ok || !errors.Is(err, context.Canceled) {
@@ -520,7 +529,7 @@ func TestRecoveryClaimCutOff(t *testing.T) {
 	if got := recordToken(t, coll, key); got != owner {
 		t.Fatalf("record token %q after the cut-off Claim; want the owner's record left", got)
 	}
-	time.Sleep(500 * time.Millisecond) // the cut-off Claim's lease passes (a live one keeps others off: below)
+	time.Sleep(claimLease + 500*time.Millisecond) // the cut-off Claim's lease (the payload's) passes (a live one keeps others off: below)
 	tok, ok := claimed(t, key)
 	if !ok {
 		t.Fatal("not claimed after the cut-off Claim's lease passed: the record is stuck in progress")

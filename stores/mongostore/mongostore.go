@@ -210,6 +210,7 @@ type record struct {
 	NSteps      int32         `bson:"nsteps,omitempty"`   // journal only: its number of steps
 	Steps       bson.Raw      `bson:"steps,omitempty"`    // journal only: hex(name) -> step (see journal.go)
 	Recovery    []byte        `bson:"recovery,omitempty"` // in progress only: the recovery payload (see recovery.go)
+	RLease      int64         `bson:"rlease,omitempty"`   // with the payload: the lease a recovery claim takes, milliseconds
 	Attempts    int32         `bson:"attempts,omitempty"` // recovery claims
 	Backoff     int64         `bson:"backoff,omitempty"`  // the last claim's backoff, milliseconds
 	DueAt       bson.DateTime `bson:"dueAt,omitempty"`    // when the record is due for recovery, a hint

@@ -38,6 +38,7 @@ var (
 // further.
 const (
 	fieldRecovery = "recovery"
+	fieldRLease   = "rlease"
 	fieldAttempts = "attempts"
 	fieldBackoff  = "backoff"
 	fieldDueAt    = "dueAt"
@@ -80,15 +81,16 @@ func pinned(d *record) bson.D {
 
 // SetRecovery implements [idem.Recoverable.SetRecovery] in two round
 // trips, as StartStep's first step: a find of the record, then an update
-// pinned to the version read that stores the payload, the retain (the
+// pinned to the version read that stores the payload, the lease a claim
+// takes (rlease), the retain (the
 // larger), until and expiresAt (until + retain), and dueAt. Twice: the
 // same values written again.
-func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	switch {
-	case retain <= 0:
+	case retain <= 0 || lease <= 0:
 		return idem.ErrInvalidDuration
 	case len(payload) > idem.MaxRecoveryBytes:
 		return fmt.Errorf("mongostore: set recovery: %w: a %d-byte payload, at most idem.MaxRecoveryBytes", idem.ErrTooLarge, len(payload))
@@ -115,6 +117,7 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	until := d.until()
 	set := bson.D{
 		{Key: fieldRecovery, Value: payload}, // marshalled into the command: a copy
+		{Key: fieldRLease, Value: millis(lease)},
 		{Key: fieldRetain, Value: k.r},
 		{Key: fieldUntil, Value: until},
 		{Key: fieldExpiresAt, Value: date(until.Time().Add(time.Duration(k.lapse()) * time.Millisecond))},
@@ -226,7 +229,8 @@ func (s *Store) lapsedRound(ctx context.Context, skip, count int, due *[]idem.La
 // record over: a find of the record; when it is due, the insert of a claim
 // ending the version read (the unique _id admits one, so of racing claims
 // and client takeovers exactly one wins, on FerretDB too), then the
-// rewrite of that version for token (journal, payload and retain kept,
+// rewrite of that version for token, for the lease rlease kept with the
+// payload (lease for a payload stored without) (journal, payload and retain kept,
 // one more attempt, backoff and dueAt stored): three round trips. A claim
 // already there whose lease passed (its winner died, or its call timed out,
 // before the rewrite) is followed as Acquire follows it: a claim on the
@@ -254,6 +258,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 	}
 	if at, ok := d.dueAt(date(now), len(d.Recovery) > 0); !ok || at > date(now) || d.until() > date(now) {
 		return idem.RecoveryClaim{}, false, nil
+	}
+	if d.RLease > 0 { // the lease kept with the payload (none: stored by an earlier version)
+		lease = time.Duration(d.RLease) * time.Millisecond
 	}
 	gen, end := newGen(), now.Add(lease)
 	// A claim already taken names its successor: while the lease it

@@ -27,7 +27,7 @@ func TestClaimRoundTrips(t *testing.T) {
 		if _, ok, err := s.Acquire(ctx, keys[i], tok, "fp", time.Hour); err != nil || !ok {
 			t.Fatalf("Acquire: %v, %v", ok, err)
 		}
-		if err := s.SetRecovery(ctx, keys[i], tok, []byte("payload"), time.Hour); err != nil {
+		if err := s.SetRecovery(ctx, keys[i], tok, []byte("payload"), time.Hour, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Extend(ctx, keys[i], tok, time.Millisecond); err != nil {

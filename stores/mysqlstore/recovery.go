@@ -50,7 +50,7 @@ func (q *queries) addRecovery(t string) {
 	// assigned left to right. Twice: the same values again (0 rows
 	// affected without clientFoundRows: leasedBy then tells).
 	q.setRecovery = `UPDATE ` + t + ` SET ends_at = IFNULL(ends_at, expires_at), retain = GREATEST(IFNULL(retain, 0), ?),
-  expires_at = IF(keep_uncertain IS NOT NULL, expires_at, ends_at + INTERVAL retain MICROSECOND), recovery = ?,
+  expires_at = IF(keep_uncertain IS NOT NULL, expires_at, ends_at + INTERVAL retain MICROSECOND), recovery = ?, recovery_lease = ?,
   due_at = IF(keep_uncertain IS NULL, ends_at + INTERVAL IFNULL(backoff, 0) MICROSECOND, NULL)
 WHERE ` + leased
 	q.leasedBy = `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE ` + leased + `)`
@@ -63,13 +63,15 @@ WHERE ` + leased
 	// claimRead reads what Claim returns, and whether the row is due (no
 	// lock); claim then takes it over with a conditional UPDATE, as the
 	// acquire procedure's takeover does (journal, payload, retain kept),
+	// for the lease kept with the payload (the lease given for a payload
+	// stored without one),
 	// only if it is still due under the token and attempts read: every
 	// write that could change what was read (another claim, a takeover,
 	// ResolveStep, Evict) changes the token, the attempts, or the row.
 	q.claimRead = "SELECT token, fingerprint, recovery, IFNULL(attempts, 0), TIMESTAMPDIFF(MICROSECOND, ends_at, " + now + "), " + due +
 		" FROM " + t + " WHERE `key` = ?"
 	q.claim = `UPDATE ` + t + ` SET token = ?, attempts = IFNULL(attempts, 0) + 1, backoff = ?,
-  ends_at = ` + now + ` + INTERVAL ? MICROSECOND, expires_at = ends_at + INTERVAL IFNULL(retain, 0) MICROSECOND,
+  ends_at = ` + now + ` + INTERVAL IFNULL(recovery_lease, ?) MICROSECOND, expires_at = ends_at + INTERVAL IFNULL(retain, 0) MICROSECOND,
   due_at = ends_at + INTERVAL backoff MICROSECOND WHERE ` + "`key` = ? AND token = ? AND IFNULL(attempts, 0) = ? AND " + due
 	// resolveStepDone marks the step at path (the first parameter) of an
 	// uncertain or lapsed row done. resolveStepRead locks such a row and
@@ -85,9 +87,9 @@ WHERE ` + leased
 // SetRecovery implements [idem.Recoverable]: one conditional UPDATE of the
 // token's leased row; when it reports no row changed, a SELECT tells a
 // repeated call (nil) from a lost lease.
-func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
 	switch {
-	case retain <= 0:
+	case retain <= 0 || lease <= 0:
 		return idem.ErrInvalidDuration
 	case len(payload) > idem.MaxRecoveryBytes:
 		return fmt.Errorf("mysqlstore: recovery payload of %d bytes: %w", len(payload), idem.ErrTooLarge)
@@ -100,7 +102,7 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	if err := checkIDs(key, token); err != nil {
 		return err
 	}
-	res, err := s.exec(ctx, s.q.setRecovery, micros(retain), payload, key, token)
+	res, err := s.exec(ctx, s.q.setRecovery, micros(retain), payload, micros(lease), key, token)
 	if err != nil {
 		return fmt.Errorf("mysqlstore: set recovery: %w", err)
 	}

@@ -48,6 +48,7 @@ var keepColumns = [...][2]string{
 	{"attempts", "INT NULL"},
 	{"backoff", "BIGINT NULL"},
 	{"due_at", "DATETIME(6) NULL"},
+	{"recovery_lease", "BIGINT NULL"},
 }
 
 // dueColumn is the column of keepColumns that comes with its index.
@@ -90,6 +91,8 @@ func (s *Store) dueIndex() string {
 //	due_at          DATETIME(6) NULL            when an in-progress row with a payload is due for
 //	                                            recovery (its lease's end plus backoff), indexed;
 //	                                            NULL otherwise
+//	recovery_lease  BIGINT NULL                 the lease (µs) a recovery claim takes ([Store.SetRecovery]);
+//	                                            NULL for none (a payload stored by an earlier version)
 //
 // A record acquired with the zero Keep leaves the three last columns NULL
 // (no bytes but the row's NULL bitmap), as rows written before they

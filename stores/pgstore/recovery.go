@@ -43,7 +43,7 @@ func (q *queries) addRecovery(t string) {
 	// row, storing the payload instead of a step, and placing the row in
 	// the due_at index at its lease end (plus the last claim's backoff).
 	// Twice: the same payload stored again, the same retain.
-	q.setRecovery = `UPDATE ` + t + ` r SET recovery = $3::bytea,
+	q.setRecovery = `UPDATE ` + t + ` r SET recovery = $3::bytea, recovery_lease = $5::bigint,
   retain = greatest(coalesce(r.retain, 0), $4::bigint),
   until_at = coalesce(r.until_at, r.expires_at),
   expires_at = CASE WHEN r.keep_uncertain > 0 THEN r.expires_at
@@ -59,17 +59,18 @@ FROM ` + clock + ` WHERE r.key = $1 AND r.` + leased
 	// until the purge; due re-checks each. A read: safe twice.
 	q.lapsed = `SELECT r.key, coalesce(r.attempts, 0) FROM ` + t + ` r, ` + clock + `
 WHERE r.due_at <= statement_timestamp() AND ` + due + ` ORDER BY r.due_at LIMIT $1`
-	// claim takes the due row over for token $2 (lease $3 µs, backoff $4
-	// µs), as a takeover by acquire does (journal, payload, retain kept).
+	// claim takes the due row over for token $2 (the lease kept with its
+	// payload, or $3 µs for a payload stored without; backoff $4 µs), as a
+	// takeover by acquire does (journal, payload, retain kept).
 	// o locks the row first and reads its holder's token and lease end as
 	// they were before the update (RETURNING reads the new row); a racing
 	// claim waits for the lock, then finds the row no longer due, so
 	// exactly one wins. Twice with the same token: the second finds the
 	// row leased (to that token), not due, and changes nothing.
 	q.claim = `UPDATE ` + t + ` r SET token = $2::text, attempts = coalesce(r.attempts, 0) + 1, backoff = $4::bigint,
-  until_at = n.t + $3::float8 * ` + us + `,
-  expires_at = n.t + ($3::float8 + coalesce(r.retain, 0)) * ` + us + `,
-  due_at = n.t + ($3::float8 + $4::bigint) * ` + us + `
+  until_at = n.t + coalesce(r.recovery_lease, $3::bigint)::float8 * ` + us + `,
+  expires_at = n.t + (coalesce(r.recovery_lease, $3::bigint) + coalesce(r.retain, 0))::float8 * ` + us + `,
+  due_at = n.t + (coalesce(r.recovery_lease, $3::bigint) + $4::bigint)::float8 * ` + us + `
 FROM ` + clock + `, (SELECT key, token, until_at FROM ` + t + ` WHERE key = $1 FOR UPDATE) o
 WHERE r.key = $1 AND o.key = r.key AND ` + due + `
 RETURNING r.recovery, r.fingerprint, r.attempts, o.token, (extract(epoch FROM n.t - o.until_at) * 1000000)::bigint`
@@ -88,9 +89,9 @@ FROM ` + clock + ` WHERE r.key = $1 AND ` + settled
 
 // SetRecovery implements [idem.Recoverable]: one conditional UPDATE of the
 // token's leased row.
-func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
 	switch {
-	case retain <= 0:
+	case retain <= 0 || lease <= 0:
 		return idem.ErrInvalidDuration
 	case len(payload) > idem.MaxRecoveryBytes:
 		return fmt.Errorf("pgstore: recovery payload of %d bytes: %w", len(payload), idem.ErrTooLarge)
@@ -100,7 +101,7 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, s.q.setRecovery, key, token, payload, keepMicros(retain))
+	tag, err := s.pool.Exec(ctx, s.q.setRecovery, key, token, payload, keepMicros(retain), keepMicros(lease))
 	if err != nil {
 		return fmt.Errorf("pgstore: set recovery: %w", err)
 	}
@@ -135,7 +136,7 @@ func (s *Store) Lapsed(ctx context.Context, limit int) ([]idem.LapsedRecord, err
 }
 
 // Claim implements [idem.Recoverable]: one conditional UPDATE of the due
-// row. At REPEATABLE READ or SERIALIZABLE a racing transition makes it
+// row, for the lease its recovery_lease holds. At REPEATABLE READ or SERIALIZABLE a racing transition makes it
 // fail with SQLSTATE 40001 having changed nothing: the record changed
 // since it was due, and Claim reports it not claimed.
 func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
@@ -149,7 +150,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff tim
 		c        idem.RecoveryClaim
 		lapsedUS int64
 	)
-	err := s.pool.QueryRow(ctx, s.q.claim, key, token, micros(lease), keepMicros(backoff)).
+	err := s.pool.QueryRow(ctx, s.q.claim, key, token, keepMicros(lease), keepMicros(backoff)).
 		Scan(&c.Payload, &c.Fingerprint, &c.Attempts, &c.PreviousToken, &lapsedUS)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), serializationFailure(err):

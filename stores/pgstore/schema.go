@@ -40,6 +40,8 @@ const PurgeBatch = 10000
 //	retain         bigint            how long (µs) an in-progress row with a journal or a recovery
 //	                                 payload outlives its lease; NULL without either
 //	recovery       bytea             the recovery payload ([idem.Recoverable]) while in progress
+//	recovery_lease bigint            the lease (µs) a recovery claim takes ([Store.SetRecovery]); NULL
+//	                                 for none (a payload stored by an earlier version)
 //	attempts       integer           the recovery claims of the record ([Store.Claim]); NULL for none
 //	backoff        bigint            the backoff (µs) the last claim gave; NULL for none
 //	due_at         timestamptz       when an in-progress row with a payload is due for recovery
@@ -65,6 +67,7 @@ func (s *Store) createSQL() string {
   steps          jsonb,
   retain         bigint,
   recovery       bytea,
+  recovery_lease bigint,
   attempts       integer,
   backoff        bigint,
   due_at         timestamptz
@@ -74,13 +77,14 @@ CREATE INDEX IF NOT EXISTS ` + s.index + ` ON ` + s.table + ` (expires_at);`
 
 // keepColumns are the columns added for [idem.Keep], [idem.Journal] and
 // [idem.Recoverable] to a table created by an earlier version.
-var keepColumns = []string{"until_at", "keep_uncertain", "keep_tombstone", "steps", "retain", "recovery", "attempts", "backoff", "due_at"}
+var keepColumns = []string{"until_at", "keep_uncertain", "keep_tombstone", "steps", "retain", "recovery", "recovery_lease", "attempts", "backoff", "due_at"}
 
 func (s *Store) alterSQL() string {
 	return `ALTER TABLE ` + s.table + ` ADD COLUMN IF NOT EXISTS until_at timestamptz,
   ADD COLUMN IF NOT EXISTS keep_uncertain bigint, ADD COLUMN IF NOT EXISTS keep_tombstone bigint,
   ADD COLUMN IF NOT EXISTS steps jsonb, ADD COLUMN IF NOT EXISTS retain bigint,
-  ADD COLUMN IF NOT EXISTS recovery bytea, ADD COLUMN IF NOT EXISTS attempts integer,
+  ADD COLUMN IF NOT EXISTS recovery bytea, ADD COLUMN IF NOT EXISTS recovery_lease bigint,
+  ADD COLUMN IF NOT EXISTS attempts integer,
   ADD COLUMN IF NOT EXISTS backoff bigint, ADD COLUMN IF NOT EXISTS due_at timestamptz;`
 }
 

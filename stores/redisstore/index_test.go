@@ -41,7 +41,7 @@ func TestRecoveryIndexBounded(t *testing.T) {
 			if _, ok, err := s.Acquire(ctx, keys[i], toks[i], "fp", time.Minute); err != nil || !ok {
 				t.Fatalf("Acquire: %v, %v", ok, err)
 			}
-			if err := s.SetRecovery(ctx, keys[i], toks[i], []byte("payload"), time.Hour); err != nil {
+			if err := s.SetRecovery(ctx, keys[i], toks[i], []byte("payload"), time.Hour, time.Minute); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -52,7 +52,7 @@ func TestReadmeKeyLayout(t *testing.T) {
 		if _, err := s.StartStep(ctx, key, "tok", "charge", time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.SetRecovery(ctx, key, "tok", []byte("payload"), time.Hour); err != nil {
+		if err := s.SetRecovery(ctx, key, "tok", []byte("payload"), time.Hour, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		// the journal before completion drops it: the keys now

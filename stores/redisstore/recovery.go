@@ -17,8 +17,11 @@ var (
 )
 
 // A record's recovery state ([idem.Recoverable]) is the field "#" of its
-// journal hash (see journal.go; no step name holds '#'): lp(attempts)
-// lp(backoff ms) payload. It lives and dies with the journal, so with its
+// journal hash (see journal.go; no step name holds '#'): 'L' lp(lease ms)
+// lp(attempts) lp(backoff ms) payload, the lease being the one a Claim takes
+// (a state without the 'L' and its lease, lp(attempts) lp(backoff ms)
+// payload, was written by an earlier version: a Claim of it takes the
+// lease it is given). It lives and dies with the journal, so with its
 // '5' record: kept past the lease for the retain, taken over by a client's
 // Acquire with the record's fingerprint, deleted by Release, Evict and
 // Resolve, dropped (HDEL) by Complete.
@@ -48,16 +51,30 @@ const recoveryIndex = "recovery"
 const RecoveryRecheck = 5 * time.Second
 
 // luaRecovery defines recovery(), which reads the journal's recovery
-// field into attempts, backoff (numbers) and payload, or returns nil.
+// field into attempts, backoff (numbers), payload and lease (a number, nil
+// in a state written without one), or returns nil, and
+// setRecovery(a, b, pl, l), which writes it (without a lease when l is
+// nil).
 const luaRecovery = `
 local function recovery()
   local v = redis.call('HGET', KEYS[3], '#')
   if not v then
     return nil
   end
-  local a, i = field(v, 1)
-  local b, j = field(v, i)
-  return tonumber(a), tonumber(b), string.sub(v, j)
+  local l, i = nil, 1
+  if string.byte(v, 1) == 76 then
+    l, i = field(v, 2)
+  end
+  local a, j = field(v, i)
+  local b, m = field(v, j)
+  return tonumber(a), tonumber(b), string.sub(v, m), tonumber(l)
+end
+local function setRecovery(a, b, pl, l)
+  local v = lp(tostring(a)) .. lp(tostring(b)) .. pl
+  if l then
+    v = 'L' .. lp(tostring(l)) .. v
+  end
+  redis.call('HSET', KEYS[3], '#', v)
 end
 local function now()
   local tm = redis.call('TIME')
@@ -66,9 +83,9 @@ end
 `
 
 // setRecoveryScript: KEYS record, response key, journal key[, recovery
-// index]; ARGV token, payload, retain ms[, scoped key]. It returns {0}
-// when token holds no live lease, else {1}, having stored the payload
-// (attempts and backoff kept), made the record a '5' value whose retain is
+// index]; ARGV token, payload, retain ms, lease ms[, scoped key]. It
+// returns {0} when token holds no live lease, else {1}, having stored the
+// payload and the lease (attempts and backoff kept), made the record a '5' value whose retain is
 // the larger of its own and ARGV[3], as startScript does, and placed it in
 // the recovery index at its lease's end plus its backoff (out of it under
 // a Keep.Uncertain: it turns uncertain, never due). Twice: the same
@@ -83,7 +100,7 @@ if k ~= '5' or r2 ~= tonumber(r) then
   redis.call('SET', KEYS[1], '5' .. lp(tok) .. lp(fp) .. lp(u) .. lp(t) .. lp(string.format('%d', r2)), 'PX', string.format('%d', p - l + l2))
 end
 local a, b = recovery()
-redis.call('HSET', KEYS[3], '#', lp(tostring(a or 0)) .. lp(tostring(b or 0)) .. ARGV[2])
+setRecovery(a or 0, b or 0, ARGV[2], ARGV[4])
 follow(KEYS[1])
 if tonumber(u) == 0 then
   schedule(p - l + (b or 0))
@@ -95,7 +112,7 @@ return {1}
 
 // luaDue sets, for the record at KEYS[1] with its journal at KEYS[3]: k,
 // tok, fp, u, t, r (decoded), p (PTTL), the recovery state a, b, pl, and
-// lapsed, how long its lease lapsed (ms, <= 0 while live). It returns {0}
+// lease (nil without), lapsed, how long its lease lapsed (ms, <= 0 while live). It returns {0}
 // when the record cannot be due ever again: no '5' value, a Keep.Uncertain
 // (it turns uncertain), no payload, no expiry.
 const luaDue = `
@@ -103,7 +120,7 @@ local k, tok, fp, u, t, r = decode(redis.pcall('GET', KEYS[1]))
 if k ~= '5' or tonumber(u) ~= 0 then
   return {0}
 end
-local a, b, pl = recovery()
+local a, b, pl, lease = recovery()
 local p = redis.call('PTTL', KEYS[1])
 if not a or p < 0 then
   return {0}
@@ -125,7 +142,8 @@ return {2, now() + math.min((b - lapsed) * 1000, tonumber(ARGV[1]))}
 
 // claimScript: KEYS record, response key, journal key[, recovery index];
 // ARGV token, lease ms, backoff ms[, scoped key]. It returns {0} when the
-// record is not due, else takes it over for ARGV[1] as takeoverScript does
+// record is not due, else takes it over for ARGV[1], for the lease kept
+// in its recovery state (ARGV[2] for a state without), as takeoverScript does
 // (journal, payload and retain kept, Keep.Tombstone kept), counts an
 // attempt, stores the backoff, moves its recovery index entry to the
 // claim's lease's end plus the backoff, and returns {1, payload,
@@ -136,10 +154,11 @@ var claimScript = newScript(luaDecode + luaLapse + luaIndex + luaRecovery + luaD
 if lapsed <= 0 or lapsed < b then
   return {0}
 end
-redis.call('SET', KEYS[1], '5' .. lp(ARGV[1]) .. lp(fp) .. lp('0') .. lp(t) .. lp(r), 'PX', string.format('%d', tonumber(ARGV[2]) + tonumber(r)))
+local ls = lease or tonumber(ARGV[2])
+redis.call('SET', KEYS[1], '5' .. lp(ARGV[1]) .. lp(fp) .. lp('0') .. lp(t) .. lp(r), 'PX', string.format('%d', ls + tonumber(r)))
 follow(KEYS[1])
-redis.call('HSET', KEYS[3], '#', lp(tostring(a + 1)) .. lp(ARGV[3]) .. pl)
-schedule(tonumber(ARGV[2]) + tonumber(ARGV[3]))
+setRecovery(a + 1, ARGV[3], pl, lease)
+schedule(ls + tonumber(ARGV[3]))
 return {1, pl, fp, a + 1, tok, lapsed}
 `)
 
@@ -177,7 +196,7 @@ else
   redis.call('HDEL', KEYS[3], ARGV[1])
   local at = tonumber(string.sub(e, 1, 2))
   for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
-    if f ~= '#' then
+    if string.sub(f, 1, 1) ~= '#' then
       local v = redis.call('HGET', KEYS[3], f)
       local i = tonumber(string.sub(v, 1, 2))
       if i > at then
@@ -189,11 +208,11 @@ end
 local px = math.min(uncertain and tonumber(r) or p, tonumber(r) - 1)
 redis.call('SET', KEYS[1], '5' .. lp(tok) .. lp(fp) .. lp('0') .. lp(t) .. lp(r), 'PX', string.format('%d', math.max(px, 1)))
 follow(KEYS[1])
-local a, b, pl = recovery()
+local a, b, pl, l = recovery()
 if not a then
   return {1, 0}
 end
-redis.call('HSET', KEYS[3], '#', lp('0') .. lp('0') .. pl)
+setRecovery(0, 0, pl, l)
 schedule(0)
 return {1, 1}
 `)
@@ -229,12 +248,12 @@ func nowMicros() int64 { return time.Now().UnixMicro() }
 // the lease's end) share one pipeline, one command per node; a lost ZADD
 // is reported as an error, and an entry without a payload (the script
 // refused) is removed by Lapsed.
-func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	switch {
-	case retain <= 0:
+	case retain <= 0 || lease <= 0:
 		return idem.ErrInvalidDuration
 	case len(payload) > idem.MaxRecoveryBytes:
 		return fmt.Errorf("redisstore: set recovery: %w: a %d-byte payload, at most idem.MaxRecoveryBytes", idem.ErrTooLarge, len(payload))
@@ -247,7 +266,7 @@ func (s *Store) SetRecovery(ctx context.Context, key, token string, payload []by
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	keys, args := s.withIndex(keys, key, []any{token, payload, millis(retain)})
+	keys, args := s.withIndex(keys, key, []any{token, payload, millis(retain), millis(lease)})
 	var cmd *redis.Cmd
 	if s.indexed() {
 		cmd = s.eval(ctx, setRecoveryScript, keys, args...)
@@ -393,7 +412,8 @@ func (s *Store) lapsedRound(ctx context.Context, offset, count int, due *[]idem.
 }
 
 // Claim implements [idem.Recoverable.Claim] with one script run on the
-// record, its journal and its recovery index entry (see index.go).
+// record, its journal and its recovery index entry (see index.go), which
+// takes the lease kept in the record's recovery state.
 func (s *Store) Claim(ctx context.Context, key, token string, lease, backoff time.Duration) (idem.RecoveryClaim, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.RecoveryClaim{}, false, err

@@ -409,7 +409,7 @@ func TestDueAndMount(t *testing.T) {
 	if _, ok, err := s.Acquire(ctx, key, holderToken, "fp", 50*time.Millisecond); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if err := s.SetRecovery(ctx, key, holderToken, []byte("payload"), time.Hour); err != nil {
+	if err := s.SetRecovery(ctx, key, holderToken, []byte("payload"), time.Hour, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(10 * time.Millisecond) { // a hang guard: the lease lapses

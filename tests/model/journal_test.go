@@ -678,7 +678,7 @@ func (mc *jmachine) SetRecovery(t *rapid.T) {
 }
 
 func (mc *jmachine) setRecovery(t *rapid.T, i int, tok string, p []byte) {
-	err := mc.tg.store.(idem.Recoverable).SetRecovery(mc.ctx, mc.keys[i], tok, p, jhour)
+	err := mc.tg.store.(idem.Recoverable).SetRecovery(mc.ctx, mc.keys[i], tok, p, jhour, jhour)
 	r := mc.m[i]
 	mc.logf(t, "SetRecovery(k%d, %s) = %v [model %s]", i, tok, err, r.describe())
 	if !leased(r, tok) {

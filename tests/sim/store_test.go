@@ -228,11 +228,12 @@ func (s *store) Steps(ctx context.Context, key string) (steps []idem.StepEntry, 
 	return steps, err
 }
 
-func (s *store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain time.Duration) error {
+func (s *store) SetRecovery(ctx context.Context, key, token string, payload []byte, retain, lease time.Duration) error {
 	return s.call(ctx, "set-recovery", key, token, true, func(ctx context.Context) error {
-		err := s.w.mem.SetRecovery(ctx, key, token, payload, retain)
+		err := s.w.mem.SetRecovery(ctx, key, token, payload, retain, lease)
 		if err == nil {
 			s.w.wrote(key, token, "set-recovery", false)
+			s.w.sh(key).claimLease = lease
 		}
 		return err
 	})
@@ -252,6 +253,9 @@ func (s *store) Claim(ctx context.Context, key, token string, lease, backoff tim
 		var err error
 		c, claimed, err = s.w.mem.Claim(ctx, key, token, lease, backoff)
 		if err == nil && claimed {
+			if l := s.w.sh(key).claimLease; l > 0 {
+				lease = l // the claim took the lease kept with the payload
+			}
 			s.w.acquired(key, token, lease, false, "claim")
 			s.w.countLocked("claim")
 		}

@@ -104,10 +104,11 @@ type world struct {
 type shadowRec struct {
 	holder      string // the token whose acquire or claim came last; "" after a completion, release or resolve
 	leaseEnd    time.Time
-	suspended   bool   // its holder suspended it (uncertain): its own token may still complete, release or extend
-	completed   []byte // the first completed answer seen
-	incarnation int    // bumped when the record is created anew (its journal starts empty)
-	released    bool   // released (or resolved with nil) and not acquired since: the key is free
+	suspended   bool          // its holder suspended it (uncertain): its own token may still complete, release or extend
+	completed   []byte        // the first completed answer seen
+	incarnation int           // bumped when the record is created anew (its journal starts empty)
+	released    bool          // released (or resolved with nil) and not acquired since: the key is free
+	claimLease  time.Duration // the lease the last SetRecovery kept with the payload: a claim's
 }
 
 // effect is one run of a step's function reaching its side effect.

@@ -177,7 +177,7 @@ func (r *recorder) call(s idem.Store, client int, in input, timeout time.Duratio
 		err = s.(idem.Journal).Suspend(ctx, key, in.Token, hour)
 		out.Result = "ok"
 	case "setrecovery":
-		err = s.(idem.Recoverable).SetRecovery(ctx, key, in.Token, []byte(in.Payload), hour)
+		err = s.(idem.Recoverable).SetRecovery(ctx, key, in.Token, []byte(in.Payload), hour, leaseOf(in))
 		out.Result = "ok"
 	case "claim":
 		var c idem.RecoveryClaim
@@ -332,7 +332,7 @@ func client(s idem.Store, r *recorder, id int, seed uint64, stop <-chan struct{}
 		case p < 68:
 			in.Op, in.Token = "suspend", a.Token
 		case p < 72:
-			in.Op, in.Token, in.Payload = "setrecovery", a.Token, fmt.Sprintf("p%d-%d", id, rng.IntN(100))
+			in.Op, in.Token, in.Payload, in.Lease = "setrecovery", a.Token, fmt.Sprintf("p%d-%d", id, rng.IntN(100)), lease
 		case p < 78:
 			if holds && a.Op == "claim" && rng.IntN(3) == 0 {
 				in = a // sent again
