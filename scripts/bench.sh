@@ -37,10 +37,11 @@ GOPEERS=$OUT/go-peers.txt
 LOADPEERS=$OUT/load-go-peers.txt # the Go peers' load rows: a record (RESULTS.md section 9 says when and how)
 COMPARE=$OUT/compare.txt # benchstat of `scripts/bench.sh compare REV`
 HISTORY=$OUT/recovery-history.txt # BenchmarkLapsedBehindHistory -bench.full: a record (RESULTS.md section 10 says how)
+SOAK=$OUT/recovery-soak.txt # examples/payments TestRecoverySoak, written by make soak: a record (RESULTS.md section 11 says how)
 
 report() { # RESULTS.md (today's numbers; it links benchstat's and compare's files), overhead.png and load.png from every result file there is
   local in=$RAW stat=$OUT/benchstat.txt
-  for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD" "$LOADPEERS" "$HISTORY"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
+  for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD" "$LOADPEERS" "$HISTORY" "$SOAK"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
   for f in "$OUT/peers-benchstat.txt" "$OUT/go-peers-benchstat.txt"; do if [ -f "$f" ]; then stat="$stat,$f"; fi; done
   local cmp=()
   if [ -f "$COMPARE" ]; then cmp=(-compare "$COMPARE"); fi
