@@ -8,6 +8,8 @@
 # `make bench-load` (`scripts/bench.sh load`): only the load benchmark over
 # real sockets (benchmarks/cmd/load, 3-5 minutes), then RESULTS.md again
 # from the last bench.txt and this load.txt.
+# `scripts/bench.sh report`: only RESULTS.md (and its charts) again, from the
+# result files there are (after `make soak` wrote results/recovery-soak.txt).
 # `scripts/bench.sh peers` (`make bench-peers`): only the paired peer
 # benchmarks (-count 6, with benchstat) and TestPeersExecutions of this
 # module, then RESULTS.md again (section 2 from this run, the rest from the
@@ -91,6 +93,12 @@ if [ "${1:-}" = compare ]; then
     echo "compare-rounds: $rounds"
     "$BENCHSTAT" -ignore cpu,mongo-server base="$OUT/compare-base.txt" new="$OUT/compare-new.txt"
   } >"$COMPARE"
+  report
+  exit 0
+fi
+
+if [ "${1:-}" = report ]; then # RESULTS.md again from the result files there are (e.g. after make soak wrote results/recovery-soak.txt)
+  [ -f "$RAW" ] || { echo "bench report: run make bench first ($ROOT/benchmarks/$RAW is missing)" >&2; exit 1; }
   report
   exit 0
 fi

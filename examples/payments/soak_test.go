@@ -262,8 +262,8 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 			held += holdAndKill(t, env, store, newPayment)
 			slot := &live[cycle%len(live)]
 			old := slot.Load()
+			slot.Store(nil) // new payments go to the other two
 			old.Kill()
-			slot.Store(nil)
 			kills++
 			p, err := procs.Start(env.bin, env.logs, append(slices.Clone(env.args), flags...)...)
 			if err != nil {
