@@ -63,13 +63,18 @@ vulncheck:
 # broker chaos of examples/consumer with 300 payments and 60 consumer kills per broker;
 # 500 payments per store killed mid-handler and finished by recoverers (examples/payments),
 # behind HISTORY completed recoverable records per store but FerretDB (default 100000),
-# 48 gRPC and Connect calls per door and store, 36 MCP tool calls per store (tests/mcp);
+# 48 gRPC and Connect calls per door and store; the recovery soak (TestRecoverySoak): 200 payments/s
+# per store for SOAK behind SOAK_HISTORY completed records (store=n,...), an instance SIGKILLed
+# mid-handler every 10s, figures into benchmarks/results/recovery-soak.txt and RESULTS.md section 11;
+# 36 MCP tool calls per store (tests/mcp);
 # the deterministic simulation (tests/sim) over SIM_SEEDS seeds (default 1,000,000: about 40 minutes on 2 idle cores).
 soak:
 	bash -c 'source scripts/services.sh && cd tests/chaos && go test -race -count=1 -timeout 30m -run "TestSoak|TestSentinelFailover" -v -soak=$${SOAK:-3m} .'
 	bash -c 'source scripts/services.sh && cd examples/consumer && go test -count=1 -timeout 30m -run TestExactlyOnce -v -payments 300 -duplicates 100 -kills 60 .'
 	bash -c 'source scripts/services.sh && cd tests/outbox && go test -count=1 -timeout 30m -run "TestChaosOutbox|TestClusterRelay|TestKafkaRelay|TestLoad" -v -soak .'
 	bash -c 'source scripts/services.sh && cd examples/payments && go test -count=1 -timeout 60m -run "TestRecoverWithoutClients|TestRecoverRPC" -v -soak -history $${HISTORY:-100000} .'
+	bash -c 'source scripts/services.sh && cd examples/payments && go test -count=1 -timeout 90m -run TestRecoverySoak -v -soak -soak-traffic $${SOAK:-3m} -soak-history $${SOAK_HISTORY:-redis=100000,postgres=20000,mysql=20000,mongo=500} -soak-out $(CURDIR)/benchmarks/results/recovery-soak.txt .'
+	./scripts/bench.sh report
 	bash -c 'source scripts/services.sh && cd tests/mcp && go test -count=1 -timeout 30m -run TestRecoverMCP -v -soak .'
 	cd tests/sim && go test -count=1 -timeout 12h -run 'TestSim$$' -v -sim.seeds=$${SIM_SEEDS:-1000000} .
 

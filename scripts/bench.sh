@@ -8,6 +8,8 @@
 # `make bench-load` (`scripts/bench.sh load`): only the load benchmark over
 # real sockets (benchmarks/cmd/load, 3-5 minutes), then RESULTS.md again
 # from the last bench.txt and this load.txt.
+# `scripts/bench.sh report`: only RESULTS.md (and its charts) again, from the
+# result files there are (after `make soak` wrote results/recovery-soak.txt).
 # `scripts/bench.sh peers` (`make bench-peers`): only the paired peer
 # benchmarks (-count 6, with benchstat) and TestPeersExecutions of this
 # module, then RESULTS.md again (section 2 from this run, the rest from the
@@ -37,10 +39,11 @@ GOPEERS=$OUT/go-peers.txt
 LOADPEERS=$OUT/load-go-peers.txt # the Go peers' load rows: a record (RESULTS.md section 9 says when and how)
 COMPARE=$OUT/compare.txt # benchstat of `scripts/bench.sh compare REV`
 HISTORY=$OUT/recovery-history.txt # BenchmarkLapsedBehindHistory -bench.full: a record (RESULTS.md section 10 says how)
+SOAK=$OUT/recovery-soak.txt # examples/payments TestRecoverySoak, written by make soak: a record (RESULTS.md section 11 says how)
 
 report() { # RESULTS.md (today's numbers; it links benchstat's and compare's files), overhead.png and load.png from every result file there is
   local in=$RAW stat=$OUT/benchstat.txt
-  for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD" "$LOADPEERS" "$HISTORY"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
+  for f in "$PEERS" "$EXEC" "$GOPEERS" "$LOAD" "$LOADPEERS" "$HISTORY" "$SOAK"; do if [ -f "$f" ]; then in="$in,$f"; fi; done
   for f in "$OUT/peers-benchstat.txt" "$OUT/go-peers-benchstat.txt"; do if [ -f "$f" ]; then stat="$stat,$f"; fi; done
   local cmp=()
   if [ -f "$COMPARE" ]; then cmp=(-compare "$COMPARE"); fi
@@ -90,6 +93,12 @@ if [ "${1:-}" = compare ]; then
     echo "compare-rounds: $rounds"
     "$BENCHSTAT" -ignore cpu,mongo-server base="$OUT/compare-base.txt" new="$OUT/compare-new.txt"
   } >"$COMPARE"
+  report
+  exit 0
+fi
+
+if [ "${1:-}" = report ]; then # RESULTS.md again from the result files there are (e.g. after make soak wrote results/recovery-soak.txt)
+  [ -f "$RAW" ] || { echo "bench report: run make bench first ($ROOT/benchmarks/$RAW is missing)" >&2; exit 1; }
   report
   exit 0
 fi

@@ -550,6 +550,7 @@ func writeReport(out io.Writer, r *results, stats []string, cmpFile string, cmp 
 
 	writeLoad(w, r, loadChartName)
 	writeHistory(w, r, &targets)
+	writeSoak(w, r, &targets)
 
 	writeTargets(w, targets)
 	p("\n![per-framework overhead and per-store latency](overhead.png)\n")
