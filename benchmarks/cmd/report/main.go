@@ -575,7 +575,7 @@ func writeReport(out io.Writer, r *results, stats []string, cmpFile string, cmp 
 	}
 	p("- [`results/history.md`](results/history.md): the passes that brought these numbers (profiles, what was changed, before → after) and superseded figures; `results/<pass>/` hold their raw runs.\n")
 	p("- [`results/steps-outbox.md`](results/steps-outbox.md): durable steps (`BenchmarkSteps`: the cost of a step per store, paired with the same operation without steps) and the outbox relay's throughput and lag (`make soak`), measured outside `make bench`.\n")
-	p("- [`results/proof.md`](results/proof.md): what the deterministic simulation, the journal model and the linearizability check cover per `make test` run (seeds, operations, contended operations), and where the mutation evidence is.\n")
+	p("- [`results/proof.md`](results/proof.md): what the deterministic simulation, the journal and record models and the linearizability check cover per `make test` run (seeds, operations, contended operations), and where the mutation evidence is.\n")
 
 	var tail bytes.Buffer
 	fmt.Fprintf(&tail, "# idem benchmarks\n\n")
