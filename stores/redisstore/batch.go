@@ -12,10 +12,11 @@ import (
 
 // maxFlushes bounds the flushes of one store in flight at once: a command
 // sent inline by a caller that found a flush slot free, or a pipeline of
-// queued commands sent by one of their callers. Measured on the paired
-// load run (benchmarks/RESULTS.md, section 9): more flushes in flight
-// spread the same commands over more, smaller pipelines, each costing its
-// own system calls.
+// queued commands sent by one of their callers. Two, so that one flight's
+// replies are read while the next is written, and two concurrent calls
+// both go at once, as with the plain client; one and two measured the same
+// within the noise of the shared machine (stores/redisstore README,
+// "Batching and pool size").
 const maxFlushes = 2
 
 // batcher groups the per-record commands of concurrent calls into

@@ -348,3 +348,57 @@ func TestTakenArgumentsCopied(t *testing.T) {
 		t.Fatalf("the step's result is %q; want %q, as given to FinishStep", got, "charged ch_1")
 	}
 }
+
+// TestBatchCancelStorm: concurrent calls, a third of them cancelled at
+// any moment (queued, leading, taken or replied), each return either
+// their answer or their context's error, and leave no flush slot taken:
+// the queue ends empty and a later call goes through. A call that
+// answered acquired finds its record in progress under its token.
+func TestBatchCancelStorm(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	s := redisstore.New(c, redisstore.WithPrefix(newPrefix(t, c)))
+	const workers, calls = 32, 20
+	var wg sync.WaitGroup
+	var acquired sync.Map // key → token
+	for w := range workers {
+		wg.Go(func() {
+			for i := range calls {
+				ctx, cancel := context.WithCancel(context.Background())
+				if (w+i)%3 == 0 {
+					go cancel()
+				}
+				key, tok := storetest.Key(), storetest.Token()
+				_, ok, err := s.Acquire(ctx, key, tok, "fp", time.Minute)
+				cancel()
+				switch {
+				case err == nil && ok:
+					acquired.Store(key, tok)
+				case err == nil:
+					t.Errorf("Acquire of a new key: not acquired")
+				case !errors.Is(err, context.Canceled):
+					t.Errorf("Acquire = %v; want its answer or context.Canceled", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := redisstore.Queued(s); n != 0 {
+		t.Fatalf("%d commands left queued", n)
+	}
+	for range redisstore.MaxFlushes + 1 { // every slot free: none waits
+		if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), storetest.Token(), "fp", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire after the storm: %v, %v", ok, err)
+		}
+	}
+	n := 0
+	acquired.Range(func(k, v any) bool {
+		n++
+		rec, found, err := s.Get(ctxT(t), k.(string))
+		if err != nil || !found || rec.State != idem.StateInProgress || rec.Token != v.(string) {
+			t.Errorf("Get(%s) = %+v, %v, %v; want in progress under its token", k, rec, found, err)
+		}
+		return true
+	})
+	t.Logf("%d of %d Acquires answered", n, workers*calls)
+}
