@@ -191,8 +191,12 @@ func MySQL(db *sql.DB, table string) Cloner {
 			if err != nil {
 				return fmt.Errorf("history: mysql copies %d-%d: %w", from, to, err)
 			}
-			if got, err := res.RowsAffected(); err != nil || got != int64(to-from+1) {
-				return fmt.Errorf("history: mysql copies %d-%d: %d rows inserted (template %s absent?), %v", from, to, got, template, err)
+			got, err := res.RowsAffected()
+			switch {
+			case err != nil:
+				return fmt.Errorf("history: mysql copies %d-%d: %w", from, to, err)
+			case got != int64(to-from+1):
+				return fmt.Errorf("history: mysql copies %d-%d: %d rows inserted (template %s absent?)", from, to, got, template)
 			}
 		}
 		return nil
