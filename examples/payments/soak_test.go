@@ -348,12 +348,14 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 		store, sent, completed, uncertain, count[0], cut, failed)
 
 	// The figures.
-	lapsed := lapsedClaims(t, env.logs.Name())
+	lapsed := lapsedClaims(t, env.logs.Name(), trafficStart)
 	lease := soakLease
 	if store == "mongo" {
 		lease *= 2
 	}
-	return soakLines(t, store, n, seeded, traffic, sent, kills, held, lease, lapsed, samples, loadStart, loadEnd)
+	lines := soakLines(t, store, n, seeded, traffic, sent, kills, held, lease, lapsed, samples, loadStart, loadEnd)
+	lines[0] += fmt.Sprintf(" %d completed %d parked %d answered-5xx %d cut", completed, uncertain, failed, cut)
+	return lines
 }
 
 // holdAndKill starts an instance that holds each payment at a pause
@@ -565,32 +567,52 @@ func collectRows(t *testing.T, scan func(dst ...any) error, next func() bool, er
 }
 
 // takeoverLine is an engine's log line of a takeover (core's
-// reportTakeover): lapsed is how long the lease had lapsed by the store's
-// clock when the record was taken over. In the soak no client retries,
-// so every takeover is a recoverer's claim.
-var takeoverLine = regexp.MustCompile(`took over a lapsed lease.* lapsed=(\S+)`)
+// reportTakeover, through the default slog handler: "2006/01/02
+// 15:04:05 WARN ..."): lapsed is how long the lease had lapsed by the
+// store's clock when the record was taken over. In the soak no client
+// retries, so every takeover is a recoverer's claim.
+var takeoverLine = regexp.MustCompile(`^(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) .*took over a lapsed lease.* lapsed=(\S+)`)
 
-// lapsedClaims reads the lapse→claim durations of the takeovers logged
-// to the file at path, sorted.
-func lapsedClaims(t *testing.T, path string) []time.Duration {
+// soakClaim is one recovery claim: when (since the traffic began, to the
+// second of its log line) and how long the lease had lapsed.
+type soakClaim struct{ at, lapsed time.Duration }
+
+// lapsedClaims reads the recovery claims logged to the file at path.
+func lapsedClaims(t *testing.T, path string, start time.Time) []soakClaim {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var ds []time.Duration
+	var cs []soakClaim
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if m := takeoverLine.FindStringSubmatch(sc.Text()); m != nil {
-			if d, err := time.ParseDuration(m[1]); err == nil {
-				ds = append(ds, d)
-			}
+		m := takeoverLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		at, err1 := time.ParseInLocation("2006/01/02 15:04:05", m[1], time.Local)
+		d, err2 := time.ParseDuration(m[2])
+		if err1 == nil && err2 == nil {
+			cs = append(cs, soakClaim{at.Sub(start.Truncate(time.Second)), d})
 		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
+	}
+	return cs
+}
+
+// lapses returns the lapse→claim durations of the claims logged in
+// (from, to] since the traffic began, sorted.
+func lapses(cs []soakClaim, from, to time.Duration) []time.Duration {
+	var ds []time.Duration
+	for _, c := range cs {
+		if c.at > from && c.at <= to {
+			ds = append(ds, c.lapsed)
+		}
 	}
 	slices.Sort(ds)
 	return ds
@@ -621,13 +643,15 @@ func loadAverage() float64 {
 
 // soakLines logs a store's figures and returns them as benchmark lines:
 // BenchmarkRecoverySoak/store=S with the run's figures, and
-// BenchmarkRecoverySoak/store=S/at=Ns with the index (and Redis's
-// memory) every 15 seconds.
+// BenchmarkRecoverySoak/store=S/at=Ns every 15 seconds with the index
+// (and Redis's memory) then, and the claims logged since the line before
+// with their p99 lapse→claim.
 func soakLines(t *testing.T, store string, history int, seeded, traffic time.Duration, sent, kills, held int, lease time.Duration,
-	lapsed []time.Duration, samples []soakSample, loadStart, loadEnd float64,
+	claims []soakClaim, samples []soakSample, loadStart, loadEnd float64,
 ) []string {
 	t.Helper()
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	lapsed := lapses(claims, -time.Hour, time.Hour)
 	p50, p99, worst := quantile(lapsed, 0.5), quantile(lapsed, 0.99), quantile(lapsed, 1)
 	lo, hi := samples[0].index, samples[0].index
 	for _, s := range samples {
@@ -640,10 +664,14 @@ func soakLines(t *testing.T, store string, history int, seeded, traffic time.Dur
 	lines := []string{fmt.Sprintf("%s 1 %d ns/op %d history %.0f seed-s %.1f req/s %d payments %d kills %d held %d claims %.1f p50-ms %.1f p99-ms %.1f max-ms %.0f lease-ms %.0f every-ms %d index-min %d index-max %d index-last %d mem-start-B %d mem-end-B %.1f load-start %.1f load-end",
 		name, traffic.Nanoseconds(), history, seeded.Seconds(), float64(sent)/traffic.Seconds(), sent, kills, held, len(lapsed),
 		ms(p50), ms(p99), ms(worst), ms(lease), ms(soakEvery), lo, hi, last.index, first.usedMemory, last.usedMemory, loadStart, loadEnd)}
-	next := time.Duration(0)
+	next, prev := time.Duration(0), -time.Hour
 	for _, s := range samples {
 		if s.at >= next || s == last {
-			lines = append(lines, fmt.Sprintf("%s/at=%ds 1 0 ns/op %d index %d used-memory-B %d index-B", name, int(s.at.Seconds()), s.index, s.usedMemory, s.indexMB))
+			at := s.at.Truncate(time.Second)
+			window := lapses(claims, prev, at)
+			prev = at
+			lines = append(lines, fmt.Sprintf("%s/at=%ds 1 0 ns/op %d index %d used-memory-B %d index-B %d claims %.1f p99-ms",
+				name, int(at.Seconds()), s.index, s.usedMemory, s.indexMB, len(window), ms(quantile(window, 0.99))))
 			next = s.at.Truncate(15*time.Second) + 15*time.Second
 		}
 	}
