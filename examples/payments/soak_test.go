@@ -77,7 +77,9 @@ func seedHistory(ctx context.Context, st idem.Store, n int) error {
 // wire: documents with dueAt) empty once nothing is in flight, whatever the
 // history. It reports, without asserting them (the machine is shared),
 // the time from each lease's lapse to its recovery claim by the store's
-// clock (from the instances' takeover log lines) against 2 × RecoverEvery
+// clock (from the instances' takeover log lines: the records of killed
+// holders, and those whose handler answered 5xx after a journaled step,
+// whose lease lapses at once) against 2 × RecoverEvery
 // (a crashed record claimed within lease + 2 × RecoverEvery of its last
 // renewal), the index size over time and Redis's memory, and writes them
 // to -soak-out.
@@ -115,6 +117,8 @@ func TestRecoverySoak(t *testing.T) {
 	}
 }
 
+// parseSoakHistory reads -soak-history: store=n,... of redis, postgres,
+// mysql and mongo.
 func parseSoakHistory(s string) (map[string]int, error) {
 	sizes := map[string]int{}
 	for f := range strings.SplitSeq(s, ",") {
