@@ -47,12 +47,24 @@ const (
 	soakLease = 4 * time.Second
 )
 
-func soakFlags(store string) []string {
+// soakFlags are the flags of env's instances in the soak: on PostgreSQL
+// a pool of 16 connections per instance, as the service's MySQL pool
+// (pgxpool's default, 4 on 2 cores, queues 70 payments a second past
+// the store timeout).
+func soakFlags(env *crashEnv) []string {
 	timeout, lease := "1s", soakLease
-	if store == "mongo" {
+	if env.cfg.Store == "mongo" {
 		timeout, lease = "2s", 2*soakLease
 	}
-	return []string{"-recover", "-recover-every", soakEvery.String(), "-lease", lease.String(), "-store-timeout", timeout}
+	flags := []string{"-recover", "-recover-every", soakEvery.String(), "-lease", lease.String(), "-store-timeout", timeout}
+	if env.cfg.Store == "postgres" {
+		sep := "?"
+		if strings.Contains(env.cfg.PostgresURL, "?") {
+			sep = "&"
+		}
+		flags = append(flags, "-postgres-url", env.cfg.PostgresURL+sep+"pool_max_conns=16")
+	}
+	return flags
 }
 
 // seedHistory writes n completed recoverable records to st before the
@@ -165,7 +177,7 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 	t.Logf("%s: %d completed recoverable records written in %v", store, n, seeded.Round(time.Second))
 	loadStart := loadAverage()
 
-	flags := soakFlags(store)
+	flags := soakFlags(env)
 	var live [3]atomic.Pointer[procs.Proc]
 	for i := range live {
 		live[i].Store(env.start(t, flags...))
@@ -263,7 +275,7 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 				return
 			case <-tick.C:
 			}
-			held += holdAndKill(t, env, store, newPayment)
+			held += holdAndKill(t, env, newPayment)
 			slot := &live[cycle%len(live)]
 			old := slot.Load()
 			slot.Store(nil) // new payments go to the other two
@@ -366,8 +378,8 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 // point (-recover for its route's recovery payloads, its own recoverer's
 // first pass an hour away), sends it one payment per point, SIGKILLs it
 // once all are held (or 60s passed), and returns how many were held.
-func holdAndKill(t *testing.T, env *crashEnv, store string, newPayment func() *soakPayment) int {
-	flags := append(soakFlags(store), "-recover-every", "1h")
+func holdAndKill(t *testing.T, env *crashEnv, newPayment func() *soakPayment) int {
+	flags := append(soakFlags(env), "-recover-every", "1h")
 	p, err := procs.Start(env.bin, env.logs, append(slices.Clone(env.args), append(flags, "-pause-at", strings.Join(payments.PausePoints, ","))...)...)
 	if err != nil {
 		t.Errorf("the held instance: %v", err)
