@@ -47,12 +47,24 @@ const (
 	soakLease = 4 * time.Second
 )
 
-func soakFlags(store string) []string {
+// soakFlags are the flags of env's instances in the soak: on PostgreSQL
+// a pool of 16 connections per instance, as the service's MySQL pool
+// (pgxpool's default, 4 on 2 cores, queues 70 payments a second past
+// the store timeout).
+func soakFlags(env *crashEnv) []string {
 	timeout, lease := "1s", soakLease
-	if store == "mongo" {
+	if env.cfg.Store == "mongo" {
 		timeout, lease = "2s", 2*soakLease
 	}
-	return []string{"-recover", "-recover-every", soakEvery.String(), "-lease", lease.String(), "-store-timeout", timeout}
+	flags := []string{"-recover", "-recover-every", soakEvery.String(), "-lease", lease.String(), "-store-timeout", timeout}
+	if env.cfg.Store == "postgres" {
+		sep := "?"
+		if strings.Contains(env.cfg.PostgresURL, "?") {
+			sep = "&"
+		}
+		flags = append(flags, "-postgres-url", env.cfg.PostgresURL+sep+"pool_max_conns=16")
+	}
+	return flags
 }
 
 // seedHistory writes n completed recoverable records to st before the
@@ -77,7 +89,9 @@ func seedHistory(ctx context.Context, st idem.Store, n int) error {
 // wire: documents with dueAt) empty once nothing is in flight, whatever the
 // history. It reports, without asserting them (the machine is shared),
 // the time from each lease's lapse to its recovery claim by the store's
-// clock (from the instances' takeover log lines) against 2 × RecoverEvery
+// clock (from the instances' takeover log lines: the records of killed
+// holders, and those whose handler answered 5xx after a journaled step,
+// whose lease lapses at once) against 2 × RecoverEvery
 // (a crashed record claimed within lease + 2 × RecoverEvery of its last
 // renewal), the index size over time and Redis's memory, and writes them
 // to -soak-out.
@@ -115,6 +129,8 @@ func TestRecoverySoak(t *testing.T) {
 	}
 }
 
+// parseSoakHistory reads -soak-history: store=n,... of redis, postgres,
+// mysql and mongo.
 func parseSoakHistory(s string) (map[string]int, error) {
 	sizes := map[string]int{}
 	for f := range strings.SplitSeq(s, ",") {
@@ -161,7 +177,7 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 	t.Logf("%s: %d completed recoverable records written in %v", store, n, seeded.Round(time.Second))
 	loadStart := loadAverage()
 
-	flags := soakFlags(store)
+	flags := soakFlags(env)
 	var live [3]atomic.Pointer[procs.Proc]
 	for i := range live {
 		live[i].Store(env.start(t, flags...))
@@ -259,7 +275,7 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 				return
 			case <-tick.C:
 			}
-			held += holdAndKill(t, env, store, newPayment)
+			held += holdAndKill(t, env, newPayment)
 			slot := &live[cycle%len(live)]
 			old := slot.Load()
 			slot.Store(nil) // new payments go to the other two
@@ -348,20 +364,22 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 		store, sent, completed, uncertain, count[0], cut, failed)
 
 	// The figures.
-	lapsed := lapsedClaims(t, env.logs.Name())
+	lapsed := lapsedClaims(t, env.logs.Name(), trafficStart)
 	lease := soakLease
 	if store == "mongo" {
 		lease *= 2
 	}
-	return soakLines(t, store, n, seeded, traffic, sent, kills, held, lease, lapsed, samples, loadStart, loadEnd)
+	lines := soakLines(t, store, n, seeded, traffic, sent, kills, held, lease, lapsed, samples, loadStart, loadEnd)
+	lines[0] += fmt.Sprintf(" %d completed %d parked %d answered-5xx %d cut", completed, uncertain, failed, cut)
+	return lines
 }
 
 // holdAndKill starts an instance that holds each payment at a pause
 // point (-recover for its route's recovery payloads, its own recoverer's
 // first pass an hour away), sends it one payment per point, SIGKILLs it
 // once all are held (or 60s passed), and returns how many were held.
-func holdAndKill(t *testing.T, env *crashEnv, store string, newPayment func() *soakPayment) int {
-	flags := append(soakFlags(store), "-recover-every", "1h")
+func holdAndKill(t *testing.T, env *crashEnv, newPayment func() *soakPayment) int {
+	flags := append(soakFlags(env), "-recover-every", "1h")
 	p, err := procs.Start(env.bin, env.logs, append(slices.Clone(env.args), append(flags, "-pause-at", strings.Join(payments.PausePoints, ","))...)...)
 	if err != nil {
 		t.Errorf("the held instance: %v", err)
@@ -565,32 +583,52 @@ func collectRows(t *testing.T, scan func(dst ...any) error, next func() bool, er
 }
 
 // takeoverLine is an engine's log line of a takeover (core's
-// reportTakeover): lapsed is how long the lease had lapsed by the store's
-// clock when the record was taken over. In the soak no client retries,
-// so every takeover is a recoverer's claim.
-var takeoverLine = regexp.MustCompile(`took over a lapsed lease.* lapsed=(\S+)`)
+// reportTakeover, through the default slog handler: "2006/01/02
+// 15:04:05 WARN ..."): lapsed is how long the lease had lapsed by the
+// store's clock when the record was taken over. In the soak no client
+// retries, so every takeover is a recoverer's claim.
+var takeoverLine = regexp.MustCompile(`^(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) .*took over a lapsed lease.* lapsed=(\S+)`)
 
-// lapsedClaims reads the lapse→claim durations of the takeovers logged
-// to the file at path, sorted.
-func lapsedClaims(t *testing.T, path string) []time.Duration {
+// soakClaim is one recovery claim: when (since the traffic began, to the
+// second of its log line) and how long the lease had lapsed.
+type soakClaim struct{ at, lapsed time.Duration }
+
+// lapsedClaims reads the recovery claims logged to the file at path.
+func lapsedClaims(t *testing.T, path string, start time.Time) []soakClaim {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var ds []time.Duration
+	var cs []soakClaim
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if m := takeoverLine.FindStringSubmatch(sc.Text()); m != nil {
-			if d, err := time.ParseDuration(m[1]); err == nil {
-				ds = append(ds, d)
-			}
+		m := takeoverLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		at, err1 := time.ParseInLocation("2006/01/02 15:04:05", m[1], time.Local)
+		d, err2 := time.ParseDuration(m[2])
+		if err1 == nil && err2 == nil {
+			cs = append(cs, soakClaim{at.Sub(start.Truncate(time.Second)), d})
 		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
+	}
+	return cs
+}
+
+// lapses returns the lapse→claim durations of the claims logged in
+// (from, to] since the traffic began, sorted.
+func lapses(cs []soakClaim, from, to time.Duration) []time.Duration {
+	var ds []time.Duration
+	for _, c := range cs {
+		if c.at > from && c.at <= to {
+			ds = append(ds, c.lapsed)
+		}
 	}
 	slices.Sort(ds)
 	return ds
@@ -621,13 +659,15 @@ func loadAverage() float64 {
 
 // soakLines logs a store's figures and returns them as benchmark lines:
 // BenchmarkRecoverySoak/store=S with the run's figures, and
-// BenchmarkRecoverySoak/store=S/at=Ns with the index (and Redis's
-// memory) every 15 seconds.
+// BenchmarkRecoverySoak/store=S/at=Ns every 15 seconds with the index
+// (and Redis's memory) then, and the claims logged since the line before
+// with their p99 lapse→claim.
 func soakLines(t *testing.T, store string, history int, seeded, traffic time.Duration, sent, kills, held int, lease time.Duration,
-	lapsed []time.Duration, samples []soakSample, loadStart, loadEnd float64,
+	claims []soakClaim, samples []soakSample, loadStart, loadEnd float64,
 ) []string {
 	t.Helper()
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	lapsed := lapses(claims, -time.Hour, time.Hour)
 	p50, p99, worst := quantile(lapsed, 0.5), quantile(lapsed, 0.99), quantile(lapsed, 1)
 	lo, hi := samples[0].index, samples[0].index
 	for _, s := range samples {
@@ -640,10 +680,14 @@ func soakLines(t *testing.T, store string, history int, seeded, traffic time.Dur
 	lines := []string{fmt.Sprintf("%s 1 %d ns/op %d history %.0f seed-s %.1f req/s %d payments %d kills %d held %d claims %.1f p50-ms %.1f p99-ms %.1f max-ms %.0f lease-ms %.0f every-ms %d index-min %d index-max %d index-last %d mem-start-B %d mem-end-B %.1f load-start %.1f load-end",
 		name, traffic.Nanoseconds(), history, seeded.Seconds(), float64(sent)/traffic.Seconds(), sent, kills, held, len(lapsed),
 		ms(p50), ms(p99), ms(worst), ms(lease), ms(soakEvery), lo, hi, last.index, first.usedMemory, last.usedMemory, loadStart, loadEnd)}
-	next := time.Duration(0)
+	next, prev := time.Duration(0), -time.Hour
 	for _, s := range samples {
 		if s.at >= next || s == last {
-			lines = append(lines, fmt.Sprintf("%s/at=%ds 1 0 ns/op %d index %d used-memory-B %d index-B", name, int(s.at.Seconds()), s.index, s.usedMemory, s.indexMB))
+			at := s.at.Truncate(time.Second)
+			window := lapses(claims, prev, at)
+			prev = at
+			lines = append(lines, fmt.Sprintf("%s/at=%ds 1 0 ns/op %d index %d used-memory-B %d index-B %d claims %.1f p99-ms",
+				name, int(at.Seconds()), s.index, s.usedMemory, s.indexMB, len(window), ms(quantile(window, 0.99))))
 			next = s.at.Truncate(15*time.Second) + 15*time.Second
 		}
 	}
