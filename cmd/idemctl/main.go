@@ -469,13 +469,16 @@ func (lv leaseView) holder(left time.Duration) string {
 	switch {
 	case left <= 0:
 		return fmt.Sprintf("none: the lease lapsed %v ago (its holder stopped renewing it, or an operator resolved a step with idemctl resolve-step); due: the next request with this key, or a recoverer, takes it over and resumes the handler from its journal", roundTTL(-left))
-	case left > lv.lease:
+	case left > lv.lease+lv.storeTimeout:
+		// A store's clock (mongostore's estimate of its server's, to half a
+		// round trip) may put a just-taken lease a little above -lease; a
+		// round trip is at most a store timeout.
 		return fmt.Sprintf("%v left is more than -lease %v: pass the service's lease (idem.WithLease) as -lease to tell whether its holder renews", roundTTL(left), lv.lease)
 	case lv.floor() <= 0:
 		return fmt.Sprintf("unknown: -lease %v is too short beside -store-timeout %v to tell", lv.lease, lv.storeTimeout)
 	case lv.renewing(left):
 		return fmt.Sprintf("renews it, or took it less than %v ago: %v left is above %v, the least a renewing holder keeps (-lease %v - lease/3 - 2 × -store-timeout %v); show again after %v to tell",
-			roundTTL(lv.lease-left), roundTTL(left), lv.floor(), lv.lease, lv.storeTimeout, roundTTL(left-lv.floor()))
+			roundTTL(max(0, lv.lease-left)), roundTTL(left), lv.floor(), lv.lease, lv.storeTimeout, roundTTL(left-lv.floor()))
 	}
 	return fmt.Sprintf("stopped renewing (crashed, or its process stalls): %v left is at most %v, the least a renewing holder keeps (-lease %v - lease/3 - 2 × -store-timeout %v); the lease lapses in %v, then the next request executes",
 		roundTTL(left), lv.floor(), lv.lease, lv.storeTimeout, roundTTL(left))

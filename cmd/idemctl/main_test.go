@@ -389,3 +389,17 @@ func TestAddressForms(t *testing.T) {
 		})
 	}
 }
+
+// TestHolderClockSkew: a lease just taken, read by a store whose clock runs
+// a little ahead (mongostore's estimate of its server's), is a renewing
+// holder's, not a -lease too short; a lease longer than -lease by more
+// than a store timeout is the latter.
+func TestHolderClockSkew(t *testing.T) {
+	lv := leaseView{idem.DefaultLease, idem.DefaultStoreTimeout}
+	if got := lv.holder(idem.DefaultLease + time.Millisecond); !strings.HasPrefix(got, "renews it, or took it less than 0s ago") {
+		t.Errorf("holder(lease + 1ms) = %q, want a renewing holder", got)
+	}
+	if got := lv.holder(idem.DefaultLease + idem.DefaultStoreTimeout + time.Second); !strings.Contains(got, "is more than -lease") {
+		t.Errorf("holder(lease + store timeout + 1s) = %q, want -lease too short", got)
+	}
+}
