@@ -4,20 +4,35 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// maxFlushes bounds the flushes of one store in flight at once: a command
-// sent inline by a caller that found a flush slot free, or a pipeline of
-// queued commands sent by one of their callers. Two, so that one flight's
-// replies are read while the next is written, and two concurrent calls
-// both go at once, as with the plain client; one and two measured the same
-// within the noise of the shared machine (stores/redisstore README,
-// "Batching and pool size").
-const maxFlushes = 2
+// flushSlots is how many flushes of one store may be in flight at once
+// for client c: a command sent inline by a caller that found a slot free,
+// or a pipeline of queued commands sent by one of their callers. It is
+// the client's connection pool size (go-redis: 10 per GOMAXPROCS for a
+// Client, 5 per GOMAXPROCS per node for a ClusterClient, by default), so
+// that the store batches only what the plain client would queue for a
+// connection: a flight stuck on a broken connection until its context
+// ends holds one slot, as it would hold one pooled connection, and never
+// stalls the lease renewals of other calls while connections are free.
+func flushSlots(c redis.UniversalClient) int {
+	n := 0
+	switch c := c.(type) {
+	case *redis.Client:
+		n = c.Options().PoolSize
+	case *redis.ClusterClient:
+		n = c.Options().PoolSize
+	}
+	if n <= 0 {
+		n = 10 * runtime.GOMAXPROCS(0)
+	}
+	return n
+}
 
 // batcher groups the per-record commands of concurrent calls into
 // pipelines, on the callers' own goroutines (group commit): a caller that
@@ -30,8 +45,9 @@ const maxFlushes = 2
 // sent. It starts no goroutine.
 type batcher struct {
 	c     redis.UniversalClient
+	max   int // flushSlots(c)
 	mu    sync.Mutex
-	busy  int       // flushes in flight, at most maxFlushes
+	busy  int       // flushes in flight, at most max
 	queue []*queued // commands waiting for a flush, in arrival order
 }
 
@@ -64,7 +80,7 @@ func (b *batcher) send(ctx context.Context, cmd redis.Cmder) error {
 		return err
 	}
 	b.mu.Lock()
-	if b.busy < maxFlushes {
+	if b.busy < b.max {
 		b.busy++
 		b.mu.Unlock()
 		_ = b.c.Process(ctx, cmd)

@@ -143,14 +143,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// holdSlots starts redisstore.MaxFlushes Acquires on s and returns once
+// holdSlots starts redisstore.MaxFlushes(s) Acquires on s and returns once
 // the hook holds each one's SET: every flush slot of s is taken. Their
 // errors go to errs.
 func holdSlots(t *testing.T, s *redisstore.Store, h *gateHook, errs chan<- error) []chan struct{} {
 	t.Helper()
-	h.hold.Store(redisstore.MaxFlushes)
+	h.hold.Store(int32(redisstore.MaxFlushes(s)))
 	var gates []chan struct{}
-	for range redisstore.MaxFlushes {
+	for range redisstore.MaxFlushes(s) {
 		go func() {
 			_, ok, err := s.Acquire(context.Background(), storetest.Key(), storetest.Token(), "fp", time.Minute)
 			if err == nil && !ok {
@@ -185,7 +185,7 @@ func TestBatchesShare(t *testing.T) {
 			c.AddHook(hook)
 			s := redisstore.New(c, redisstore.WithPrefix(prefix))
 			const calls = 32
-			errs := make(chan error, calls+redisstore.MaxFlushes)
+			errs := make(chan error, calls+redisstore.MaxFlushes(s))
 			gates := holdSlots(t, s, hook, errs)
 			keys := make([]string, calls)
 			for i := range keys {
@@ -202,12 +202,12 @@ func TestBatchesShare(t *testing.T) {
 			for _, g := range gates {
 				close(g)
 			}
-			for range calls + redisstore.MaxFlushes {
+			for range calls + redisstore.MaxFlushes(s) {
 				if err := <-errs; err != nil {
 					t.Fatalf("Acquire: %v", err)
 				}
 			}
-			sizes := hook.batches()[redisstore.MaxFlushes:]
+			sizes := hook.batches()[redisstore.MaxFlushes(s):]
 			sent := 0
 			for _, n := range sizes {
 				sent += n
@@ -242,7 +242,7 @@ func TestQueuedEndedNeverSent(t *testing.T) {
 		t.Fatalf("Acquire: %v, %v", ok, err)
 	}
 
-	errs := make(chan error, redisstore.MaxFlushes)
+	errs := make(chan error, redisstore.MaxFlushes(s))
 	gates := holdSlots(t, s, hook, errs)
 
 	fresh := storetest.Key()
@@ -268,7 +268,7 @@ func TestQueuedEndedNeverSent(t *testing.T) {
 	for _, g := range gates {
 		close(g)
 	}
-	for range redisstore.MaxFlushes {
+	for range redisstore.MaxFlushes(s) {
 		if err := <-errs; err != nil {
 			t.Fatalf("held Acquire: %v", err)
 		}
@@ -304,7 +304,7 @@ func TestTakenArgumentsCopied(t *testing.T) {
 	if _, err := s.StartStep(ctxT(t), key, tok, "charge", time.Minute); err != nil {
 		t.Fatalf("StartStep: %v", err)
 	}
-	errs := make(chan error, redisstore.MaxFlushes)
+	errs := make(chan error, redisstore.MaxFlushes(s))
 	gates := holdSlots(t, s, hook, errs)
 
 	// First in the queue, with no deadline: the leader of the next flush.
@@ -335,7 +335,7 @@ func TestTakenArgumentsCopied(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("Get: %v", err)
 	}
-	for range redisstore.MaxFlushes {
+	for range redisstore.MaxFlushes(s) {
 		if err := <-errs; err != nil {
 			t.Fatalf("held Acquire: %v", err)
 		}
@@ -386,7 +386,7 @@ func TestBatchCancelStorm(t *testing.T) {
 	if n := redisstore.Queued(s); n != 0 {
 		t.Fatalf("%d commands left queued", n)
 	}
-	for range redisstore.MaxFlushes + 1 { // every slot free: none waits
+	for range redisstore.MaxFlushes(s) + 1 { // every slot free: none waits
 		if _, ok, err := s.Acquire(ctxT(t), storetest.Key(), storetest.Token(), "fp", time.Minute); err != nil || !ok {
 			t.Fatalf("Acquire after the storm: %v, %v", ok, err)
 		}

@@ -1,7 +1,7 @@
 package redisstore
 
-// MaxFlushes is maxFlushes, for the tests that hold every flush slot.
-const MaxFlushes = maxFlushes
+// MaxFlushes returns s's flush slots, for the tests that hold every one.
+func MaxFlushes(s *Store) int { return s.b.max }
 
 // Queued returns how many commands wait in s's batch queue.
 func Queued(s *Store) int {

@@ -125,8 +125,9 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 //
 // The commands on one record (those of Acquire, Complete, Release, Extend,
 // Get, Resolve and the step journal) are batched: a call that finds fewer
-// than two commands of the store in flight sends its command at once,
-// with the client's Process; a call that finds two queues its command,
+// of the store's commands in flight than the client's pool size sends its
+// command at once, with the client's Process; a call that finds the pool's
+// worth in flight queues its command,
 // and when a flight ends, one queued caller sends every queued command in
 // one pipeline (a Cluster client splits it by node). Concurrent requests
 // then share the write and read system calls of a round trip. A queued
@@ -139,7 +140,7 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 // WithWaitReplicas' script and WAIT pipeline, the recovery index) go
 // through the client unbatched. [WithoutBatching] turns batching off.
 func New(client redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{c: client, prefix: DefaultPrefix, b: &batcher{c: client}}
+	s := &Store{c: client, prefix: DefaultPrefix, b: &batcher{c: client, max: flushSlots(client)}}
 	for _, o := range opts {
 		o(s)
 	}
