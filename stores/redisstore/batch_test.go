@@ -199,7 +199,12 @@ func TestBatchesShare(t *testing.T) {
 				}()
 			}
 			waitFor(t, "the Acquires did not all queue", func() bool { return redisstore.Queued(s) == calls })
-			for _, g := range gates {
+			// One held flight ends first: the queued caller it hands its
+			// slot to takes the whole queue before the others end (each
+			// ending flight hands a slot to one queued caller).
+			close(gates[0])
+			waitFor(t, "the queue was not taken", func() bool { return redisstore.Queued(s) == 0 })
+			for _, g := range gates[1:] {
 				close(g)
 			}
 			for range calls + redisstore.MaxFlushes(s) {
@@ -225,6 +230,17 @@ func TestBatchesShare(t *testing.T) {
 	}
 }
 
+// newGatedStore returns a client to the standalone Redis with a gateHook
+// on a fresh prefix, and a store on it with its defaults.
+func newGatedStore(t *testing.T) (*redis.Client, string, *gateHook, *redisstore.Store) {
+	t.Helper()
+	c := newClient(t)
+	prefix := newPrefix(t, c)
+	hook := newGateHook(t, prefix)
+	c.AddHook(hook)
+	return c, prefix, hook, redisstore.New(c, redisstore.WithPrefix(prefix))
+}
+
 // TestQueuedEndedNeverSent: a command queued behind held flushes whose
 // context ends (cancelled, or the store's timeout) returns the context's
 // error and is never sent, not even once the flushes it waited behind
@@ -232,11 +248,7 @@ func TestBatchesShare(t *testing.T) {
 // progress.
 func TestQueuedEndedNeverSent(t *testing.T) {
 	t.Parallel()
-	c := newClient(t)
-	prefix := newPrefix(t, c)
-	hook := newGateHook(t, prefix)
-	c.AddHook(hook)
-	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	c, prefix, hook, s := newGatedStore(t)
 	done, tok := storetest.Key(), storetest.Token()
 	if _, ok, err := s.Acquire(ctxT(t), done, tok, "fp", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire: %v, %v", ok, err)
@@ -292,11 +304,7 @@ func TestQueuedEndedNeverSent(t *testing.T) {
 // after the call returned.
 func TestTakenArgumentsCopied(t *testing.T) {
 	t.Parallel()
-	c := newClient(t)
-	prefix := newPrefix(t, c)
-	hook := newGateHook(t, prefix)
-	c.AddHook(hook)
-	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	_, _, hook, s := newGatedStore(t)
 	key, tok := storetest.Key(), storetest.Token()
 	if _, ok, err := s.Acquire(ctxT(t), key, tok, "fp", time.Minute); err != nil || !ok {
 		t.Fatalf("Acquire: %v, %v", ok, err)
