@@ -29,6 +29,7 @@ require (
 	github.com/idemkit/idem/stores/mysqlstore v0.1.0
 	github.com/idemkit/idem/stores/pgstore v0.1.0
 	github.com/idemkit/idem/stores/redisstore v0.1.0
+	github.com/idemkit/idem/tools/history v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/labstack/echo/v5 v5.4.4
@@ -149,4 +150,5 @@ replace (
 	github.com/idemkit/idem/stores/mysqlstore => ../stores/mysqlstore
 	github.com/idemkit/idem/stores/pgstore => ../stores/pgstore
 	github.com/idemkit/idem/stores/redisstore => ../stores/redisstore
+	github.com/idemkit/idem/tools/history => ../tools/history
 )

@@ -26,7 +26,7 @@ import (
 
 var soak = flag.Bool("soak", false, "play the long runs: TestRecoverWithoutClients with 500 payments per store (make soak)")
 
-var history = flag.Int("history", 0, "TestRecoverWithoutClients: completed recoverable records written to each store but the MongoDB wire before its payments (FerretDB's SQLite backend scans the collection on every lookup: a history there slows every call, not recovery)")
+var historySize = flag.Int("history", 0, "TestRecoverWithoutClients: completed recoverable records written to each store but the MongoDB wire before its payments (FerretDB's SQLite backend scans the collection on every lookup: a history there slows every call, not recovery)")
 
 // recoverEvery is the recoverers' interval in these tests (-recover-every).
 const recoverEvery = 250 * time.Millisecond
@@ -84,7 +84,7 @@ func TestRecoverWithoutClients(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer closeStore()
-				if h := *history; h > 0 && store != "mongo" {
+				if h := *historySize; h > 0 && store != "mongo" {
 					start := time.Now()
 					if err := storetest.WriteHistory(context.Background(), st, h); err != nil {
 						t.Fatal(err)

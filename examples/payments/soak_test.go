@@ -26,9 +26,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	idem "github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/examples/internal/payments"
 	"github.com/idemkit/idem/examples/internal/procs"
+	"github.com/idemkit/idem/tools/history"
 )
 
 var (
@@ -68,9 +68,12 @@ func soakFlags(env *crashEnv) []string {
 }
 
 // seedHistory writes n completed recoverable records to st before the
-// soak's traffic: the one place the soak seeds its history.
-func seedHistory(ctx context.Context, st idem.Store, n int) error {
-	return storetest.WriteHistory(ctx, st, n)
+// soak's traffic (tools/history: one through the Store API, the others
+// copied by the store's server with clone): the one place the soak seeds
+// its history.
+func seedHistory(ctx context.Context, st idem.Store, clone history.Cloner, n int) error {
+	_, err := history.Seed(ctx, st, clone, n)
+	return err
 }
 
 // TestRecoverySoak runs recovery behind a history on the
@@ -168,7 +171,7 @@ func soakStore(t *testing.T, env *crashEnv, n int) []string {
 	}
 	defer closeStore()
 	began := time.Now()
-	if err := seedHistory(ctx, st, n); err != nil {
+	if err := seedHistory(ctx, st, probe.clone, n); err != nil {
 		t.Fatal(err)
 	}
 	seeded := time.Since(began)
@@ -472,8 +475,11 @@ func (env *crashEnv) soakSettle(t *testing.T, in idem.Inspector, pays []*soakPay
 	}
 }
 
-// soakProbe reads a store's recovery index size and its ledger.
+// soakProbe reads a store's recovery index size and its ledger, and
+// copies its history.
 type soakProbe struct {
+	// clone copies a completed record in the store's server (tools/history).
+	clone  history.Cloner
 	sample func(ctx context.Context) (soakSample, error)
 	// ledger returns the ledger rows per user of the users with prefix
 	// (SQL stores), nil for the others.
@@ -498,6 +504,7 @@ func newSoakProbe(t *testing.T, env *crashEnv) *soakProbe {
 		rc := redis.NewClient(opts)
 		t.Cleanup(func() { _ = rc.Close() })
 		key := env.cfg.RedisPrefix + "recovery"
+		pr.clone = history.Redis(rc, env.cfg.RedisPrefix)
 		used := regexp.MustCompile(`(?m)^used_memory:(\d+)`)
 		pr.sample = func(ctx context.Context) (s soakSample, err error) {
 			if s.index, err = rc.ZCard(ctx, key).Result(); err != nil {
@@ -518,6 +525,7 @@ func newSoakProbe(t *testing.T, env *crashEnv) *soakProbe {
 		t.Cleanup(pool.Close)
 		records := pgx.Identifier{env.cfg.PostgresSchema, "idem_records"}.Sanitize()
 		ledger := pgx.Identifier{env.cfg.PostgresSchema, "payments"}.Sanitize()
+		pr.clone = history.Postgres(pool, env.cfg.PostgresSchema+".idem_records")
 		pr.sample = func(ctx context.Context) (s soakSample, err error) {
 			err = pool.QueryRow(ctx, "SELECT count(*) FROM "+records+" WHERE due_at IS NOT NULL").Scan(&s.index)
 			return s, err
@@ -535,6 +543,7 @@ func newSoakProbe(t *testing.T, env *crashEnv) *soakProbe {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = db.Close() })
+		pr.clone = history.MySQL(db, "")
 		pr.sample = func(ctx context.Context) (s soakSample, err error) {
 			err = db.QueryRowContext(ctx, "SELECT count(*) FROM idem_records WHERE due_at IS NOT NULL").Scan(&s.index)
 			return s, err
@@ -554,6 +563,7 @@ func newSoakProbe(t *testing.T, env *crashEnv) *soakProbe {
 		}
 		t.Cleanup(func() { _ = client.Disconnect(ctx) })
 		coll := client.Database(env.cfg.MongoDB).Collection("idempotency")
+		pr.clone = history.Mongo(coll)
 		pr.sample = func(ctx context.Context) (s soakSample, err error) {
 			s.index, err = coll.CountDocuments(ctx, bson.D{{Key: "dueAt", Value: bson.D{{Key: "$exists", Value: true}}}})
 			return s, err
