@@ -73,7 +73,7 @@ soak:
 	bash -c 'source scripts/services.sh && cd examples/consumer && go test -count=1 -timeout 30m -run TestExactlyOnce -v -payments 300 -duplicates 100 -kills 60 .'
 	bash -c 'source scripts/services.sh && cd tests/outbox && go test -count=1 -timeout 30m -run "TestChaosOutbox|TestClusterRelay|TestKafkaRelay|TestLoad" -v -soak .'
 	bash -c 'source scripts/services.sh && cd examples/payments && go test -count=1 -timeout 60m -run "TestRecoverWithoutClients|TestRecoverRPC" -v -soak -history $${HISTORY:-100000} .'
-	bash -c 'source scripts/services.sh && cd examples/payments && go test -count=1 -timeout 90m -run TestRecoverySoak -v -soak -soak-traffic $${SOAK:-3m} -soak-rate 200 -soak-kill-every 10s -soak-history $${SOAK_HISTORY:-redis=1000000,postgres=1000000,mysql=1000000,mongo=1000} -soak-out $(CURDIR)/benchmarks/results/recovery-soak.txt .'
+	bash -c 'source scripts/services.sh && cd examples/payments && go test -count=1 -timeout 90m -run TestRecoverySoak -v -soak -soak-traffic $${SOAK:-3m} -soak-rate 200 -soak-kill-every 10s -soak-history $${SOAK_HISTORY:-redis=1000000,postgres=1000000,mysql=1000000} -soak-out $(CURDIR)/benchmarks/results/recovery-soak.txt .'
 	./scripts/bench.sh report
 	bash -c 'source scripts/services.sh && cd tests/mcp && go test -count=1 -timeout 30m -run TestRecoverMCP -v -soak .'
 	cd tests/sim && go test -count=1 -timeout 12h -run 'TestSim$$' -v -sim.seeds=$${SIM_SEEDS:-1000000} .

@@ -509,7 +509,7 @@ func writeLoadTargets(w io.Writer, r *results, rows []string) {
 			}
 			for _, c := range []int{8, 64} {
 				if v, ok := ratio(svc, "fw="+fw+"/lib=idemlease/store=redis", c, c, "req/s"); ok {
-					add(fw, fmt.Sprintf("Redis (defaults, batched): requests/s ÷ idemlease at %d (≥ 1.3; idemlease from the record, not paired)", c), fmt.Sprintf("%.2f (%s)", v, mark(v >= 1.3)))
+					add(fw, fmt.Sprintf("Redis (defaults, batched): requests/s ÷ idemlease at %d (≥ 1.3; idemlease from the record of another day and load, not paired)", c), fmt.Sprintf("%.2f (not judged: not a paired run)", v))
 				}
 			}
 			if v, ok := ratio(svc, "fw="+fw+"/lib=idem/store=redis-plain", 8, 8, "req/s"); ok {
