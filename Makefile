@@ -64,7 +64,9 @@ vulncheck:
 # 500 payments per store killed mid-handler and finished by recoverers (examples/payments),
 # behind HISTORY completed recoverable records per store but FerretDB (default 100000),
 # 48 gRPC and Connect calls per door and store; the recovery soak (TestRecoverySoak): 200 payments/s
-# per store for SOAK behind SOAK_HISTORY completed records (store=n,...), an instance SIGKILLed
+# per store for SOAK behind SOAK_HISTORY completed records (store=n,... of redis, postgres, mysql,
+# mongo; default 1,000,000 on Redis, PostgreSQL and MySQL: the FerretDB test server scans its
+# collection on every lookup and falls behind at 200 payments/s), an instance SIGKILLed
 # mid-handler every 10s, figures into benchmarks/results/recovery-soak.txt and RESULTS.md section 11;
 # 36 MCP tool calls per store (tests/mcp);
 # the deterministic simulation (tests/sim) over SIM_SEEDS seeds (default 1,000,000: about 40 minutes on 2 idle cores).
