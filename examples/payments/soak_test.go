@@ -78,8 +78,9 @@ func seedHistory(ctx context.Context, st idem.Store, clone history.Cloner, n int
 
 // TestRecoverySoak runs recovery behind a history on the
 // shared stores named by -soak-history in turn (make test: Redis behind
-// 1,000 records, 50 payments/s for 8 s; make soak: Redis, PostgreSQL and MySQL behind 1,000,000 records, 200
-// payments/s for minutes): three instances with recoverers
+// 1,000 records, 50 payments/s for 8 s; make soak: Redis, PostgreSQL and
+// MySQL behind 1,000,000 records, 200 payments/s for minutes): three
+// instances with recoverers
 // (RecoverEvery 1s) take -soak-rate fresh payments a second for
 // -soak-traffic, no client ever retries, and every -soak-kill-every one
 // of the three is SIGKILLed under its traffic and restarted, while a
